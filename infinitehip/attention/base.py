@@ -1,0 +1,121 @@
+"""The interface every attention method implements (dense, infinitehip, tokenselect, infinipot, ...).
+
+One forward step of the engine covers several sequences; their new tokens are concatenated into a flat
+batch [T, ...]. For each layer the decoder hands the method pre-RoPE q/k/v of all T tokens. The base
+class stores the new k/v in the paged cache (keys without RoPE), then asks the method for the output of
+each prefill chunk (all queries of the chunk at once: block-wise selection needs them) and of the
+decode tokens of the step (as one group, so methods can batch them). Per-sequence, per-layer state
+(mask caches, pots, statistics) lives in the object returned by `new_state`.
+
+Methods that need more than attention (InfiniPot's catalyst prompt, for instance) override
+`after_prefill_chunk`, which receives an `ExtraForward` callable that runs further tokens through the
+model against the sequence's cache.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from infinitehip.config.model import ModelConfig
+from infinitehip.kv.paged_cache import PagedKVCache
+from infinitehip.model.rope import RotaryEmbedding
+
+
+@dataclass(eq=False)
+class SequenceSlice:
+    """One sequence's new tokens in a forward step."""
+
+    seq_id: int
+    query_start: int  # offset of the first new token in the flat batch
+    num_queries: int
+    start_pos: int  # tokens already in the cache before this step = position of the first new token
+    page_table: torch.Tensor  # [num_pages] int32, on the cache's device
+    cache: PagedKVCache
+    state: Any  # what the method's new_state() returned for this sequence
+    is_prefill: bool
+
+    @property
+    def context_len(self) -> int:
+        return self.start_pos + self.num_queries
+
+    @property
+    def query_rows(self) -> slice:
+        return slice(self.query_start, self.query_start + self.num_queries)
+
+    @cached_property
+    def new_slots(self) -> torch.Tensor:
+        """Flat cache slots [num_queries] of this step's tokens."""
+        return self.cache.slots(self.page_table, self.start_pos, self.context_len)
+
+    @cached_property
+    def context_slots(self) -> torch.Tensor:
+        """Flat cache slots [context_len] of every token of the sequence so far (computed once per step)."""
+        return self.cache.slots(self.page_table, 0, self.context_len)
+
+
+@dataclass(eq=False)
+class ForwardBatch:
+    slices: list[SequenceSlice]
+    cache: PagedKVCache
+    rope: RotaryEmbedding
+    num_tokens: int
+    prefill: list[SequenceSlice] = field(init=False)
+    decode: list[SequenceSlice] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prefill = [s for s in self.slices if s.is_prefill]
+        self.decode = [s for s in self.slices if not s.is_prefill]
+
+    @cached_property
+    def new_slots(self) -> torch.Tensor:
+        return torch.cat([s.new_slots for s in self.slices])
+
+
+# Runs token ids [n] through the model after the sequence's cached tokens; returns logits [n, vocab].
+# Their k/v are not kept: the sequence's next tokens overwrite those slots.
+ExtraForward = Callable[[torch.Tensor], torch.Tensor]
+
+
+class AttentionMethod(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, model_config: ModelConfig):
+        self.model_config = model_config
+
+    def new_state(self) -> Any:
+        """Per-sequence state (created when a sequence is admitted)."""
+        return None
+
+    def release(self, state: Any) -> None:
+        """Called when the sequence finishes or is cancelled."""
+
+    def default_max_context_tokens(self) -> int:
+        """Context limit when the user sets none: the model's trained length unless the method extends it."""
+        return self.model_config.max_position_embeddings
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """q [T, H, d], k/v [T, Hkv, d] without RoPE -> attention output [T, H, d]."""
+        batch.cache.write(layer, batch.new_slots, k, v)
+        out = torch.empty_like(q)
+        for s in batch.prefill:
+            out[s.query_rows] = self.prefill(layer, q[s.query_rows], s, batch)
+        if batch.decode:
+            rows = torch.tensor([s.query_start for s in batch.decode], device=q.device)
+            out[rows] = self.decode(layer, q[rows], batch.decode, batch)
+        return out
+
+    @abstractmethod
+    def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
+        """Queries q [n, H, d] of one prefill chunk (its k/v already cached) -> [n, H, d]."""
+
+    def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
+        """One new query per sequence, q [B, H, d] -> [B, H, d]. Default: each as a one-token chunk."""
+        return torch.cat([self.prefill(layer, q[i : i + 1], s, batch) for i, s in enumerate(seqs)])
+
+    def after_prefill_chunk(self, seq: SequenceSlice, extra_forward: ExtraForward) -> None:
+        """Hook after a sequence's prefill chunk went through every layer."""

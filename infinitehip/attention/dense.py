@@ -1,0 +1,36 @@
+"""`dense`: exact causal attention over every cached token (torch SDPA, GQA), original RoPE positions."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+
+
+def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int) -> torch.Tensor:
+    """q [n, H, d] are the last n of the k/v [L, Hkv, d] positions (q_offset = L - n) -> [n, H, d].
+
+    Query i may see keys 0..q_offset+i (causal mask aligned to the bottom-right corner).
+    """
+    n, L = q.shape[0], k.shape[0]
+    qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+    gqa = q.shape[1] != k.shape[1]
+    if n == 1:
+        out = F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=gqa)
+    elif q_offset == 0:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=gqa)
+    else:
+        visible = torch.arange(L, device=q.device)[None, :] <= (q_offset + torch.arange(n, device=q.device))[:, None]
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible, enable_gqa=gqa)
+    return out[0].transpose(0, 1)
+
+
+class DenseAttention(AttentionMethod):
+    name = "dense"
+
+    def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
+        k, v = seq.cache.read(layer, seq.context_slots)
+        k = batch.rope.apply_range(k, 0)
+        q = batch.rope.apply_range(q, seq.start_pos)
+        return causal_sdpa(q, k, v, seq.start_pos)

@@ -1,0 +1,48 @@
+"""Engine configuration: which model, where, how much KV memory, how prefill is chunked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # HF directory or .gguf file; None: the embedded SmolLM2-135M-Instruct
+    model_cache_dir: str | None = None  # where GGUF conversions are cached; None: ~/.cache/infinitehip/models
+    method: str = "dense"  # attention method (see infinitehip.attention.registry)
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    dtype: str = "auto"  # "auto": bfloat16 on cuda, float32 on cpu
+    max_context_tokens: int | None = None  # prompt + completion limit; None: the method's default for the model
+    kv_cache_tokens: int | None = None  # KV pages to allocate, in tokens; None: max_context_tokens
+    page_size: int = 64  # tokens per KV page
+    prefill_chunk_size: int = 4096  # tokens per prefill step (shared with the decode tokens of that step)
+    max_num_seqs: int = 16  # sequences running at once
+    show_progress: bool = True  # progress bar with tokens/s during long prefill
+    seed: int = 0  # seeds the shared generator used by requests that carry no seed of their own
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        for name in ("page_size", "prefill_chunk_size", "max_num_seqs"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("max_context_tokens", "kv_cache_tokens"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+        return DTYPES[self.dtype]

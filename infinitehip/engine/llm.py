@@ -1,0 +1,55 @@
+"""Offline Python API: `LLM(model=None, method="dense").generate(prompts, SamplingParams)` and `.chat(...)`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from infinitehip.config.engine import EngineConfig
+from infinitehip.config.sampling import SamplingParams
+from infinitehip.engine.llm_engine import LLMEngine
+
+
+@dataclass
+class RequestOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+
+
+class LLM:
+    def __init__(self, model: str | None = None, method: str = "dense", config: EngineConfig | None = None, **overrides):
+        """`config` gives every engine field; `model`, `method` and keyword overrides replace its fields."""
+        base = config or EngineConfig()
+        self.config = dataclasses.replace(base, model=model if model is not None else base.model, method=method, **overrides)
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self, prompts: str | list[int] | list[str | list[int]], params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Prompts are strings or token id lists; all are validated before any is run."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        return self._run([self.engine.encode_prompt(p) for p in prompts], params or SamplingParams())
+
+    def chat(self, conversations: list[dict] | list[list[dict]], params: SamplingParams | None = None) -> list[RequestOutput]:
+        """One conversation (a list of messages) or several; the tokenizer's chat template is applied."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        return self._run([self.engine.encode_chat(c) for c in conversations], params or SamplingParams())
+
+    def _run(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
+        for ids in prompt_ids:  # fail before anything runs
+            self.engine.check_fits(len(ids), params.max_tokens)
+        seqs = [self.engine.add_request(ids, params) for ids in prompt_ids]
+        total = sum(len(ids) for ids in prompt_ids)
+        show = self.config.show_progress and total > 2 * self.config.prefill_chunk_size
+        with tqdm(total=total, desc="prefill", unit="tok", unit_scale=True, disable=not show, leave=False) as bar:
+            while self.engine.has_work:
+                _, prefilled = self.engine.step()
+                bar.update(prefilled)
+        return [RequestOutput(s.prompt_ids, s.output_ids, s.output_text, s.finish_reason) for s in seqs]

@@ -1,0 +1,164 @@
+"""LLMEngine: owns model, KV cache, attention method, scheduler and runner; advances requests step by step.
+
+The server drives it with add_request / step / abort; `LLM` wraps it for offline generate / chat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from infinitehip.attention.registry import create_method
+from infinitehip.config.engine import EngineConfig
+from infinitehip.config.sampling import SamplingParams
+from infinitehip.engine.runner import ModelRunner
+from infinitehip.engine.sampler import sample_token
+from infinitehip.engine.scheduler import Scheduler
+from infinitehip.engine.sequence import Sequence
+from infinitehip.kv.page_allocator import PageAllocator
+from infinitehip.kv.paged_cache import PagedKVCache
+from infinitehip.model.loading import LoadedModel, load_model
+from infinitehip.model.rope import RotaryEmbedding
+
+
+class ContextLengthError(ValueError):
+    """A request that does not fit the configured context; nothing is ever truncated silently."""
+
+
+@dataclass
+class StepOutput:
+    seq: Sequence
+    new_token: int
+    finished: bool
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+        self.config = config
+        self.device, self.dtype = config.torch_device(), config.torch_dtype()
+        if loaded is None:
+            from infinitehip.model.gguf_convert import default_cache_root
+
+            cache_root = Path(config.model_cache_dir) if config.model_cache_dir else default_cache_root()
+            loaded = load_model(config.model, cache_root, self.device, self.dtype)
+        self.loaded = loaded
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.method = create_method(config.method, self.model_config)
+        self.max_context_tokens = config.max_context_tokens or self.method.default_max_context_tokens()
+        kv_tokens = config.kv_cache_tokens or self.max_context_tokens
+        num_pages = -(-kv_tokens // config.page_size)
+        mc = self.model_config
+        self.cache = PagedKVCache(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
+        self.rope = RotaryEmbedding(mc, min(self.max_context_tokens, 1 << 16), self.device)
+        self.scheduler = Scheduler(PageAllocator(num_pages, config.page_size), config.max_num_seqs, config.prefill_chunk_size)
+        self.runner = ModelRunner(loaded.model, self.cache, self.rope, self.method)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_ids = set(mc.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else set())
+
+    # ---- requests -------------------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return list(prompt)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        if not messages:
+            raise ValueError("messages is empty")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        # The template already holds the special tokens (BOS where the model uses one).
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
+        """Validate the request's length; return its resolved completion budget."""
+        limit = self.max_context_tokens
+        if num_prompt_tokens == 0:
+            raise ValueError("prompt is empty")
+        if num_prompt_tokens >= limit:
+            raise ContextLengthError(
+                f"prompt has {num_prompt_tokens} tokens but the maximum context is {limit} tokens "
+                f"(method {self.config.method!r}); nothing was truncated. Raise max-context-tokens "
+                "or use a long-context method."
+            )
+        if max_tokens is None:
+            return limit - num_prompt_tokens
+        if num_prompt_tokens + max_tokens > limit:
+            raise ContextLengthError(
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
+                f"{num_prompt_tokens + max_tokens} tokens exceeds the maximum context of {limit} tokens"
+            )
+        return max_tokens
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        max_tokens = self.check_fits(len(prompt_ids), params.max_tokens)
+        seq = Sequence(list(prompt_ids), params, max_tokens)
+        if params.seed is not None:
+            seq.generator = torch.Generator().manual_seed(params.seed)
+        self.scheduler.add(seq)
+        return seq
+
+    def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
+        """Logits [n, vocab] at every prompt position (chunked prefill outside the scheduler's queue)."""
+        self.check_fits(len(prompt_ids), 1)
+        seq = Sequence(list(prompt_ids), SamplingParams(max_tokens=1), max_tokens=1)
+        allocator = self.scheduler.allocator
+        allocator.grow(seq.page_table, seq.max_total_tokens)
+        seq.method_state = self.method.new_state()
+        try:
+            chunks = []
+            while seq.in_prefill:
+                n = min(self.config.prefill_chunk_size, seq.num_prompt_tokens - seq.num_cached)
+                chunks.append(self.runner.forward_logits(seq, n))
+            return torch.cat(chunks)
+        finally:
+            allocator.free(seq.page_table)
+            self.method.release(seq.method_state)
+            self.runner.release(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        if not seq.is_finished:
+            self._finish(seq, "abort")
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # ---- stepping -------------------------------------------------------------------------------------
+    def step(self) -> tuple[list[StepOutput], int]:
+        """Run one step; return the sampled tokens and the number of prefill tokens processed."""
+        plan, admitted = self.scheduler.schedule()
+        for seq in admitted:
+            seq.method_state = self.method.new_state()
+        if plan.is_empty:
+            return [], 0
+        samplers, logits = self.runner.run(plan)
+        outputs = []
+        for row, seq in enumerate(samplers):
+            token = sample_token(logits[row], seq.params, seq.generator or self.generator)
+            seq.output_ids.append(token)
+            finished = self._check_finished(seq, token)
+            outputs.append(StepOutput(seq, token, finished))
+        return outputs, sum(n for _, n in plan.prefill)
+
+    def _check_finished(self, seq: Sequence, token: int) -> bool:
+        params = seq.params
+        seq.output_text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+        for stop in params.stop:
+            idx = seq.output_text.find(stop)
+            if idx >= 0:
+                seq.output_text = seq.output_text[:idx]
+                self._finish(seq, "stop")
+                return True
+        if token in self.eos_ids and not params.ignore_eos:
+            self._finish(seq, "stop")
+        elif len(seq.output_ids) >= seq.max_tokens:
+            self._finish(seq, "length")
+        return seq.is_finished
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        self.method.release(seq.method_state)
+        self.runner.release(seq)

@@ -1,0 +1,82 @@
+"""Runs one scheduled step through the model: builds the flat token batch, calls the method per layer."""
+
+from __future__ import annotations
+
+import torch
+
+from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.engine.scheduler import StepPlan
+from infinitehip.engine.sequence import Sequence
+from infinitehip.kv.paged_cache import PagedKVCache
+from infinitehip.model.llama import LlamaModel
+from infinitehip.model.rope import RotaryEmbedding
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, cache: PagedKVCache, rope: RotaryEmbedding, method: AttentionMethod):
+        self.model, self.cache, self.rope, self.method = model, cache, rope, method
+        self.device = cache.device
+        self._page_tables: dict[int, torch.Tensor] = {}
+
+    def page_table(self, seq: Sequence) -> torch.Tensor:
+        table = self._page_tables.get(seq.seq_id)
+        if table is None or table.numel() != len(seq.page_table):
+            table = torch.tensor(seq.page_table, dtype=torch.int32, device=self.device)
+            self._page_tables[seq.seq_id] = table
+        return table
+
+    def release(self, seq: Sequence) -> None:
+        self._page_tables.pop(seq.seq_id, None)
+
+    def _slice(self, seq: Sequence, offset: int, n: int, is_prefill: bool) -> SequenceSlice:
+        return SequenceSlice(
+            seq_id=seq.seq_id, query_start=offset, num_queries=n, start_pos=seq.num_cached,
+            page_table=self.page_table(seq), cache=self.cache, state=seq.method_state, is_prefill=is_prefill,
+        )
+
+    def _forward(self, input_ids: list[int], slices: list[SequenceSlice]) -> torch.Tensor:
+        batch = ForwardBatch(slices, self.cache, self.rope, len(input_ids))
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        return self.model(ids, lambda layer, q, k, v: self.method(layer, q, k, v, batch))
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> tuple[list[Sequence], torch.Tensor]:
+        """Compute the step; return the sequences that sample a token now and their logits [N, vocab]."""
+        slices, input_ids, sample_rows, samplers = [], [], [], []
+        for seq, n in plan.prefill:
+            slices.append(self._slice(seq, len(input_ids), n, is_prefill=True))
+            input_ids += seq.token_ids(seq.num_cached, seq.num_cached + n)
+            if seq.num_cached + n == seq.num_prompt_tokens:  # prompt done: its last token predicts the first output
+                sample_rows.append(len(input_ids) - 1)
+                samplers.append(seq)
+        for seq in plan.decode:
+            slices.append(self._slice(seq, len(input_ids), 1, is_prefill=False))
+            sample_rows.append(len(input_ids))
+            samplers.append(seq)
+            input_ids += seq.token_ids(seq.num_cached, seq.num_cached + 1)
+        hidden = self._forward(input_ids, slices)
+        logits = self.model.compute_logits(hidden[sample_rows])
+        for s, seq in zip(slices, [seq for seq, _ in plan.prefill] + plan.decode):
+            seq.num_cached += s.num_queries
+            if s.is_prefill:
+                self.method.after_prefill_chunk(s, lambda ids, seq=seq: self._extra_forward(seq, ids))
+        return samplers, logits
+
+    @torch.inference_mode()
+    def forward_logits(self, seq: Sequence, n: int) -> torch.Tensor:
+        """Prefill the sequence's next n prompt tokens and return logits of every one of them [n, vocab]."""
+        s = self._slice(seq, 0, n, is_prefill=True)
+        hidden = self._forward(seq.token_ids(seq.num_cached, seq.num_cached + n), [s])
+        seq.num_cached += n
+        return self.model.compute_logits(hidden)
+
+    def _extra_forward(self, seq: Sequence, token_ids: torch.Tensor) -> torch.Tensor:
+        """Run extra tokens [n] after the sequence's cached tokens (e.g. a catalyst prompt) -> logits [n, vocab].
+
+        Their k/v land in slots past num_cached, which the sequence's next tokens overwrite."""
+        n = token_ids.numel()
+        if seq.num_cached + n > len(seq.page_table) * self.cache.page_size:
+            raise RuntimeError(f"sequence {seq.seq_id} has no KV room for {n} extra tokens")
+        s = self._slice(seq, 0, n, is_prefill=True)
+        hidden = self._forward(token_ids.tolist(), [s])
+        return self.model.compute_logits(hidden)

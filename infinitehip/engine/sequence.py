@@ -1,0 +1,60 @@
+"""A request's lifecycle state: token bookkeeping only (the scheduler reads it; tensors live elsewhere)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from infinitehip.config.sampling import SamplingParams
+
+_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # admitted to the queue, no KV yet
+    RUNNING = "running"  # has KV pages; prefilling or decoding
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # resolved completion budget (params.max_tokens or what the context allows)
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    page_table: list[int] = field(default_factory=list)
+    num_cached: int = 0  # tokens whose k/v are in the cache
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    output_text: str = ""  # detokenized completion, cut at a stop string
+    method_state: Any = None  # owned by the attention method
+    generator: Any = None  # torch.Generator when the request has a seed
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_cached < self.num_prompt_tokens
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.max_tokens
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        prompt = self.prompt_ids
+        if end <= len(prompt):
+            return prompt[start:end]
+        return (prompt + self.output_ids)[start:end]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,55 @@
+"""Paged KV cache: per layer, keys (without RoPE) and values in fixed-size pages.
+
+Storage per layer is [num_pages, page_size, num_kv_heads, head_dim] (vLLM's layout). Token t of a
+sequence lives in page `page_table[t // page_size]`, slot `t % page_size`; kernels index the flat
+view [num_pages * page_size, num_kv_heads, head_dim] with `slot = page * page_size + offset`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PagedKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
+        shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.k.shape[-2] * self.k.shape[-1] * self.k.element_size()
+
+    def flat_k(self, layer: int) -> torch.Tensor:
+        return self.k[layer].view(-1, *self.k.shape[-2:])
+
+    def flat_v(self, layer: int) -> torch.Tensor:
+        return self.v[layer].view(-1, *self.v.shape[-2:])
+
+    def slots(self, page_table: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Flat slot ids [end - start] (int64) of token positions start..end-1 of one sequence."""
+        idx = torch.arange(start, end, device=page_table.device)
+        return page_table[idx // self.page_size].long() * self.page_size + idx % self.page_size
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k/v [T, num_kv_heads, head_dim] into slots [T]."""
+        self.flat_k(layer).index_copy_(0, slots, k.to(self.k.dtype))
+        self.flat_v(layer).index_copy_(0, slots, v.to(self.v.dtype))
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather k/v [N, num_kv_heads, head_dim] of slots [N]."""
+        return self.flat_k(layer).index_select(0, slots), self.flat_v(layer).index_select(0, slots)

@@ -1,0 +1,141 @@
+"""Llama-family decoder (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2) over a flat batch of tokens.
+
+The decoder knows nothing about sequences, positions or caches: every layer hands its pre-RoPE
+q/k/v to an `AttentionFn` supplied by the engine, which owns the KV cache and the attention method.
+Tokens of all sequences in a step are concatenated: hidden states are [T, hidden_size].
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from infinitehip.config.model import ModelConfig
+
+
+class AttentionFn(Protocol):
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, num_heads, head_dim], k/v [T, num_kv_heads, head_dim], all without RoPE -> [T, num_heads, head_dim]."""
+        ...
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32, cast back before the weight (as the reference implementations do).
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        # q, k and v projections fused into one matmul: [q_size + 2 * kv_size, hidden].
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(self, x: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        out = attention(self.layer_idx, q, k, v)
+        return self.o_proj(out.reshape(T, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        # gate and up projections fused: [2 * intermediate, hidden].
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), attention)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        """input_ids [T] -> final normalised hidden states [T, hidden_size]."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, attention)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden_size] -> float32 logits [N, vocab]; callers pass only the rows they sample from."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    @torch.no_grad()
+    def load_hf_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors into this model, fusing q/k/v and gate/up on the way."""
+        params = dict(self.named_parameters())
+        q, kv = self.config.num_heads * self.config.head_dim, self.config.num_kv_heads * self.config.head_dim
+        fused = {  # HF name fragment -> (our fragment, row offset, rows)
+            "q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv),
+            "gate_proj": ("gate_up_proj", 0, self.config.intermediate_size),
+            "up_proj": ("gate_up_proj", self.config.intermediate_size, self.config.intermediate_size),
+        }
+        loaded: set[str] = set()
+        for name, tensor in tensors:
+            name = name.removeprefix("model.")
+            if name.startswith("rotary_emb") or (name == "lm_head.weight" and self.lm_head is None):
+                continue
+            target, offset, rows = name, 0, None
+            for hf_part, (ours, off, n) in fused.items():
+                if f".{hf_part}." in name:
+                    target, offset, rows = name.replace(hf_part, ours), off, n
+            if target not in params:
+                raise KeyError(f"checkpoint tensor {name!r} has no place in the {self.config.model_type} decoder")
+            dest = params[target] if rows is None else params[target][offset : offset + rows]
+            if dest.shape != tensor.shape:
+                raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(tensor.shape)} vs model {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            loaded.add(f"{target}:{offset}")
+        expected = sum(
+            3 if p.endswith("qkv_proj.weight") or p.endswith("qkv_proj.bias") else 2 if "gate_up_proj" in p else 1
+            for p in params
+        )
+        if len(loaded) != expected:
+            raise ValueError(f"checkpoint is incomplete: loaded {len(loaded)} of {expected} tensors")

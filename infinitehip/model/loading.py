@@ -1,0 +1,86 @@
+"""Find a model (HF directory, GGUF file, or the embedded default) and load it into our decoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from infinitehip.config.model import ModelConfig
+from infinitehip.model.llama import LlamaModel
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    model: LlamaModel
+    tokenizer: object  # transformers PreTrainedTokenizerBase
+    source: str  # what the user named (path or "embedded default")
+    model_dir: Path
+
+
+def resolve_model_dir(model: str | None, cache_root: Path) -> tuple[Path, str]:
+    """Map the user's `model` to a Hugging Face-format directory; GGUF files are converted once into cache_root."""
+    from infinitehip.model import gguf_convert
+
+    if model is None:
+        gguf_path = gguf_convert.embedded_model_path()
+        return gguf_convert.convert_gguf(gguf_path, cache_root), f"embedded default ({gguf_path.name})"
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model path {model!r} does not exist (expected a Hugging Face model directory or a .gguf file)"
+        )
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"model file {model!r} is not a .gguf file")
+        return gguf_convert.convert_gguf(path, cache_root), str(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model directory {model!r} has no config.json")
+    if not list(path.glob("*.safetensors")):
+        raise FileNotFoundError(f"model directory {model!r} has no *.safetensors weights")
+    return path, str(path)
+
+
+def empty_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LlamaModel:
+    """Allocate the decoder without initialising its weights (they are overwritten next)."""
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    return model.to_empty(device=device).to(dtype).eval().requires_grad_(False)
+
+
+def load_weights_from_dir(model: LlamaModel, model_dir: Path) -> None:
+    files = sorted(model_dir.glob("*.safetensors"))
+
+    def tensors():
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+
+    model.load_hf_weights(tensors())
+
+
+def load_model(model: str | None, cache_root: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    from transformers import AutoTokenizer
+
+    model_dir, source = resolve_model_dir(model, cache_root)
+    config = ModelConfig.from_dir(model_dir)
+    decoder = empty_model(config, device, dtype)
+    load_weights_from_dir(decoder, model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return LoadedModel(config, decoder, tokenizer, source, model_dir)
+
+
+def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LlamaModel:
+    """A decoder with random weights of the given shape (benchmarks of large shapes without a checkpoint)."""
+    model = empty_model(config, device, dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, 0.02, generator=gen)
+    return model

@@ -1,0 +1,81 @@
+"""Rotary position embeddings: frequency tables computed once, applied at any position.
+
+Keys live in the KV cache without RoPE, so attention methods call `RotaryEmbedding.apply` with whatever
+positions they choose (original, chunk-indexed, streaming-style, ...). Layout is Hugging Face's
+"rotate half" convention: the pair of dimension i is (i, i + head_dim / 2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from infinitehip.config.model import ModelConfig, RopeScaling
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """[head_dim / 2] float64 inverse frequencies, with linear or llama3 scaling applied."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    if scaling.kind == "llama3":
+        # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, a smooth ramp between.
+        low_wavelen = scaling.original_max_position / scaling.low_freq_factor
+        high_wavelen = scaling.original_max_position / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+        is_medium = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+        blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+        return torch.where(is_medium, blended, scaled)
+    return inv_freq
+
+
+class RotaryEmbedding:
+    """cos/sin tables [max_positions, head_dim / 2] in float32, grown (by doubling) on demand."""
+
+    def __init__(self, config: ModelConfig, max_positions: int, device: torch.device | str = "cpu"):
+        self.inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.device = torch.device(device)
+        self.cos = torch.empty(0, config.head_dim // 2, device=self.device)
+        self.sin = torch.empty_like(self.cos)
+        self._build(max_positions)
+
+    @property
+    def max_positions(self) -> int:
+        return self.cos.shape[0]
+
+    def _build(self, n: int) -> None:
+        # float64 angles: position * inv_freq loses precision in float32 beyond ~1M positions.
+        angles = torch.outer(torch.arange(n, dtype=torch.float64), self.inv_freq)
+        self.cos = angles.cos().to(self.device, torch.float32)
+        self.sin = angles.sin().to(self.device, torch.float32)
+
+    def ensure(self, n: int) -> None:
+        if n > self.max_positions:
+            self._build(max(n, 2 * self.max_positions))
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, head_dim]; positions: [T] int64 -> rotated x, same shape and dtype."""
+        self.ensure(int(positions.max()) + 1 if positions.numel() else 0)
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, d/2]
+        sin = self.sin[positions].unsqueeze(1)
+        return apply_rotary(x, cos, sin)
+
+    def apply_range(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """x: [T, heads, head_dim] at consecutive positions start..start+T-1 (table slices, no gather)."""
+        end = start + x.shape[0]
+        self.ensure(end)
+        return apply_rotary(x, self.cos[start:end].unsqueeze(1), self.sin[start:end].unsqueeze(1))
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (i, i + d/2) of x [..., d] by angles whose cos/sin are [..., d/2] (broadcast)."""
+    half = x.shape[-1] // 2
+    x1 = x[..., :half].float()
+    x2 = x[..., half:].float()
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)

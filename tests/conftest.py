@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny random Hugging Face models of each supported family, saved as safetensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from infinitehip.config.engine import EngineConfig
+from infinitehip.config.model import ModelConfig
+from infinitehip.engine.llm_engine import LLMEngine
+from infinitehip.model.loading import LoadedModel, empty_model, load_weights_from_dir
+
+_COMMON = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-5,
+)
+
+TINY_CONFIGS = {
+    "llama3": lambda: transformers.LlamaConfig(
+        **_COMMON, rope_theta=500000.0, tie_word_embeddings=False,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=256),
+    ),
+    "qwen2": lambda: transformers.Qwen2Config(**_COMMON, rope_theta=1e6, tie_word_embeddings=True),
+    "qwen3": lambda: transformers.Qwen3Config(**_COMMON, head_dim=32, rope_theta=1e6, tie_word_embeddings=True),
+    "mistral": lambda: transformers.MistralConfig(**_COMMON, sliding_window=None, rope_theta=1e6),
+}
+
+
+@pytest.fixture(scope="session", params=sorted(TINY_CONFIGS))
+def tiny_hf_model(request, tmp_path_factory):
+    """(family name, HF model in fp32 eval mode, saved directory)."""
+    torch.manual_seed(0)
+    config = TINY_CONFIGS[request.param]()
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():  # non-trivial biases / norms so a wrong mapping shows
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    return request.param, model, path
+
+
+def engine_for_dir(path, tokenizer=None, **config) -> LLMEngine:
+    model_config = ModelConfig.from_dir(path)
+    model = empty_model(model_config, torch.device("cpu"), torch.float32)
+    load_weights_from_dir(model, path)
+    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, **config)
+    return LLMEngine(cfg, LoadedModel(model_config, model, tokenizer, "test", path))
