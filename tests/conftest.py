@@ -43,6 +43,15 @@ def tiny_hf_model(request, tmp_path_factory):
     return request.param, model, path
 
 
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The embedded model's tokenizer (its ids cover the tiny models' 512-token vocabulary)."""
+    from infinitehip.model.gguf_convert import embedded_model_path
+
+    gguf_path = embedded_model_path()
+    return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+
+
 def engine_for_dir(path, tokenizer=None, **config) -> LLMEngine:
     model_config = ModelConfig.from_dir(path)
     model = empty_model(model_config, torch.device("cpu"), torch.float32)

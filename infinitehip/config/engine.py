@@ -22,7 +22,7 @@ class EngineConfig:
     prefill_chunk_size: int = 4096  # tokens per prefill step (shared with the decode tokens of that step)
     max_num_seqs: int = 16  # sequences running at once
     show_progress: bool = True  # progress bar with tokens/s during long prefill
-    seed: int = 0  # seeds the shared generator used by requests that carry no seed of their own
+    generator_seed: int = 0  # seeds the shared generator used by requests that carry no seed of their own
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):

@@ -55,7 +55,7 @@ class LLMEngine:
         self.rope = RotaryEmbedding(mc, min(self.max_context_tokens, 1 << 16), self.device)
         self.scheduler = Scheduler(PageAllocator(num_pages, config.page_size), config.max_num_seqs, config.prefill_chunk_size)
         self.runner = ModelRunner(loaded.model, self.cache, self.rope, self.method)
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = torch.Generator().manual_seed(config.generator_seed)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_ids = set(mc.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else set())
 

@@ -1,0 +1,32 @@
+"""`infinitehip eval passkey|niah`: accuracy over a length x depth sweep with any attention method."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+from infinitehip.config.engine import EngineConfig
+from infinitehip.engine.llm import LLM
+from infinitehip.eval.runner import ANSWER_TOKENS, TASKS, EvalConfig, run_eval
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("eval", help="run an evaluation task")
+    tasks = p.add_subparsers(dest="task", required=True)
+    for task in TASKS:
+        t = tasks.add_parser(task, help=f"{task} retrieval accuracy")
+        add_dataclass_flags(t, EvalConfig)
+        add_dataclass_flags(t, EngineConfig)
+        t.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    eval_config = dataclass_from_args(EvalConfig, args)
+    engine_config = dataclass_from_args(EngineConfig, args)
+    if engine_config.max_context_tokens is None:
+        # Room for the longest prompt (builders land within 1%) plus the answer; the user may still set it.
+        needed = int(max(eval_config.lengths) * 1.01) + 16 + ANSWER_TOKENS[args.task]
+        engine_config = dataclasses.replace(engine_config, max_context_tokens=needed)
+    run_eval(LLM(config=engine_config), args.task, eval_config)
+    return 0

@@ -1,0 +1,34 @@
+"""`infinitehip generate`: one completion from a prompt, a prompt file, or as a chat message."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+from infinitehip.config.engine import EngineConfig
+from infinitehip.config.sampling import SamplingParams
+from infinitehip.engine.llm import LLM
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate a completion")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="prompt text")
+    source.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
+    add_dataclass_flags(p, EngineConfig)
+    add_dataclass_flags(p, SamplingParams)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()
+    params = dataclass_from_args(SamplingParams, args)
+    llm = LLM(config=dataclass_from_args(EngineConfig, args))
+    if args.chat:
+        (out,) = llm.chat([{"role": "user", "content": prompt}], params)
+    else:
+        (out,) = llm.generate(prompt, params)
+    print(out.text)
+    return 0

@@ -1,0 +1,36 @@
+"""HTTP server configuration (the OpenAI-compatible `infinitehip serve`), validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"  # loopback by default: exposing the server is an explicit choice
+    port: int = 8000  # 0: any free port
+    api_key: str | None = None  # when set, /v1/* requires `Authorization: Bearer <api_key>`
+    max_waiting_requests: int = 64  # sequences queued but not yet running; beyond it: 503 + Retry-After
+    max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies: 413
+    keepalive_interval_s: float = 5.0  # SSE comment every N seconds while a stream has nothing to send
+    served_model_name: str | None = None  # model id in /v1/models and responses; None: derived from the model
+    log_level: str = "info"  # uvicorn log level
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host must be a non-empty string, got {self.host!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.api_key is not None and (not self.api_key or self.api_key != self.api_key.strip()):
+            raise ValueError("api_key must be non-empty and have no surrounding whitespace")
+        if self.max_waiting_requests < 1:
+            raise ValueError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if not (math.isfinite(self.keepalive_interval_s) and self.keepalive_interval_s > 0):
+            raise ValueError(f"keepalive_interval_s must be a positive number, got {self.keepalive_interval_s}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("served_model_name must be non-empty when given")
+        if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+            raise ValueError(f"log_level must be one of critical/error/warning/info/debug/trace, got {self.log_level!r}")

@@ -1,0 +1,114 @@
+"""Engine behaviour on tiny random models: decode vs recomputation, determinism, sampling, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infinitehip import ContextLengthError, EngineConfig, SamplingParams
+from tests.conftest import engine_for_dir
+
+
+def _prompt(n: int, seed: int = 0) -> list[int]:
+    return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _run(engine, prompts, params):
+    seqs = [engine.add_request(p, params) for p in prompts]
+    while engine.has_work:
+        engine.step()
+    return seqs
+
+
+def test_decode_step_equals_full_recomputation(tiny_hf_model, tokenizer):
+    _, _, path = tiny_hf_model
+    engine = engine_for_dir(path, tokenizer, max_context_tokens=1024, prefill_chunk_size=64, page_size=16)
+    step_logits = []
+    run = engine.runner.run
+
+    def spy(plan):
+        samplers, logits = run(plan)
+        if logits.shape[0]:
+            step_logits.append(logits[0].clone())
+        return samplers, logits
+
+    engine.runner.run = spy
+    prompt = _prompt(150)
+    (seq,) = _run(engine, [prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    assert len(seq.output_ids) == 12
+    full = engine_for_dir(path, max_context_tokens=1024).prompt_logits(prompt + seq.output_ids[:-1])
+    per_step = torch.stack(step_logits)
+    torch.testing.assert_close(per_step, full[len(prompt) - 1 :], rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_is_deterministic_and_batch_independent(tiny_hf_model, tokenizer):
+    _, _, path = tiny_hf_model
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    prompts = [_prompt(n, seed=n) for n in (5, 40, 90)]
+    engine = engine_for_dir(path, tokenizer, max_context_tokens=512, prefill_chunk_size=32, page_size=16)
+    together = [s.output_ids for s in _run(engine, prompts, params)]
+    alone = [_run(engine, [p], params)[0].output_ids for p in prompts]
+    assert together == alone
+    assert engine.scheduler.allocator.num_free == engine.scheduler.allocator.num_pages  # everything freed
+
+
+def test_seeded_sampling_is_reproducible(tiny_hf_model, tokenizer):
+    _, _, path = tiny_hf_model
+    engine = engine_for_dir(path, tokenizer, max_context_tokens=512)
+    p = _prompt(20)
+    draw = lambda seed: _run(engine, [p], SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=seed, max_tokens=16, ignore_eos=True))[0].output_ids
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
+
+
+def test_top_k_one_is_greedy(tiny_hf_model, tokenizer):
+    _, _, path = tiny_hf_model
+    engine = engine_for_dir(path, tokenizer, max_context_tokens=512)
+    p = _prompt(30)
+    greedy = _run(engine, [p], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0].output_ids
+    top1 = _run(engine, [p], SamplingParams(temperature=0.8, top_k=1, seed=3, max_tokens=6, ignore_eos=True))[0].output_ids
+    assert greedy == top1
+
+
+def test_over_long_prompt_is_refused_with_both_numbers(tiny_hf_model):
+    _, _, path = tiny_hf_model
+    engine = engine_for_dir(path, max_context_tokens=100)
+    with pytest.raises(ContextLengthError, match=r"120 tokens.*100 tokens"):
+        engine.add_request(_prompt(120), SamplingParams())
+    with pytest.raises(ContextLengthError, match=r"90.*20.*110 tokens exceeds the maximum context of 100"):
+        engine.add_request(_prompt(90), SamplingParams(max_tokens=20))
+    with pytest.raises(ValueError, match="prompt is empty"):
+        engine.add_request([], SamplingParams())
+    assert not engine.has_work  # nothing was queued
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=0), "top_k"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(stop=("",)), "stop"),
+    ],
+)
+def test_invalid_sampling_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [(dict(page_size=0), "page_size"), (dict(device="tpu"), "device"), (dict(dtype="int8"), "dtype"),
+     (dict(max_context_tokens=-5), "max_context_tokens")],
+)
+def test_invalid_engine_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(**kwargs)
+
+
+def test_unknown_method_lists_available(tiny_hf_model):
+    _, _, path = tiny_hf_model
+    with pytest.raises(ValueError, match=r"unknown attention method 'nope'; available: .*dense"):
+        engine_for_dir(path, method="nope")
