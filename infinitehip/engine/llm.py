@@ -28,6 +28,13 @@ class LLM:
         self.engine = LLMEngine(self.config)
         self.tokenizer = self.engine.tokenizer
 
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> "LLM":
+        """Wrap an existing engine (e.g. one built around already-loaded weights)."""
+        llm = cls.__new__(cls)
+        llm.config, llm.engine, llm.tokenizer = engine.config, engine, engine.tokenizer
+        return llm
+
     def generate(
         self, prompts: str | list[int] | list[str | list[int]], params: SamplingParams | None = None
     ) -> list[RequestOutput]:

