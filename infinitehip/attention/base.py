@@ -70,6 +70,12 @@ class ForwardBatch:
     def __post_init__(self) -> None:
         self.prefill = [s for s in self.slices if s.is_prefill]
         self.decode = [s for s in self.slices if not s.is_prefill]
+        # Decode tokens sit after the prefill chunks, one row each: a slice, never an index tensor
+        # (building one per layer would copy host->device and stall the launch queue).
+        first = self.decode[0].query_start if self.decode else 0
+        if [s.query_start for s in self.decode] != list(range(first, first + len(self.decode))):
+            raise ValueError("decode tokens must be contiguous and follow the prefill chunks in the batch")
+        self.decode_rows = slice(first, first + len(self.decode))
 
     @cached_property
     def new_slots(self) -> torch.Tensor:
@@ -105,7 +111,7 @@ class AttentionMethod(ABC):
         for s in batch.prefill:
             out[s.query_rows] = self.prefill(layer, q[s.query_rows], s, batch)
         if batch.decode:
-            rows = torch.tensor([s.query_start for s in batch.decode], device=q.device)
+            rows = batch.decode_rows
             out[rows] = self.decode(layer, q[rows], batch.decode, batch)
         return out
 

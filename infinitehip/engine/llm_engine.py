@@ -35,7 +35,7 @@ class StepOutput:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, method_config: object | None = None):
         self.config = config
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
         if loaded is None:
@@ -46,7 +46,7 @@ class LLMEngine:
         self.loaded = loaded
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
-        self.method = create_method(config.method, self.model_config)
+        self.method = create_method(config.method, self.model_config, method_config)
         self.max_context_tokens = config.max_context_tokens or self.method.default_max_context_tokens()
         kv_tokens = config.kv_cache_tokens or self.max_context_tokens
         num_pages = -(-kv_tokens // config.page_size)
@@ -145,7 +145,8 @@ class LLMEngine:
 
     def _check_finished(self, seq: Sequence, token: int) -> bool:
         params = seq.params
-        seq.output_text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+        if self.tokenizer is not None:  # benchmarks of random-weight models run without one
+            seq.output_text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
         for stop in params.stop:
             idx = seq.output_text.find(stop)
             if idx >= 0:

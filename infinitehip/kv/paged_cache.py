@@ -23,8 +23,9 @@ class PagedKVCache:
     ):
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # Uninitialised: a slot is always written before any kernel reads it (and untouched host pages cost nothing).
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,1 @@
+"""InfiniteHiP attention: pruning stages, chunk scoring, dynamic RoPE positions, the method."""

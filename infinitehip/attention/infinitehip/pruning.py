@@ -1,0 +1,127 @@
+"""Multi-stage context pruning (paper Alg. 1-2) for the queries of one sequence.
+
+Survivors of every stage are lists of whole chunks: chunk sizes shrink by powers of two, so a stage's
+candidates are its parent's kept chunks cut into `chunk_size` pieces. A stage's output per query block
+is (chunk_starts [M, C], chunk_lens [M, C]) with padding chunks of length 0 at the end.
+
+The sparse candidates of a query block whose last query is at position e are [sink, limit) with
+limit = max(sink, e + 1 - stream); everything from `limit` on is the block's streaming window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from infinitehip.attention.infinitehip.positions import scoring_positions
+from infinitehip.attention.infinitehip.scoring import chunk_scores
+from infinitehip.model.rope import apply_rotary
+
+
+@dataclass
+class QueryBlocks:
+    """Queries of one stage cut into blocks of `size` rows (the last block padded)."""
+
+    q: torch.Tensor  # [M, b, H, d] pre-RoPE
+    valid: torch.Tensor  # [M, b] bool
+    positions: torch.Tensor  # [M, b] int64 original positions (padding repeats the last one)
+    size: int
+
+    @property
+    def last_position(self) -> torch.Tensor:  # [M]
+        return self.positions[:, -1]
+
+
+def query_blocks(q: torch.Tensor, start_pos: int, size: int) -> QueryBlocks:
+    """q [n, H, d] at positions start_pos.. -> blocks of `size` queries."""
+    n = q.shape[0]
+    M = -(-n // size)
+    pad = M * size - n
+    rows = torch.arange(M * size, device=q.device)
+    valid = (rows < n).view(M, size)
+    positions = (start_pos + rows.clamp(max=n - 1)).view(M, size)
+    q_padded = torch.cat([q, q[-1:].expand(pad, -1, -1)]) if pad else q
+    return QueryBlocks(q_padded.view(M, size, *q.shape[1:]), valid, positions, size)
+
+
+def sparse_limit(last_position: torch.Tensor, sink: int, stream: int) -> torch.Tensor:
+    """Exclusive end of a block's sparse candidates: max(sink, e + 1 - stream)."""
+    return (last_position + 1 - stream).clamp(min=sink)
+
+
+@dataclass
+class StageOutput:
+    chunk_starts: torch.Tensor  # [M, C] int64
+    chunk_lens: torch.Tensor  # [M, C] int64, 0 = padding
+    chunk_size: int
+    query_block_size: int
+    limit: torch.Tensor  # [M] the limit the candidates were clipped to
+
+    def for_blocks(self, parent_index: torch.Tensor) -> "StageOutput":
+        return StageOutput(self.chunk_starts[parent_index], self.chunk_lens[parent_index], self.chunk_size,
+                           self.query_block_size, self.limit[parent_index])
+
+
+def initial_chunks(limit: torch.Tensor, sink: int, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """All chunks of [sink, limit) per block: (starts [M, N], lens [M, N])."""
+    n = max(0, -(-(int(limit.max()) - sink) // chunk_size)) if limit.numel() else 0
+    starts = sink + chunk_size * torch.arange(n, device=limit.device)
+    lens = (limit[:, None] - starts[None, :]).clamp(min=0, max=chunk_size)
+    return starts.expand(limit.shape[0], n).contiguous(), lens
+
+
+def subdivide(parent: StageOutput, chunk_size: int, limit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cut the parent's chunks into `chunk_size` pieces, clipped to `limit` [M]."""
+    r = parent.chunk_size // chunk_size
+    offsets = chunk_size * torch.arange(r, device=limit.device)
+    starts = (parent.chunk_starts[:, :, None] + offsets).flatten(1)
+    lens = (parent.chunk_lens[:, :, None] - offsets).clamp(min=0, max=chunk_size).flatten(1)
+    lens = torch.minimum(lens, (limit[:, None] - starts).clamp(min=0))
+    return starts, lens
+
+
+def keep_top_chunks(starts: torch.Tensor, lens: torch.Tensor, scores: torch.Tensor | None, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the `keep` best-scoring chunks, sorted by position, padding last."""
+    if scores is not None and starts.shape[1] > keep:
+        idx = torch.topk(scores, keep, dim=1).indices
+        starts, lens = starts.gather(1, idx), lens.gather(1, idx)
+    order = torch.argsort(torch.where(lens > 0, starts, torch.iinfo(torch.int64).max), dim=1)
+    starts, lens = starts.gather(1, order), lens.gather(1, order)
+    width = int((lens > 0).sum(1).max()) if lens.numel() else 0
+    return starts[:, :width], lens[:, :width]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    query_block_size: int
+    chunk_size: int
+    keep_tokens: int
+    rope_style: str
+
+
+def run_stage(
+    spec: StageSpec, blocks: QueryBlocks, parent: StageOutput | None, k_flat: torch.Tensor, page_table: torch.Tensor,
+    page_size: int, sink: int, stream: int, rope, context_len: int, trained_len: int, impl: str,
+) -> StageOutput:
+    """One pruning stage for all query blocks (parent None: the first stage, all chunks of [sink, limit))."""
+    limit = sparse_limit(blocks.last_position, sink, stream)
+    if parent is None:
+        starts, lens = initial_chunks(limit, sink, spec.chunk_size)
+    else:
+        starts, lens = subdivide(parent, spec.chunk_size, limit)
+    keep = spec.keep_tokens // spec.chunk_size
+    scores = None
+    most_chunks = int((lens > 0).sum(1).max()) if lens.numel() else 0
+    if most_chunks > keep:
+        pos = scoring_positions(spec.rope_style, blocks.positions, lens, stream, context_len, trained_len)
+        rope.ensure(int(pos.query_pos.max()) + 1)
+        q_rot = apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
+        max_key_pos = int(pos.key_pos_base.max()) + (context_len // pos.token_pos_group if pos.token_pos_group else 0) + 2
+        rope.ensure(max_key_pos)
+        scores, _ = chunk_scores(
+            q_rot, blocks.valid, k_flat, page_table, page_size, starts, lens, pos.key_pos_base, pos.token_pos_group,
+            pos.left_offset, pos.right_offset, pos.rep_offset, rope.cos, rope.sin, impl=impl,
+        )
+    starts, lens = keep_top_chunks(starts, lens, scores, keep)
+    return StageOutput(starts, lens, spec.chunk_size, spec.query_block_size, limit)

@@ -1,0 +1,108 @@
+"""InfiniteHiP method configuration: pruning stages, sink/stream tokens, RoPE styles, mask refresh.
+
+Stage i is (query_block_sizes[i], chunk_sizes[i], keep_tokens[i], refresh_intervals[i]); the tuples are
+flat so each can be overridden from the command line (--chunk-sizes 256 32 8). Presets follow the
+paper's Appendix F.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# RoPE styles used while scoring chunks in the pruning stages (paper Table 8 rows, plus `none`).
+PRUNING_ROPE_STYLES = ("chunk_indexed", "relative", "dynamic", "infllm", "none")
+# RoPE styles inside the block-sparse attention (Table 8 columns, plus `none`).
+ATTENTION_ROPE_STYLES = ("streaming", "dynamic", "infllm", "none")
+IMPLEMENTATIONS = ("auto", "reference", "triton")
+
+
+@dataclass(frozen=True)
+class InfiniteHiPConfig:
+    sink_tokens: int = 256  # first tokens, always attended
+    stream_tokens: int = 1024  # most recent tokens, always attended
+    query_block_sizes: tuple[int, ...] = (64, 64, 64)
+    chunk_sizes: tuple[int, ...] = (256, 32, 8)
+    keep_tokens: tuple[int, ...] = (32768, 8192, 2048)
+    refresh_intervals: tuple[int, ...] = (16, 8, 4)  # decode steps between refreshes of each stage's mask
+    early_layers: int = 3  # layers [0, early_layers) use the early RoPE style and early keep
+    early_last_keep_tokens: int = 4096  # keep_tokens of the last stage in early layers
+    early_pruning_rope: str = "chunk_indexed"
+    late_pruning_rope: str = "relative"
+    attention_rope: str = "streaming"
+    impl: str = "auto"  # "auto": triton on CUDA, reference elsewhere
+
+    def __post_init__(self) -> None:
+        for name in ("query_block_sizes", "chunk_sizes", "keep_tokens", "refresh_intervals"):
+            object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+        n = len(self.chunk_sizes)
+        if n == 0:
+            raise ValueError("chunk_sizes: at least one pruning stage is needed")
+        for name in ("query_block_sizes", "keep_tokens", "refresh_intervals"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries but chunk_sizes has {n} stages")
+        for name in ("sink_tokens", "stream_tokens", "early_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for i, (b, c, k, r) in enumerate(zip(self.query_block_sizes, self.chunk_sizes, self.keep_tokens, self.refresh_intervals)):
+            if c < 1 or c & (c - 1):
+                raise ValueError(f"chunk_sizes[{i}] = {c} is not a power of two")
+            if k < c or k % c:
+                raise ValueError(f"keep_tokens[{i}] = {k} is not a positive multiple of chunk_sizes[{i}] = {c}")
+            if b < 1:
+                raise ValueError(f"query_block_sizes[{i}] must be >= 1, got {b}")
+            if r < 1:
+                raise ValueError(f"refresh_intervals[{i}] must be >= 1, got {r}")
+            if i > 0:
+                if self.chunk_sizes[i - 1] % c:
+                    raise ValueError(f"chunk_sizes[{i}] = {c} must divide chunk_sizes[{i - 1}] = {self.chunk_sizes[i - 1]}")
+                if k > self.keep_tokens[i - 1]:
+                    raise ValueError(
+                        f"keep_tokens[{i}] = {k} keeps more than stage {i - 1} passes on ({self.keep_tokens[i - 1]})"
+                    )
+                if self.query_block_sizes[i - 1] % b:
+                    raise ValueError(
+                        f"query_block_sizes[{i}] = {b} must divide query_block_sizes[{i - 1}] = {self.query_block_sizes[i - 1]}"
+                    )
+        last_c = self.chunk_sizes[-1]
+        if self.early_last_keep_tokens < last_c or self.early_last_keep_tokens % last_c:
+            raise ValueError(f"early_last_keep_tokens = {self.early_last_keep_tokens} is not a positive multiple of {last_c}")
+        if n > 1 and self.early_last_keep_tokens > self.keep_tokens[-2]:
+            raise ValueError(f"early_last_keep_tokens = {self.early_last_keep_tokens} keeps more than stage {n - 2} passes on")
+        for name in ("early_pruning_rope", "late_pruning_rope"):
+            if getattr(self, name) not in PRUNING_ROPE_STYLES:
+                raise ValueError(f"{name}: unknown RoPE style {getattr(self, name)!r}; choose from {PRUNING_ROPE_STYLES}")
+        if self.attention_rope not in ATTENTION_ROPE_STYLES:
+            raise ValueError(f"attention_rope: unknown RoPE style {self.attention_rope!r}; choose from {ATTENTION_ROPE_STYLES}")
+        if self.impl not in IMPLEMENTATIONS:
+            raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {self.impl!r}")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.chunk_sizes)
+
+    def keep_tokens_for(self, layer: int, stage: int) -> int:
+        if stage == self.num_stages - 1 and layer < self.early_layers:
+            return self.early_last_keep_tokens
+        return self.keep_tokens[stage]
+
+    def pruning_rope_for(self, layer: int) -> str:
+        return self.early_pruning_rope if layer < self.early_layers else self.late_pruning_rope
+
+    def attended_tokens(self, layer: int) -> int:
+        """Keys one query attends at most: sink + selected + stream window."""
+        return self.sink_tokens + self.keep_tokens_for(layer, self.num_stages - 1) + self.stream_tokens
+
+
+PRESETS: dict[str, InfiniteHiPConfig] = {
+    "3k": InfiniteHiPConfig(),
+    "3k-fast": InfiniteHiPConfig(refresh_intervals=(32, 16, 8)),
+    "3k-flash": InfiniteHiPConfig(refresh_intervals=(96, 24, 8)),
+    "5k": InfiniteHiPConfig(chunk_sizes=(64, 32, 16), keep_tokens=(32768, 16384, 4096), early_last_keep_tokens=4096),
+}
+
+
+def infinitehip_preset(name: str, **overrides) -> InfiniteHiPConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown InfiniteHiP preset {name!r}; available: {', '.join(PRESETS)}")
+    return dataclasses.replace(PRESETS[name], **overrides)
