@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from infinitehip.cli.method_options import add_method_flags, method_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.config.engine import EngineConfig
 from infinitehip.engine.llm import LLM
@@ -18,6 +19,7 @@ def register(subparsers) -> None:
         t = tasks.add_parser(task, help=f"{task} retrieval accuracy")
         add_dataclass_flags(t, EvalConfig)
         add_dataclass_flags(t, EngineConfig)
+        add_method_flags(t)
         t.set_defaults(func=run)
 
 
@@ -28,5 +30,5 @@ def run(args: argparse.Namespace) -> int:
         # Room for the longest prompt (builders land within 1%) plus the answer; the user may still set it.
         needed = int(max(eval_config.lengths) * 1.01) + 16 + ANSWER_TOKENS[args.task]
         engine_config = dataclasses.replace(engine_config, max_context_tokens=needed)
-    run_eval(LLM(config=engine_config), args.task, eval_config)
+    run_eval(LLM(config=engine_config, method_config=method_config_from_args(engine_config, args)), args.task, eval_config)
     return 0

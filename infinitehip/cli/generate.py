@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from infinitehip.cli.method_options import add_method_flags, method_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.sampling import SamplingParams
@@ -19,13 +20,15 @@ def register(subparsers) -> None:
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
     add_dataclass_flags(p, EngineConfig)
     add_dataclass_flags(p, SamplingParams)
+    add_method_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     params = dataclass_from_args(SamplingParams, args)
-    llm = LLM(config=dataclass_from_args(EngineConfig, args))
+    engine_config = dataclass_from_args(EngineConfig, args)
+    llm = LLM(config=engine_config, method_config=method_config_from_args(engine_config, args))
     if args.chat:
         (out,) = llm.chat([{"role": "user", "content": prompt}], params)
     else:

@@ -34,7 +34,7 @@ Kernel design (`_chunk_scores_kernel`)
   dots (q of the same dtype is exact), fp32 accumulation; this is what keeps the kernel spill-free at
   BLOCK_C = 64 (wgmma on Hopper). fp32 caches use 3xTF32 dots (~fp32 accuracy, no FMA-loop spills; set
   FP32_DOT_PRECISION = "ieee" for bitwise-closer, much slower dots). Blocks of fewer than 16 queries (decode)
-  or d/2 < 16 use an fp32 broadcast-multiply-sum instead of tl.dot.
+  use an fp32 broadcast-multiply-sum instead of tl.dot; d/2 < 16 is zero-padded to 16 for tl.dot.
 - Token/slot arithmetic is int64 (caches beyond 2^31 elements); head dims need not be powers of two.
 """
 
@@ -245,18 +245,21 @@ def _chunk_scores_kernel(
     tl.store(Reps + mn * H + h, lo, mask=c_ok)
 
 
-def _launch_config(b: int, half: int, n: int) -> dict:
-    """Tile sizes and warps. Register budget measured with ptxas for sm_90a (bf16 cache, d = 128, b = 64):
-    BLOCK_C = 64 / 8 warps ~185 registers, no spills (wgmma); d = 64 fits 4 warps (~175)."""
+def _launch_config(b: int, half: int, n: int, lowp: bool) -> dict:
+    """Tile sizes and warps, from ptxas -v for sm_90a (b = 64 queries): with 16-bit operands BLOCK_C = 64 runs
+    on wgmma spill-free (d = 128: 8 warps, 188 registers; d = 64: 4 warps, 174), BLOCK_C = 16 on mma.sync
+    (4 warps, ~250); BLOCK_C = 32 spills, so it is skipped. 3xTF32 (fp32 caches) spills a little at any
+    size, least with 4 warps."""
     block_q = min(triton.next_power_of_2(max(b, 1)), MAX_BLOCK_Q)
-    block_half = triton.next_power_of_2(half)
-    use_dot = block_q >= 16 and block_half >= 16
-    small_n = max(16, triton.next_power_of_2(n))
+    use_dot = block_q >= 16
+    # tl.dot needs K >= 16: tiny head dims are zero-padded (otherwise the compiler turns the broadcast-sum
+    # below into a TF32 dot on its own)
+    block_half = max(16 if use_dot else 1, triton.next_power_of_2(half))
     if use_dot:
-        block_c = min(64, small_n)
-        num_warps = 8 if block_c == 64 and block_half >= 64 else 4
+        block_c = 16 if n <= 16 else 64
+        num_warps = 8 if block_c == 64 and block_half >= 64 and lowp else 4
     else:  # broadcast product [BLOCK_C, BLOCK_HALF, BLOCK_Q] fp32 in registers: keep it at ~4K elements
-        block_c = min(64, small_n, max(16, 4096 // (block_half * block_q)))
+        block_c = min(64, max(16, triton.next_power_of_2(n)), max(16, 4096 // (block_half * block_q)))
         num_warps = 4
     return dict(BLOCK_Q=block_q, Q_TILES=triton.cdiv(b, block_q), BLOCK_HALF=block_half, BLOCK_C=block_c,
                 USE_DOT=use_dot, num_warps=num_warps)
@@ -295,7 +298,7 @@ def chunk_scores_triton(
     reps = torch.empty((M, N, H), dtype=torch.int64, device=q_rot.device)
     qv = q_valid.view(torch.uint8) if q_valid.dtype == torch.bool else q_valid
     cos, sin = cos.contiguous(), sin.contiguous()
-    cfg = _launch_config(b, half, N)
+    cfg = _launch_config(b, half, N, k_flat.dtype in _OP_DTYPES)
     op_dtype = _OP_DTYPES.get(k_flat.dtype, tl.float32) if cfg["USE_DOT"] else tl.float32
     num_chunk_blocks = triton.cdiv(N, cfg["BLOCK_C"])
     _chunk_scores_kernel[(M * H * num_chunk_blocks,)](

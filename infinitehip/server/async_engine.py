@@ -1,0 +1,354 @@
+"""The engine loop: one background thread owns the (single-threaded) LLMEngine; asyncio handlers talk to it.
+
+Handlers call `AsyncEngine.submit` (validates, then enqueues an "add" command) and read the returned
+`RequestStream`; closing a stream (client gone, request done) enqueues an "abort" command. Only the
+engine thread touches the engine: it applies pending commands between steps, runs `engine.step()`,
+turns the step's tokens into text deltas per sequence and hands each stream its events with one
+`loop.call_soon_threadsafe` per step. When there is no work it sleeps on a condition variable.
+
+Text deltas are computed from `Sequence.output_text` (the engine's detokenization, already cut at stop
+strings). Until a sequence finishes, a tail that could still turn into a stop string, or that ends in
+an incomplete UTF-8 character (U+FFFD), is held back, so the concatenated deltas equal the final text
+and a stream never shows text that the non-streaming response would not contain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from infinitehip.config.sampling import SamplingParams
+from infinitehip.engine.llm_engine import LLMEngine
+from infinitehip.engine.sequence import Sequence, SequenceStatus
+from infinitehip.server.metrics import ServerMetrics
+
+logger = logging.getLogger("infinitehip.server")
+
+
+class QueueFullError(RuntimeError):
+    """Too many requests waiting for a running slot; the client should retry later."""
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine loop is stopped (server shutting down)."""
+
+
+@dataclass
+class TokenEvent:
+    index: int  # choice index within the request
+    text: str  # new text (may be empty when only held-back text grew)
+    completion_tokens: int  # tokens generated so far by this sequence
+    finish_reason: str | None = None  # "stop" | "length" once finished
+    final_text: str | None = None  # the sequence's whole output text, on the finishing event
+
+
+@dataclass
+class ProgressEvent:
+    index: int
+    processed: int  # prompt tokens in the KV cache
+    total: int  # prompt tokens
+
+
+@dataclass
+class ErrorEvent:
+    message: str
+
+
+Event = TokenEvent | ProgressEvent | ErrorEvent
+
+
+def stable_text(text: str, stops: tuple[str, ...]) -> str:
+    """The part of an unfinished sequence's text that can be sent: no partial stop string, no partial char."""
+    end = len(text)
+    while end and text[end - 1] == "\ufffd":
+        end -= 1
+    cut = end
+    for stop in stops:
+        # Longest proper prefix of `stop` that ends the text: hold it back.
+        for i in range(max(0, end - len(stop) + 1), end):
+            if stop.startswith(text[i:end]):
+                cut = min(cut, i)
+                break
+    return text[:cut]
+
+
+@dataclass(eq=False)
+class _SeqState:
+    """Engine-thread bookkeeping of one sequence."""
+
+    stream: RequestStream
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    seq: Sequence | None = None
+    sent_len: int = 0
+    last_progress: int = -1
+    last_token_time: float | None = None
+
+
+class RequestStream:
+    """One HTTP request's sequences (n choices / several prompts) as an async source of event batches."""
+
+    def __init__(self, owner: AsyncEngine, loop: asyncio.AbstractEventLoop, prompt_lens: list[int], want_progress: bool):
+        self._owner, self._loop = owner, loop
+        self.prompt_lens = prompt_lens  # per choice
+        self.want_progress = want_progress
+        self.arrival = time.perf_counter()
+        self._events: deque[Event] = deque()
+        self._ready = asyncio.Event()
+        self._pending = len(prompt_lens)  # choices not finished yet
+        self.error: str | None = None
+        self.closed = False  # aborted (by the client going away or by the handler)
+        self.states: list[_SeqState] = []
+
+    @property
+    def done(self) -> bool:
+        return self.closed or self.error is not None or (self._pending == 0 and not self._events)
+
+    def _push(self, events: list[Event]) -> None:  # on the event loop
+        for ev in events:
+            if isinstance(ev, TokenEvent) and ev.finish_reason is not None:
+                self._pending -= 1
+            elif isinstance(ev, ErrorEvent):
+                self.error = ev.message
+        self._events.extend(events)
+        self._ready.set()
+
+    def push_threadsafe(self, events: list[Event]) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._push, events)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+    async def get(self, timeout: float | None = None) -> list[Event] | None:
+        """Next events (possibly several steps' worth); [] once done; None when `timeout` passed first."""
+        while not self._events:
+            if self.done:
+                return []
+            self._ready.clear()
+            try:
+                await asyncio.wait_for(self._ready.wait(), timeout)
+            except asyncio.TimeoutError:
+                return None
+        events = list(self._events)
+        self._events.clear()
+        return events
+
+    def abort(self) -> None:
+        """Stop generating (idempotent); frees the KV pages of unfinished sequences. Wakes a waiting get()."""
+        if self.closed:
+            return
+        self.closed = True
+        self._ready.set()
+        if self._pending > 0:
+            self._owner._enqueue(("abort", self), 0)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, max_waiting_requests: int = 64, metrics: ServerMetrics | None = None):
+        self.engine = engine
+        self.max_waiting_requests = max_waiting_requests
+        self.metrics = metrics or ServerMetrics()
+        self._cv = threading.Condition()
+        self._commands: list[tuple[str, RequestStream]] = []
+        self._num_queued = 0  # sequences accepted but not yet running (guarded by _cv)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # Engine-thread-only state.
+        self._by_seq: dict[int, _SeqState] = {}
+        self._queued: set[_SeqState] = set()  # added to the scheduler, still WAITING
+        self._prefilling: set[_SeqState] = set()  # running or waiting, no token yet
+        self.last_error: str | None = None
+
+    # ---- lifecycle (any thread) -------------------------------------------------------------------------
+    def start(self) -> None:
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="infinitehip-engine", daemon=True)
+                self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def healthy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    @property
+    def num_queued(self) -> int:
+        return self._num_queued
+
+    # ---- requests (event loop) --------------------------------------------------------------------------
+    def submit(self, seqs: list[tuple[list[int], SamplingParams]], want_progress: bool = False) -> RequestStream:
+        """Validate and enqueue one request's sequences (all or none). Raises ValueError (incl. the
+        engine's ContextLengthError) for requests that can never run, QueueFullError when busy."""
+        engine = self.engine
+        allocator = engine.scheduler.allocator
+        for prompt_ids, params in seqs:
+            max_tokens = engine.check_fits(len(prompt_ids), params.max_tokens)  # pure check, no engine state
+            need = allocator.pages_for(len(prompt_ids) + max_tokens)
+            if need > allocator.num_pages:
+                raise ValueError(
+                    f"request needs {len(prompt_ids) + max_tokens} tokens of KV cache (prompt {len(prompt_ids)} "
+                    f"+ max_tokens {max_tokens}) but the cache holds {allocator.num_pages * allocator.page_size}; "
+                    "lower max_tokens or start the server with a larger --kv-cache-tokens"
+                )
+        if self._stopping:
+            raise EngineUnavailableError("the server is shutting down")
+        self.start()
+        stream = RequestStream(self, asyncio.get_running_loop(), [len(p) for p, _ in seqs], want_progress)
+        stream.states = [_SeqState(stream, i, list(p), params) for i, (p, params) in enumerate(seqs)]
+        self._enqueue(("add", stream), len(seqs))
+        return stream
+
+    def _enqueue(self, command: tuple[str, RequestStream], new_queued: int) -> None:
+        with self._cv:
+            if new_queued:
+                if self._num_queued + new_queued > self.max_waiting_requests:
+                    raise QueueFullError(
+                        f"the server has {self._num_queued} sequences waiting (limit {self.max_waiting_requests}); "
+                        "retry later"
+                    )
+                self._num_queued += new_queued
+            self._commands.append(command)
+            self._cv.notify()
+
+    # ---- engine thread ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        while True:
+            with self._cv:
+                while not self._commands and not engine.has_work and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                commands, self._commands = self._commands, []
+            for kind, stream in commands:
+                self._add(stream) if kind == "add" else self._abort(stream)
+            if commands:
+                self._publish_state()
+            if engine.has_work:
+                self._step()
+        self._fail_all("the server is shutting down")
+
+    def _release_queued(self, count: int) -> None:
+        if count:
+            with self._cv:
+                self._num_queued -= count
+
+    def _add(self, stream: RequestStream) -> None:
+        if stream.closed:
+            self._release_queued(len(stream.states))
+            return
+        added = []
+        try:
+            for st in stream.states:
+                st.seq = self.engine.add_request(st.prompt_ids, st.params)
+                added.append(st)
+                self._by_seq[st.seq.seq_id] = st
+                self._queued.add(st)
+                self._prefilling.add(st)
+        except Exception as exc:  # validated in submit, so unexpected; fail this request only
+            logger.exception("add_request failed")
+            for st in added:
+                self._drop(st)
+                self.engine.abort(st.seq)
+            self._release_queued(len(stream.states) - len(added))
+            stream.push_threadsafe([ErrorEvent(f"could not start the request: {exc}")])
+
+    def _drop(self, st: _SeqState) -> None:
+        if st.seq is not None:
+            self._by_seq.pop(st.seq.seq_id, None)
+        if st in self._queued:
+            self._queued.discard(st)
+            self._release_queued(1)
+        self._prefilling.discard(st)
+
+    def _abort(self, stream: RequestStream) -> None:
+        for st in stream.states:
+            if st.seq is not None and not st.seq.is_finished:
+                self._drop(st)
+                self.engine.abort(st.seq)
+                self.metrics.finished.labels(reason="abort").inc()
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        try:
+            outputs, prefilled = self.engine.step()
+        except Exception as exc:  # a bug or device error: fail the running requests, keep serving
+            logger.exception("engine step failed")
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self._fail_all(f"internal engine error: {self.last_error}")
+            return
+        now = time.perf_counter()
+        self.metrics.observe_step(prefilled, len(outputs), now - start)
+        events: dict[RequestStream, list[Event]] = {}
+        for st in [st for st in self._queued if st.seq.status is not SequenceStatus.WAITING]:
+            self._queued.discard(st)
+            self._release_queued(1)
+        for st in self._prefilling:
+            seq = st.seq
+            if st.stream.want_progress and seq.num_cached != st.last_progress and seq.status is SequenceStatus.RUNNING:
+                st.last_progress = seq.num_cached
+                events.setdefault(st.stream, []).append(ProgressEvent(st.index, seq.num_cached, seq.num_prompt_tokens))
+        for out in outputs:
+            st = self._by_seq.get(out.seq.seq_id)
+            if st is None:
+                continue
+            if st.last_token_time is None:
+                self._prefilling.discard(st)
+                self.metrics.ttft.observe(now - st.stream.arrival)
+            else:
+                self.metrics.itl.observe(now - st.last_token_time)
+            st.last_token_time = now
+            events.setdefault(st.stream, []).append(self._token_event(st, out.finished))
+            if out.finished:
+                self._drop(st)
+                self.metrics.e2e.observe(now - st.stream.arrival)
+                self.metrics.finished.labels(reason=out.seq.finish_reason).inc()
+        for stream, evs in events.items():
+            stream.push_threadsafe(evs)
+        self._publish_state()
+
+    def _token_event(self, st: _SeqState, finished: bool) -> TokenEvent:
+        seq = st.seq
+        text = seq.output_text if finished else stable_text(seq.output_text, seq.params.stop)
+        delta = text[st.sent_len :] if len(text) > st.sent_len else ""
+        st.sent_len = max(st.sent_len, len(text))
+        if not finished:
+            return TokenEvent(st.index, delta, len(seq.output_ids))
+        return TokenEvent(st.index, delta, len(seq.output_ids), seq.finish_reason, seq.output_text)
+
+    def _fail_all(self, message: str) -> None:
+        streams = {st.stream for st in self._by_seq.values()}
+        for st in list(self._by_seq.values()):
+            self._drop(st)
+            if not st.seq.is_finished:
+                try:
+                    self.engine.abort(st.seq)
+                except Exception:  # keep failing the others
+                    logger.exception("abort failed")
+                self.metrics.finished.labels(reason="error").inc()
+        with self._cv:
+            pending, self._commands = self._commands, []
+        for kind, stream in pending:
+            if kind == "add":
+                self._release_queued(len(stream.states))
+                streams.add(stream)
+        for stream in streams:
+            stream.push_threadsafe([ErrorEvent(message)])
+        self._publish_state()
+
+    def _publish_state(self) -> None:
+        sched = self.engine.scheduler
+        alloc = sched.allocator
+        kv = 1.0 - alloc.num_free / alloc.num_pages if alloc.num_pages else 0.0
+        self.metrics.set_engine_state(len(sched.running), self._num_queued, kv)

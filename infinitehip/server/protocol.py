@@ -1,0 +1,194 @@
+"""OpenAI wire format: request and response models of /v1/completions, /v1/chat/completions, /v1/models.
+
+Request models check types only (strictly); values are checked where the engine defines them (SamplingParams,
+context limits) so that the messages match the offline API. Unknown fields are ignored, as OpenAI's
+server does; fields we accept but cannot honour (logprobs, penalties, echo, ...) are rejected with a
+400 only when set to something other than their no-op value (see `unsupported_fields`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# ---- requests ---------------------------------------------------------------------------------------
+
+
+# strict: no silent coercion ("16" is not an integer, 1 is not a boolean), as OpenAI's API does.
+_STRICT = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+
+    include_usage: bool = False
+
+
+class _SamplingRequest(BaseModel):
+    model_config = _STRICT
+
+    model: str | None = Field(None, description="Served model id (see /v1/models); omitted: the served model")
+    max_tokens: int | None = Field(None, description="Completion token limit (None: what the context allows)")
+    temperature: float | None = Field(None, description="0 = greedy; default 1")
+    top_p: float | None = None
+    seed: int | None = Field(None, description="Per-request seed; choice i uses seed + i")
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # Extensions (send with the openai client's `extra_body`).
+    top_k: int | None = Field(None, description="Top-k filter (None: off)")
+    ignore_eos: bool = False
+    method: str | None = Field(None, description="Must equal the server's attention method (one engine per server)")
+    preset: str | None = Field(None, description="Must equal the server's method preset")
+    prefill_progress: bool = Field(False, description="Streaming: send `prefill_progress` chunks during prefill")
+
+    def unsupported_fields(self) -> list[str]:
+        bad = []
+        if self.presence_penalty not in (None, 0, 0.0):
+            bad.append("presence_penalty")
+        if self.frequency_penalty not in (None, 0, 0.0):
+            bad.append("frequency_penalty")
+        if self.logit_bias:
+            bad.append("logit_bias")
+        return bad
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        ..., description="Text, token ids, or a list of either (one choice group per prompt)"
+    )
+    echo: bool = False
+    suffix: str | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+
+    def unsupported_fields(self) -> list[str]:
+        bad = super().unsupported_fields()
+        if self.echo:
+            bad.append("echo")
+        if self.suffix:
+            bad.append("suffix")
+        if self.logprobs is not None:
+            bad.append("logprobs")
+        if self.best_of not in (None, 1, self.n):
+            bad.append("best_of")
+        return bad
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = _STRICT
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(None, description="Alias of max_tokens (takes precedence)")
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    def unsupported_fields(self) -> list[str]:
+        bad = super().unsupported_fields()
+        if self.logprobs:
+            bad.append("logprobs")
+        if self.top_logprobs is not None:
+            bad.append("top_logprobs")
+        if self.tools:
+            bad.append("tools")
+        return bad
+
+
+# ---- responses (documentation of the wire format; handlers build the dicts directly) -------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class PrefillProgress(BaseModel):
+    """Extra field of streamed chunks (with `prefill_progress: true`); such chunks have no choices."""
+
+    index: int
+    processed: int
+    total: int
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "infinitehip"
+    max_model_len: int
+    method: str
+    preset: str | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo

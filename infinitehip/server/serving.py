@@ -1,0 +1,277 @@
+"""OpenAI request handling: request -> token ids + SamplingParams -> engine stream -> JSON or SSE response."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from infinitehip.config.sampling import SamplingParams
+from infinitehip.config.server import ServerConfig
+from infinitehip.engine.llm_engine import ContextLengthError
+from infinitehip.server.async_engine import (
+    AsyncEngine, EngineUnavailableError, ErrorEvent, ProgressEvent, QueueFullError, RequestStream, TokenEvent,
+)
+from infinitehip.server.errors import APIError, error_body
+from infinitehip.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
+
+MAX_N = 64  # choices per request
+MAX_STOP = 16  # stop strings per request
+MAX_STOP_CHARS = 1024  # characters per stop string
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat: up to the context)
+
+_PARAM_OF_MESSAGE = ("max_tokens", "temperature", "top_p", "top_k", "stop")
+
+
+def engine_preset(llm) -> str | None:
+    """Name of the method preset the engine runs: the preset whose settings equal the method's config."""
+    preset = getattr(llm.config, "preset", None)
+    if preset:
+        return preset
+    method_config = getattr(llm.method, "config", None)
+    if method_config is None:
+        return None
+    try:
+        from infinitehip.config.infinitehip import PRESETS
+    except ImportError:
+        return None
+    return next((name for name, cfg in PRESETS.items() if cfg == method_config), None)
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncEngine, config: ServerConfig, model_name: str, aliases: set[str]):
+        self.engine, self.config, self.model_name = engine, config, model_name
+        self.aliases = aliases | {model_name}
+        llm = engine.engine
+        self.vocab_size = llm.model_config.vocab_size
+        self.method = llm.config.method
+        self.preset = engine_preset(llm)
+
+    # ---- endpoints ------------------------------------------------------------------------------------
+    async def completions(self, body: CompletionRequest, request: Request):
+        self._check_common(body)
+        prompts = self._completion_prompts(body.prompt)
+        ids = [await run_in_threadpool(self._encode_prompt, p) for p in prompts]
+        max_tokens = body.max_tokens if "max_tokens" in body.model_fields_set else COMPLETIONS_DEFAULT_MAX_TOKENS
+        return await self._serve(body, request, ids, max_tokens, "prompt", chat=False)
+
+    async def chat(self, body: ChatCompletionRequest, request: Request):
+        self._check_common(body)
+        messages = [self._message_dict(i, m) for i, m in enumerate(body.messages)]
+        ids = [await run_in_threadpool(self._encode_chat, messages)]
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        return await self._serve(body, request, ids, max_tokens, "messages", chat=True)
+
+    # ---- request validation -----------------------------------------------------------------------------
+    def _check_common(self, body: _SamplingRequest) -> None:
+        if body.model is not None and body.model not in self.aliases:
+            raise APIError(404, f"model {body.model!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+        bad = body.unsupported_fields()
+        if bad:
+            raise APIError(400, f"not supported by this server: {', '.join(bad)}", param=bad[0], code="unsupported")
+        if body.method is not None and body.method != self.method:
+            raise APIError(
+                400, f"this server runs attention method {self.method!r} (one engine per server); the request asked "
+                f"for {body.method!r}. Start a server with --method {body.method} for that.",
+                param="method", code="method_mismatch",
+            )
+        if body.preset is not None and body.preset != self.preset:
+            if self.preset:
+                runs = f"preset {self.preset!r}"
+            else:
+                runs = "a custom configuration" if getattr(self.engine.engine.method, "config", None) else "no preset"
+            raise APIError(400, f"this server runs method {self.method!r} with {runs} (one engine per server); the "
+                           f"request asked for preset {body.preset!r}", param="preset", code="preset_mismatch")
+        if not 1 <= body.n <= min(MAX_N, self.config.max_waiting_requests):
+            raise APIError(400, f"n must be in [1, {min(MAX_N, self.config.max_waiting_requests)}], got {body.n}",
+                           param="n")
+
+    def _params(self, body: _SamplingRequest, max_tokens: int | None, choice: int) -> SamplingParams:
+        stop = body.stop if body.stop is not None else ()
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        if len(stop) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stop):
+            raise APIError(400, f"at most {MAX_STOP} stop strings of at most {MAX_STOP_CHARS} characters", param="stop")
+        seed = body.seed
+        if seed is not None:
+            if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+                raise APIError(400, f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {seed}", param="seed")
+            seed = (seed + choice) % 2**64  # independent choices, reproducible per choice
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k, seed=seed, stop=stop,
+                ignore_eos=body.ignore_eos,
+            )
+        except ValueError as exc:
+            msg = str(exc)
+            param = next((p for p in _PARAM_OF_MESSAGE if msg.startswith(p)), None)
+            raise APIError(400, msg, param=param) from None
+
+    def _completion_prompts(self, prompt) -> list[str | list[int]]:
+        if isinstance(prompt, str):
+            prompts = [prompt]
+        elif prompt and all(isinstance(t, int) for t in prompt):
+            prompts = [prompt]
+        else:
+            prompts = list(prompt)
+        if not prompts:
+            raise APIError(400, "prompt is empty", param="prompt")
+        if len(prompts) > MAX_N:
+            raise APIError(400, f"at most {MAX_N} prompts per request, got {len(prompts)}", param="prompt")
+        for p in prompts:
+            if isinstance(p, list) and any(not 0 <= t < self.vocab_size for t in p):
+                raise APIError(400, f"token ids must be in [0, {self.vocab_size})", param="prompt")
+        return prompts
+
+    def _encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        return self.engine.engine.encode_prompt(prompt)
+
+    @staticmethod
+    def _message_dict(i: int, m) -> dict[str, str]:
+        if isinstance(m.content, list):
+            parts = []
+            for part in m.content:
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"messages[{i}]: only text content parts are supported, got {part.type!r}",
+                                   param=f"messages[{i}].content")
+                parts.append(part.text)
+            content = "\n".join(parts)
+        else:
+            content = m.content or ""
+        return {"role": "system" if m.role == "developer" else m.role, "content": content}
+
+    def _encode_chat(self, messages: list[dict]) -> list[int]:
+        try:
+            return self.engine.engine.encode_chat(messages)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        except Exception as exc:  # template errors (jinja raise_exception, odd role orders) are the request's
+            raise APIError(400, f"could not apply the chat template: {exc}", param="messages") from None
+
+    # ---- running ----------------------------------------------------------------------------------------
+    async def _serve(self, body, request: Request, prompt_ids: list[list[int]], max_tokens, prompt_param: str, chat: bool):
+        if len(prompt_ids) * body.n > self.config.max_waiting_requests:
+            raise APIError(400, f"{len(prompt_ids)} prompts x n={body.n} sequences exceed the server's limit of "
+                           f"{self.config.max_waiting_requests} queued sequences", param="n")
+        seqs = [(ids, self._params(body, max_tokens, i)) for ids in prompt_ids for i in range(body.n)]
+        try:
+            stream = self.engine.submit(seqs, want_progress=body.stream and body.prefill_progress)
+        except QueueFullError as exc:
+            raise APIError(503, str(exc), code="queue_full", headers={"Retry-After": "5"}) from None
+        except EngineUnavailableError as exc:
+            raise APIError(503, str(exc), code="unavailable", headers={"Retry-After": "30"}) from None
+        except ContextLengthError as exc:
+            raise APIError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
+        except ValueError as exc:
+            raise APIError(400, str(exc), param=prompt_param) from None
+        prompt_tokens = sum(len(ids) for ids in prompt_ids)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            gen = self._stream(stream, rid, chat, prompt_tokens, include_usage)
+            return StreamingResponse(gen, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await self._complete(stream, request, rid, chat, prompt_tokens)
+
+    async def _complete(self, stream: RequestStream, request: Request, rid: str, chat: bool, prompt_tokens: int):
+        watcher = asyncio.create_task(self._abort_on_disconnect(request, stream))
+        finals: dict[int, TokenEvent] = {}
+        try:
+            while events := await stream.get():
+                finals.update((ev.index, ev) for ev in events if isinstance(ev, TokenEvent) and ev.finish_reason)
+        finally:
+            watcher.cancel()
+            stream.abort()  # no-op when finished; frees KV when the client went away or we were cancelled
+        if stream.error is not None:
+            raise APIError(500, stream.error, code="engine_error", type="internal_error")
+        if len(finals) < len(stream.prompt_lens):  # client disconnected: nobody reads this
+            return JSONResponse(error_body("client disconnected", "invalid_request_error"), status_code=499)
+        choices = []
+        for index in sorted(finals):
+            ev = finals[index]
+            if chat:
+                choices.append({"index": index, "message": {"role": "assistant", "content": ev.final_text},
+                                "logprobs": None, "finish_reason": ev.finish_reason})
+            else:
+                choices.append({"index": index, "text": ev.final_text, "logprobs": None,
+                                "finish_reason": ev.finish_reason})
+        completion_tokens = sum(ev.completion_tokens for ev in finals.values())
+        return JSONResponse({
+            "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices, "usage": _usage(prompt_tokens, completion_tokens),
+        })
+
+    @staticmethod
+    async def _abort_on_disconnect(request: Request, stream: RequestStream) -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                stream.abort()
+                return
+
+    async def _stream(self, stream: RequestStream, rid: str, chat: bool, prompt_tokens: int,
+                      include_usage: bool) -> AsyncIterator[str]:
+        created, obj = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
+        base = {"id": rid, "object": obj, "created": created, "model": self.model_name}
+        extra = {"usage": None} if include_usage else {}
+
+        def chunk(index: int, text: str | None, finish_reason: str | None, role: bool = False) -> str:
+            if chat:
+                delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+                choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            else:
+                choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            return _sse({**base, "choices": [choice], **extra})
+
+        completion_tokens: dict[int, int] = {}
+        try:
+            if chat:
+                for index in range(len(stream.prompt_lens)):
+                    yield chunk(index, None, None, role=True)
+            while True:
+                events = await stream.get(timeout=self.config.keepalive_interval_s)
+                if events is None:
+                    yield ": keepalive\n\n"
+                    continue
+                if not events:
+                    break
+                for ev in events:
+                    if isinstance(ev, TokenEvent):
+                        completion_tokens[ev.index] = ev.completion_tokens
+                        if chat and ev.text and ev.finish_reason:
+                            yield chunk(ev.index, ev.text, None)
+                            yield chunk(ev.index, None, ev.finish_reason)
+                        elif ev.text or ev.finish_reason:
+                            yield chunk(ev.index, ev.text, ev.finish_reason)
+                    elif isinstance(ev, ProgressEvent):
+                        progress = {"index": ev.index, "processed": ev.processed, "total": ev.total}
+                        yield _sse({**base, "choices": [], "prefill_progress": progress, **extra})
+                    elif isinstance(ev, ErrorEvent):
+                        yield _sse(error_body(ev.message, "internal_error", code="engine_error"))
+                        yield "data: [DONE]\n\n"
+                        return
+            if stream.closed:
+                return
+            if include_usage:
+                yield _sse({**base, "choices": [], "usage": _usage(prompt_tokens, sum(completion_tokens.values()))})
+            yield "data: [DONE]\n\n"
+        finally:
+            stream.abort()  # client disconnected (generator cancelled / closed) or done: frees KV if unfinished
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

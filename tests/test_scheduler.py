@@ -1,0 +1,156 @@
+"""Scheduler policy without a model: admission by free KV pages, FIFO, continuous batching, max_num_seqs."""
+
+from __future__ import annotations
+
+import pytest
+
+from infinitehip.config.sampling import SamplingParams
+from infinitehip.engine.scheduler import Scheduler
+from infinitehip.engine.sequence import Sequence, SequenceStatus
+from infinitehip.kv.page_allocator import PageAllocator
+
+PAGE = 16
+
+
+def make_seq(prompt_len: int, max_tokens: int) -> Sequence:
+    return Sequence(list(range(prompt_len)), SamplingParams(max_tokens=max_tokens), max_tokens)
+
+
+def make_scheduler(num_pages: int = 64, max_num_seqs: int = 8, chunk: int = 256) -> Scheduler:
+    return Scheduler(PageAllocator(num_pages, PAGE), max_num_seqs, chunk)
+
+
+def execute(plan) -> None:
+    """What the runner and engine do to the bookkeeping: cache the step's tokens, sample where due."""
+    for seq, n in plan.prefill:
+        seq.num_cached += n
+        if not seq.in_prefill:  # prompt complete: its last position samples the first token
+            seq.output_ids.append(0)
+    for seq in plan.decode:
+        seq.num_cached += 1
+        seq.output_ids.append(0)
+
+
+def test_admission_waits_for_free_pages_and_reserves_the_whole_budget():
+    sched = make_scheduler(num_pages=10)
+    a = make_seq(100, 28)  # 128 tokens -> 8 pages
+    b = make_seq(40, 8)  # 48 tokens -> 3 pages
+    sched.add(a)
+    sched.add(b)
+    plan, admitted = sched.schedule()
+    assert admitted == [a] and sched.running == [a] and list(sched.waiting) == [b]
+    assert len(a.page_table) == 8 and sched.allocator.num_free == 2
+    assert a.status is SequenceStatus.RUNNING and b.status is SequenceStatus.WAITING
+    assert plan.prefill == [(a, 100)] and plan.decode == []
+    execute(plan)
+    plan, admitted = sched.schedule()
+    assert admitted == [] and plan.decode == [a]  # b still does not fit
+    sched.finish(a, "length")
+    assert sched.allocator.num_free == 10 and a.page_table == [] and a.finish_reason == "length"
+    plan, admitted = sched.schedule()
+    assert admitted == [b] and plan.prefill == [(b, 40)]
+
+
+def test_request_larger_than_the_cache_is_rejected_at_add():
+    sched = make_scheduler(num_pages=4)
+    with pytest.raises(ValueError, match="KV cache"):
+        sched.add(make_seq(60, 10))  # 70 tokens > 64 slots
+    assert not sched.has_work
+
+
+def test_fifo_head_of_line_is_not_overtaken():
+    sched = make_scheduler(num_pages=10)
+    big_running = make_seq(90, 6)  # 6 pages
+    sched.add(big_running)
+    sched.schedule()
+    head = make_seq(70, 10)  # 5 pages: does not fit in the 4 free
+    small = make_seq(10, 6)  # 1 page: would fit, but must wait behind `head`
+    sched.add(head)
+    sched.add(small)
+    _, admitted = sched.schedule()
+    assert admitted == [] and list(sched.waiting) == [head, small]
+    sched.finish(big_running, "stop")
+    _, admitted = sched.schedule()
+    assert admitted == [head, small]  # arrival order
+    assert [s.status for s in (head, small)] == [SequenceStatus.RUNNING] * 2
+
+
+def test_max_num_seqs_limits_running_and_finishing_admits_the_next():
+    sched = make_scheduler(num_pages=64, max_num_seqs=2)
+    seqs = [make_seq(8, 4) for _ in range(5)]
+    for s in seqs:
+        sched.add(s)
+    _, admitted = sched.schedule()
+    assert admitted == seqs[:2] and len(sched.waiting) == 3
+    sched.finish(seqs[0], "stop")
+    _, admitted = sched.schedule()
+    assert admitted == [seqs[2]] and sched.running == [seqs[1], seqs[2]]
+
+
+def test_continuous_batching_decodes_every_step_while_a_long_prefill_advances_in_chunks():
+    chunk = 128
+    sched = make_scheduler(num_pages=200, chunk=chunk)
+    short = [make_seq(20, 64), make_seq(30, 64)]
+    for s in short:
+        sched.add(s)
+    plan, _ = sched.schedule()
+    assert plan.prefill == [(short[0], 20), (short[1], 30)]  # both prompts fit in one step's budget
+    execute(plan)
+    long = make_seq(1000, 8)
+    sched.add(long)
+    processed, steps = [], 0
+    while long.in_prefill:
+        plan, _ = sched.schedule()
+        steps += 1
+        assert plan.decode == short, "running streams must decode every step"
+        assert plan.num_tokens <= chunk, "the step's token budget covers decode + prefill"
+        ((seq, n),) = plan.prefill
+        assert seq is long and n == min(chunk - len(short), 1000 - long.num_cached)
+        execute(plan)
+        processed.append(long.num_cached)
+    assert processed == sorted(processed) and processed[-1] == 1000
+    assert steps == -(-1000 // (chunk - len(short)))
+    assert all(len(s.output_ids) == 1 + steps for s in short)  # one token per step, no stall
+    plan, _ = sched.schedule()
+    assert plan.prefill == [] and plan.decode == [*short, long]  # the long prompt now decodes too
+
+
+def test_several_prefills_share_the_budget_in_arrival_order():
+    sched = make_scheduler(num_pages=200, chunk=100)
+    a, b, c = make_seq(70, 4), make_seq(70, 4), make_seq(70, 4)
+    for s in (a, b, c):
+        sched.add(s)
+    plan, _ = sched.schedule()
+    assert plan.prefill == [(a, 70), (b, 30)]  # c gets nothing this step
+    execute(plan)
+    plan, _ = sched.schedule()
+    assert plan.decode == [a] and plan.prefill == [(b, 40), (c, 59)]
+
+
+def test_decode_keeps_running_when_decoders_exceed_the_budget():
+    sched = make_scheduler(num_pages=64, max_num_seqs=8, chunk=4)
+    decoders = [make_seq(2, 8) for _ in range(5)]
+    for s in decoders:
+        sched.add(s)
+    while any(s.in_prefill for s in decoders):  # the budget shrinks as more of them decode
+        execute(sched.schedule()[0])
+    late = make_seq(10, 4)
+    sched.add(late)
+    plan, _ = sched.schedule()
+    assert plan.decode == decoders  # every decoder runs even beyond the budget
+    assert plan.prefill == [(late, 1)]  # and a prefill still makes progress (minimum 1 token)
+
+
+def test_pages_freed_on_finish_and_waiting_sequences_can_be_finished():
+    sched = make_scheduler(num_pages=8)
+    a, b = make_seq(50, 14), make_seq(50, 14)  # 4 pages each
+    c = make_seq(10, 6)
+    for s in (a, b, c):
+        sched.add(s)
+    sched.schedule()
+    assert sched.allocator.num_free == 0 and list(sched.waiting) == [c]
+    sched.finish(c, "abort")  # a queued request that is cancelled
+    assert not sched.waiting and c.is_finished and c.finish_reason == "abort"
+    for s in (a, b):
+        sched.finish(s, "stop")
+    assert sched.allocator.num_free == 8 and not sched.running and not sched.has_work
