@@ -75,6 +75,12 @@ class InfiniteHiPAttention(AttentionMethod):
             return "triton" if x.is_cuda else "reference"
         return self.config.impl
 
+    def _attention_impl(self, x: torch.Tensor) -> str:
+        """Sparse attention: Triton on CUDA; on CPU the batched-SDPA path ("auto") or the eager oracle."""
+        if self.config.impl == "auto":
+            return "triton" if x.is_cuda else "sdpa"
+        return self.config.impl
+
     def _specs(self, layer: int, decode: bool) -> list[StageSpec]:
         c = self.config
         return [
@@ -110,7 +116,7 @@ class InfiniteHiPAttention(AttentionMethod):
         return sparse_attention_prefill(
             q, seq.cache.flat_k(layer), seq.cache.flat_v(layer), seq.page_table, seq.cache.page_size,
             key_tokens.int(), key_counts.int(), key_rope, query_pos.int(), query_rope, blocks.size,
-            batch.rope.cos, batch.rope.sin, self.sm_scale, impl=self._impl(q),
+            batch.rope.cos, batch.rope.sin, self.sm_scale, impl=self._attention_impl(q),
         )
 
     # ---- decode -----------------------------------------------------------------------------------------
@@ -149,5 +155,5 @@ class InfiniteHiPAttention(AttentionMethod):
         return sparse_attention_decode(
             q, seqs[0].cache.flat_k(layer), seqs[0].cache.flat_v(layer), page_tables, seqs[0].cache.page_size,
             key_tokens, torch.cat(counts).int(), key_rope, torch.cat(query_ropes).int(), batch.rope.cos, batch.rope.sin,
-            self.sm_scale, impl=self._impl(q),
+            self.sm_scale, impl=self._attention_impl(q),
         )

@@ -6,6 +6,7 @@ of `key_rope_pos` / `query_rope_pos`. Two implementations with identical signatu
 
 - `reference`: eager PyTorch, the oracle (CPU and GPU).
 - `triton`: FlashAttention-style prefill kernel and split-K (flash-decoding) decode kernels.
+- `sdpa`: every block's keys gathered at once and one batched torch SDPA call (the CPU path).
 
 `sparse_attention_prefill(..., impl=...)` / `sparse_attention_decode(..., impl=...)` dispatch between
 them; see `reference.py` for the argument meanings. The Triton module is imported on first use.
@@ -19,14 +20,14 @@ import torch
 
 from infinitehip.attention.sparse import reference
 
-IMPLS = ("triton", "reference")
+IMPLS = ("triton", "sdpa", "reference")
 
 
 def _impl(name: str):
     if name == "reference":
         return reference
-    if name == "triton":
-        return importlib.import_module("infinitehip.attention.sparse.triton")
+    if name in ("triton", "sdpa"):
+        return importlib.import_module(f"infinitehip.attention.sparse.{name}")
     raise ValueError(f"unknown sparse attention impl {name!r}; expected one of {IMPLS}")
 
 
