@@ -112,3 +112,17 @@ def test_unknown_method_lists_available(tiny_hf_model):
     _, _, path = tiny_hf_model
     with pytest.raises(ValueError, match=r"unknown attention method 'nope'; available: .*dense"):
         engine_for_dir(path, method="nope")
+
+
+def test_llm_keeps_the_method_of_its_config(monkeypatch):
+    from infinitehip.engine import llm as llm_module
+
+    seen = []
+    monkeypatch.setattr(llm_module, "LLMEngine", lambda config, method_config=None: seen.append(config) or _FakeEngine())
+    llm_module.LLM(config=EngineConfig(method="infinitehip"))
+    llm_module.LLM(config=EngineConfig(method="infinitehip"), method="dense")
+    assert [c.method for c in seen] == ["infinitehip", "dense"]
+
+
+class _FakeEngine:
+    tokenizer = None

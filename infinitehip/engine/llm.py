@@ -22,13 +22,16 @@ class RequestOutput:
 
 class LLM:
     def __init__(
-        self, model: str | None = None, method: str = "dense", config: EngineConfig | None = None,
+        self, model: str | None = None, method: str | None = None, config: EngineConfig | None = None,
         method_config: object | None = None, **overrides,
     ):
-        """`config` gives every engine field; `model`, `method` and keyword overrides replace its fields.
+        """`config` gives every engine field (default method: dense); `model`, `method` and keyword overrides
+        replace its fields.
         `method_config` is the method's own settings (e.g. an InfiniteHiPConfig; default: its default preset)."""
         base = config or EngineConfig()
-        self.config = dataclasses.replace(base, model=model if model is not None else base.model, method=method, **overrides)
+        self.config = dataclasses.replace(
+            base, model=model if model is not None else base.model, method=method or base.method, **overrides
+        )
         self.engine = LLMEngine(self.config, method_config=method_config)
         self.tokenizer = self.engine.tokenizer
 

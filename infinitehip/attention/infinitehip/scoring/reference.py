@@ -73,11 +73,22 @@ def _score_blocks(q, q_valid, k_flat, page_table, page_size, starts, lens, base,
     neg = torch.finfo(torch.float32).min
     query_mask = (~q_valid)[:, None, None, :]  # [m, 1, 1, b]
 
+    # When every key position is just the branch offset (relative / infllm styles), rotate the queries
+    # back by the offset instead of rotating each gathered key: <R(a)q, R(b)k> = <R(a - b)q, k>.
+    keys_unrotated = group is None and not bool(base.any())
+    shifted = {}
+
     def score(tokens: torch.Tensor, offset: int) -> torch.Tensor:
         """max over the block's queries of q . k(tokens) per head: tokens [m, N, H] -> [m, N, H]."""
-        pos = base[..., None] + offset + (tokens // group if group is not None else 0)
-        k = _rotated_keys(k_flat, page_table, page_size, tokens, pos, kv_head, cos, sin)
-        s = torch.einsum("mbhd,mnhd->mnhb", q, k).masked_fill(query_mask, neg)
+        if keys_unrotated:
+            if offset not in shifted:
+                shifted[offset] = apply_rotary(q, cos[offset], -sin[offset])
+            slots = page_table.long()[tokens // page_size] * page_size + tokens % page_size
+            k, qq = k_flat[slots, kv_head].float(), shifted[offset]
+        else:
+            pos = base[..., None] + offset + (tokens // group if group is not None else 0)
+            k, qq = _rotated_keys(k_flat, page_table, page_size, tokens, pos, kv_head, cos, sin), q
+        s = torch.einsum("mbhd,mnhd->mnhb", qq, k).masked_fill(query_mask, neg)
         return s.amax(-1)
 
     lo = starts[..., None].expand(-1, -1, H).clone()  # [m, N, H]

@@ -1,0 +1,56 @@
+"""Passkey / NIAH sweep over lengths with one loaded model, results written after every length.
+
+Stops starting new lengths once --budget-s is spent, so a time-boxed GPU run still returns what it did.
+
+    python bench/passkey_sweep.py --method infinitehip --lengths 65536 131072 --depths 0.1 0.5 0.9 --output out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from infinitehip import LLM, EngineConfig
+from infinitehip.config.infinitehip import infinitehip_preset
+from infinitehip.eval.runner import EvalConfig, run_eval
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--task", default="passkey")
+    p.add_argument("--method", default="infinitehip")
+    p.add_argument("--preset", default="3k")
+    p.add_argument("--lengths", type=int, nargs="+", required=True)
+    p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    p.add_argument("--model", default=None)
+    p.add_argument("--model-cache-dir", default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--prefill-chunk-size", type=int, default=32768)
+    p.add_argument("--budget-s", type=float, default=1e9)
+    p.add_argument("--output", required=True)
+    args = p.parse_args()
+
+    engine = EngineConfig(model=args.model, model_cache_dir=args.model_cache_dir, method=args.method, device=args.device,
+                          max_context_tokens=int(max(args.lengths) * 1.01) + 64, prefill_chunk_size=args.prefill_chunk_size,
+                          show_progress=False)
+    method_config = infinitehip_preset(args.preset) if args.method == "infinitehip" else None
+    llm = LLM(config=engine, method_config=method_config)
+    start, results = time.time(), []
+    for length in args.lengths:
+        if time.time() - start > args.budget_s:
+            print(f"budget spent: skipping length {length} and longer", flush=True)
+            break
+        results += [dataclasses.asdict(r) for r in run_eval(llm, args.task, EvalConfig(lengths=(length,), depths=tuple(args.depths)))]
+        Path(args.output).write_text(json.dumps({"method": args.method, "preset": args.preset, "device": str(llm.engine.device),
+                                                 "results": results}, indent=1))
+    print(f"{'length':>8} {'correct':>8} {'mean s':>8}")
+    for length in sorted({r["length"] for r in results}):
+        rows = [r for r in results if r["length"] == length]
+        print(f"{length:>8} {sum(r['correct'] for r in rows):>4}/{len(rows):<3} {sum(r['seconds'] for r in rows) / len(rows):>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
