@@ -29,6 +29,8 @@ def main() -> None:
     p.add_argument("--model-cache-dir", default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--prefill-chunk-size", type=int, default=32768)
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
+                   help="InfiniteHiPConfig overrides, e.g. refresh_intervals=[1,1,1] stream_tokens=2048")
     p.add_argument("--budget-s", type=float, default=1e9)
     p.add_argument("--output", required=True)
     args = p.parse_args()
@@ -36,7 +38,8 @@ def main() -> None:
     engine = EngineConfig(model=args.model, model_cache_dir=args.model_cache_dir, method=args.method, device=args.device,
                           max_context_tokens=int(max(args.lengths) * 1.01) + 64, prefill_chunk_size=args.prefill_chunk_size,
                           show_progress=False)
-    method_config = infinitehip_preset(args.preset) if args.method == "infinitehip" else None
+    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+    method_config = infinitehip_preset(args.preset, **overrides) if args.method == "infinitehip" else None
     llm = LLM(config=engine, method_config=method_config)
     start, results = time.time(), []
     for length in args.lengths:
@@ -44,7 +47,8 @@ def main() -> None:
             print(f"budget spent: skipping length {length} and longer", flush=True)
             break
         results += [dataclasses.asdict(r) for r in run_eval(llm, args.task, EvalConfig(lengths=(length,), depths=tuple(args.depths)))]
-        Path(args.output).write_text(json.dumps({"method": args.method, "preset": args.preset, "device": str(llm.engine.device),
+        Path(args.output).write_text(json.dumps({"method": args.method, "preset": args.preset, "overrides": overrides,
+                                                 "device": str(llm.engine.device),
                                                  "results": results}, indent=1))
     print(f"{'length':>8} {'correct':>8} {'mean s':>8}")
     for length in sorted({r["length"] for r in results}):

@@ -86,6 +86,14 @@ def selection_recall(layer_q: torch.Tensor, seq: SequenceSlice, batch: ForwardBa
     mass_free = (probs * free[:, None, :]).sum(-1)
     top = probs.sort(dim=-1, descending=True).values.cumsum(-1)
     oracle = top.gather(-1, (budget - 1)[:, None, None].expand(S, H, 1)).squeeze(-1)  # [S, H]
+    # Oracle for the selected part only: sink + window fixed, the best `m` of the remaining visible keys per head,
+    # m = the number of keys InfiniteHiP selected there (the pruning stages choose only those).
+    m = budget - free.sum(1)
+    mid = (probs * (visible & ~free)[:, None, :]).sort(dim=-1, descending=True).values.cumsum(-1)
+    mid_best = mid.gather(-1, (m - 1).clamp(min=0)[:, None, None].expand(S, H, 1)).squeeze(-1)
+    mid_best = torch.where((m > 0)[:, None], mid_best, torch.zeros_like(mid_best))
+    cond_oracle = mass_free + mid_best
+    del mid
     mean_p = probs.mean(1)  # [S, L]
     order = mean_p.argsort(dim=-1, descending=True)
     rank = torch.empty_like(order)
@@ -104,6 +112,8 @@ def selection_recall(layer_q: torch.Tensor, seq: SequenceSlice, batch: ForwardBa
         "oracle": float(oracle.mean()),
         "shared_oracle": float(shared.mean()),
         "free": float(mass_free.mean()),
+        "cond_oracle": float(cond_oracle.mean()),  # sink + window + the best m middle keys
+        "selected_keys_mean": float(m.float().mean()),
         "overlap_shared_topk": float(overlap.mean()),
         "mass_min_head_row": float(mass.min()),
     }
@@ -184,7 +194,8 @@ def main() -> None:
         "— paper Fig. 6 style\n")
     log(f"model {loaded.source} ({mc.num_layers} layers, {mc.num_heads} heads / {mc.num_kv_heads} kv heads, "
         f"trained length {mc.max_position_embeddings}); device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.machine()}), "
-        f"{str(dtype).removeprefix('torch.')}, impl {probe._impl(torch.empty(0, device=device))}")
+        f"{str(dtype).removeprefix('torch.')}, impl: scoring {probe._impl(x := torch.empty(0, device=device))}, attention "
+        f"{probe._attention_impl(x) if hasattr(probe, '_attention_impl') else probe._impl(x)}")
     log(f"prompt: {task}, {len(ids)} tokens (requested {args.length}), depth {args.depth}, seed {args.seed}; "
         f"prefill chunks of {args.chunk}; last chunk = positions {len(ids) - last_chunk}..{len(ids) - 1}; "
         f"{probe.layers[0]['rows'] if probe.layers else 0} sampled query rows per layer")
@@ -192,19 +203,25 @@ def main() -> None:
         "its inputs; the reference probabilities are exact causal softmax attention at original RoPE positions.")
     log("mass/oracle: mean over sampled rows and heads of the attention mass covered; oracle = per-head exact "
         "top-k with k = the keys InfiniteHiP attends for that query; shared = head-shared exact top-k; "
-        "free = sink + window keys only.\n")
+        "free = sink + window keys only; oracle given sink+window = free + the best m other keys (m = keys the "
+        "pruning selected there); selected-part recall = (mass - free) / (that oracle - free), i.e. how well the "
+        "pruning stages themselves choose.\n")
     log("| layer | keys attended (mean) | of context | mass (InfiniteHiP) | mass (oracle top-k) | ratio "
-        "| shared oracle | ratio vs shared | free (sink+window) | overlap w/ shared top-k |")
-    log("| ---: |" + " ---: |" * 9)
+        "| shared oracle | ratio vs shared | free (sink+window) | oracle given sink+window | selected-part recall "
+        "| overlap w/ shared top-k |")
+    log("| ---: |" + " ---: |" * 11)
     ratios, shared_ratios = [], []
     for layer in sorted(probe.layers):
         r = probe.layers[layer]
         r["ratio"] = r["mass"] / r["oracle"]
         r["ratio_shared"] = r["mass"] / r["shared_oracle"]
+        gain = r["cond_oracle"] - r["free"]
+        r["selected_part_recall"] = (r["mass"] - r["free"]) / gain if gain > 1e-6 else None
         ratios.append(r["ratio"])
         shared_ratios.append(r["ratio_shared"])
         log(f"| {layer} | {r['budget_mean']:.0f} | {r['budget_frac']:.1%} | {r['mass']:.4f} | {r['oracle']:.4f} | "
             f"{r['ratio']:.2%} | {r['shared_oracle']:.4f} | {r['ratio_shared']:.2%} | {r['free']:.4f} | "
+            f"{r['cond_oracle']:.4f} | {'n/a' if r['selected_part_recall'] is None else format(r['selected_part_recall'], '.1%')} | "
             f"{r['overlap_shared_topk']:.1%} |")
     if not ratios:
         sys.exit("no layer was measured (the prompt's last chunk never reached the probe)")
@@ -214,6 +231,10 @@ def main() -> None:
     log(f"\n**Average ratio over {len(ratios)} layers: {avg:.2%}** (vs head-shared oracle: {avg_shared:.2%}); "
         f"mean mass {statistics.fmean(r['mass'] for r in probe.layers.values()):.4f}, "
         f"mean oracle {statistics.fmean(r['oracle'] for r in probe.layers.values()):.4f}")
+    parts = [r["selected_part_recall"] for r in probe.layers.values() if r["selected_part_recall"] is not None]
+    if parts:
+        log(f"selected-part recall (pruning stages alone, sink+window excluded), mean over {len(parts)} layers with a "
+            f"selection: {statistics.fmean(parts):.2%}")
     log(f"target >= {args.target:.0%}: {'MET' if avg >= args.target else 'NOT met'}")
     if full:
         log(f"note: {full}/{total_rows} sampled (layer, row) pairs attend their whole context (selection = everything, "
