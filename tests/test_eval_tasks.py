@@ -91,7 +91,7 @@ def test_passkey_seeds_give_different_keys(tok):
 
 
 def test_passkey_is_correct():
-    s = EvalSample("passkey", [{"role": "user", "content": "x"}], "12345", 100, 0.5, 0)
+    s = EvalSample("passkey", [{"role": "user", "content": "x"}], "12345", 100, 0.5, 0, prompt_tokens=100)
     assert s.is_correct("The pass key is 12345.")
     assert s.is_correct("12345")
     assert s.is_correct("Answer: 12345\n")
@@ -208,7 +208,7 @@ def test_niah_deterministic_and_seeded(tok):
 
 def test_niah_is_correct():
     s = EvalSample(
-        "niah", [{"role": "user", "content": "x"}], "eat a sandwich and sit in Dolores Park", 100, 0.5, 0,
+        "niah", [{"role": "user", "content": "x"}], "eat a sandwich and sit in Dolores Park", 100, 0.5, 0, prompt_tokens=100,
         key_phrase="dolores park",
     )
     assert s.is_correct("The best thing is to eat a sandwich and sit in DOLORES   Park.")
