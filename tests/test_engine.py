@@ -126,3 +126,25 @@ def test_llm_keeps_the_method_of_its_config(monkeypatch):
 
 class _FakeEngine:
     tokenizer = None
+
+
+def test_preemption_under_kv_pressure_gives_the_same_greedy_outputs(tiny_hf_model, tokenizer):
+    _, _, path = tiny_hf_model
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompts = [_prompt(40, seed=s) for s in (1, 2, 3)]
+    ample = engine_for_dir(path, tokenizer, max_context_tokens=256, page_size=16, kv_cache_tokens=1024)
+    expected = [s.output_ids for s in _run(ample, prompts, params)]
+    # 10 pages of 16 tokens: all three start (3 pages each) but cannot all grow to 80 tokens.
+    tight = engine_for_dir(path, tokenizer, max_context_tokens=256, page_size=16, kv_cache_tokens=160)
+    preempted = []
+    schedule = tight.scheduler.schedule
+
+    def spy():
+        plan, admitted, gone = schedule()
+        preempted.extend(gone)
+        return plan, admitted, gone
+
+    tight.scheduler.schedule = spy
+    assert [s.output_ids for s in _run(tight, prompts, params)] == expected
+    assert preempted, "the tight cache must have forced a preemption"
+    assert tight.scheduler.allocator.num_free == tight.scheduler.allocator.num_pages

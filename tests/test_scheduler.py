@@ -1,4 +1,5 @@
-"""Scheduler policy without a model: admission by free KV pages, FIFO, continuous batching, max_num_seqs."""
+"""Scheduler policy without a model: admission by free KV pages, FIFO, continuous batching, max_num_seqs,
+pages grown on demand and preemption by recompute."""
 
 from __future__ import annotations
 
@@ -31,24 +32,52 @@ def execute(plan) -> None:
         seq.output_ids.append(0)
 
 
-def test_admission_waits_for_free_pages_and_reserves_the_whole_budget():
-    sched = make_scheduler(num_pages=10)
-    a = make_seq(100, 28)  # 128 tokens -> 8 pages
-    b = make_seq(40, 8)  # 48 tokens -> 3 pages
+def test_admission_waits_for_free_pages_for_prefill_plus_one_token():
+    sched = make_scheduler(num_pages=9)
+    a = make_seq(100, 28)  # admitted with 101 tokens -> 7 pages (not the whole 128-token budget)
+    b = make_seq(40, 8)  # needs 41 tokens -> 3 pages
     sched.add(a)
     sched.add(b)
-    plan, admitted = sched.schedule()
+    plan, admitted, _ = sched.schedule()
     assert admitted == [a] and sched.running == [a] and list(sched.waiting) == [b]
-    assert len(a.page_table) == 8 and sched.allocator.num_free == 2
+    assert len(a.page_table) == 7 and sched.allocator.num_free == 2
     assert a.status is SequenceStatus.RUNNING and b.status is SequenceStatus.WAITING
     assert plan.prefill == [(a, 100)] and plan.decode == []
     execute(plan)
-    plan, admitted = sched.schedule()
+    plan, admitted, _ = sched.schedule()
     assert admitted == [] and plan.decode == [a]  # b still does not fit
     sched.finish(a, "length")
-    assert sched.allocator.num_free == 10 and a.page_table == [] and a.finish_reason == "length"
-    plan, admitted = sched.schedule()
+    assert sched.allocator.num_free == 9 and a.page_table == [] and a.finish_reason == "length"
+    plan, admitted, _ = sched.schedule()
     assert admitted == [b] and plan.prefill == [(b, 40)]
+
+
+def test_pages_grow_with_decoding_and_the_newest_sequence_is_preempted_then_recomputed():
+    sched = make_scheduler(num_pages=8)
+    a, b = make_seq(60, 40), make_seq(60, 40)  # 4 pages each at admission: the cache is full
+    sched.add(a)
+    sched.add(b)
+    execute(sched.schedule()[0])  # both prefilled, one token each
+    assert sched.allocator.num_free == 0
+    for _ in range(4):  # the tokens at positions 60..63 still fit in the 4 pages (64 slots)
+        plan, _, preempted = sched.schedule()
+        assert plan.decode == [a, b] and preempted == []
+        execute(plan)
+    plan, admitted, preempted = sched.schedule()  # a needs a 5th page: b (newest) makes room
+    assert preempted == [b] and admitted == [] and plan.decode == [a]
+    assert len(a.page_table) == 5 and b.page_table == [] and b.num_cached == 0
+    assert list(sched.waiting) == [b] and b.status is SequenceStatus.WAITING
+    generated = list(b.output_ids)
+    execute(plan)
+    sched.finish(a, "stop")
+    plan, admitted, _ = sched.schedule()
+    assert admitted == [b] and plan.prefill == [(b, 60 + len(generated) - 1)]  # prompt + outputs but the newest
+    assert b.output_ids == generated
+    for seq, n in plan.prefill:
+        seq.num_cached += n  # re-prefill samples nothing: the next token to feed is already known
+    assert not b.in_prefill
+    plan, _, _ = sched.schedule()
+    assert plan.decode == [b]
 
 
 def test_request_larger_than_the_cache_is_rejected_at_add():
@@ -67,10 +96,10 @@ def test_fifo_head_of_line_is_not_overtaken():
     small = make_seq(10, 6)  # 1 page: would fit, but must wait behind `head`
     sched.add(head)
     sched.add(small)
-    _, admitted = sched.schedule()
+    _, admitted, _ = sched.schedule()
     assert admitted == [] and list(sched.waiting) == [head, small]
     sched.finish(big_running, "stop")
-    _, admitted = sched.schedule()
+    _, admitted, _ = sched.schedule()
     assert admitted == [head, small]  # arrival order
     assert [s.status for s in (head, small)] == [SequenceStatus.RUNNING] * 2
 
@@ -80,10 +109,10 @@ def test_max_num_seqs_limits_running_and_finishing_admits_the_next():
     seqs = [make_seq(8, 4) for _ in range(5)]
     for s in seqs:
         sched.add(s)
-    _, admitted = sched.schedule()
+    _, admitted, _ = sched.schedule()
     assert admitted == seqs[:2] and len(sched.waiting) == 3
     sched.finish(seqs[0], "stop")
-    _, admitted = sched.schedule()
+    _, admitted, _ = sched.schedule()
     assert admitted == [seqs[2]] and sched.running == [seqs[1], seqs[2]]
 
 
@@ -93,14 +122,14 @@ def test_continuous_batching_decodes_every_step_while_a_long_prefill_advances_in
     short = [make_seq(20, 64), make_seq(30, 64)]
     for s in short:
         sched.add(s)
-    plan, _ = sched.schedule()
+    plan, _, _ = sched.schedule()
     assert plan.prefill == [(short[0], 20), (short[1], 30)]  # both prompts fit in one step's budget
     execute(plan)
     long = make_seq(1000, 8)
     sched.add(long)
     processed, steps = [], 0
     while long.in_prefill:
-        plan, _ = sched.schedule()
+        plan, _, _ = sched.schedule()
         steps += 1
         assert plan.decode == short, "running streams must decode every step"
         assert plan.num_tokens <= chunk, "the step's token budget covers decode + prefill"
@@ -111,7 +140,7 @@ def test_continuous_batching_decodes_every_step_while_a_long_prefill_advances_in
     assert processed == sorted(processed) and processed[-1] == 1000
     assert steps == -(-1000 // (chunk - len(short)))
     assert all(len(s.output_ids) == 1 + steps for s in short)  # one token per step, no stall
-    plan, _ = sched.schedule()
+    plan, _, _ = sched.schedule()
     assert plan.prefill == [] and plan.decode == [*short, long]  # the long prompt now decodes too
 
 
@@ -120,10 +149,10 @@ def test_several_prefills_share_the_budget_in_arrival_order():
     a, b, c = make_seq(70, 4), make_seq(70, 4), make_seq(70, 4)
     for s in (a, b, c):
         sched.add(s)
-    plan, _ = sched.schedule()
+    plan, _, _ = sched.schedule()
     assert plan.prefill == [(a, 70), (b, 30)]  # c gets nothing this step
     execute(plan)
-    plan, _ = sched.schedule()
+    plan, _, _ = sched.schedule()
     assert plan.decode == [a] and plan.prefill == [(b, 40), (c, 59)]
 
 
@@ -136,7 +165,7 @@ def test_decode_keeps_running_when_decoders_exceed_the_budget():
         execute(sched.schedule()[0])
     late = make_seq(10, 4)
     sched.add(late)
-    plan, _ = sched.schedule()
+    plan, _, _ = sched.schedule()
     assert plan.decode == decoders  # every decoder runs even beyond the budget
     assert plan.prefill == [(late, 1)]  # and a prefill still makes progress (minimum 1 token)
 

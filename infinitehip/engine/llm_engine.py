@@ -129,7 +129,11 @@ class LLMEngine:
     # ---- stepping -------------------------------------------------------------------------------------
     def step(self) -> tuple[list[StepOutput], int]:
         """Run one step; return the sampled tokens and the number of prefill tokens processed."""
-        plan, admitted = self.scheduler.schedule()
+        plan, admitted, preempted = self.scheduler.schedule()
+        for seq in preempted:  # recomputed from scratch when re-admitted
+            self.method.release(seq.method_state)
+            self.runner.release(seq)
+            seq.method_state = None
         for seq in admitted:
             seq.method_state = self.method.new_state()
         if plan.is_empty:

@@ -46,7 +46,7 @@ class ModelRunner:
         for seq, n in plan.prefill:
             slices.append(self._slice(seq, len(input_ids), n, is_prefill=True))
             input_ids += seq.token_ids(seq.num_cached, seq.num_cached + n)
-            if seq.num_cached + n == seq.num_prompt_tokens:  # prompt done: its last token predicts the first output
+            if seq.num_cached + n == seq.prefill_target and not seq.output_ids:  # prompt done: predict the first output
                 sample_rows.append(len(input_ids) - 1)
                 samplers.append(seq)
         for seq in plan.decode:

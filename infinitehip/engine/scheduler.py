@@ -3,8 +3,10 @@
 Policy (continuous batching): every running sequence that finished its prefill decodes one token per
 step; the rest of the step's token budget (`prefill_chunk_size`) goes to prefill chunks of running
 sequences in arrival order, so a long prefill advances chunk by chunk while other streams keep decoding.
-A waiting sequence is admitted when a running slot is free and KV pages for its whole budget
-(prompt + max_tokens) can be reserved, so an admitted request never runs out of cache mid-way.
+KV pages are allocated as sequences grow: a waiting sequence is admitted (FIFO) when a running slot is
+free and pages for its prefill plus one decoded token are free. When a decoding sequence needs a page
+and none is free, the most recently admitted running sequence is preempted: its pages are freed and it
+goes back to the head of the queue, to be recomputed (prompt + tokens generated so far) when pages free up.
 """
 
 from __future__ import annotations
@@ -54,17 +56,51 @@ class Scheduler:
         admitted = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.allocator.can_allocate(self.allocator.pages_for(seq.max_total_tokens)):
+            need = self.allocator.pages_for(seq.prefill_target + 1)
+            if not self.allocator.can_allocate(need):
                 break  # FIFO: later requests wait behind it rather than starving it
             self.waiting.popleft()
-            self.allocator.grow(seq.page_table, seq.max_total_tokens)
+            self.allocator.grow(seq.page_table, seq.prefill_target + 1)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
         return admitted
 
-    def schedule(self) -> tuple[StepPlan, list[Sequence]]:
-        """The next step's work, and the sequences admitted for it (their method state must be created)."""
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.allocator.free(seq.page_table)
+        seq.num_cached = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+
+    def _reserve_decode_pages(self) -> list[Sequence]:
+        """Give every decoding sequence room for this step's token, preempting the newest when full."""
+        preempted = []
+        for seq in list(self.running):
+            if seq.in_prefill or seq not in self.running:
+                continue
+            while not self._fits(seq, seq.num_cached + 1):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+        return preempted
+
+    def _fits(self, seq: Sequence, num_tokens: int) -> bool:
+        missing = self.allocator.pages_for(num_tokens) - len(seq.page_table)
+        if missing <= 0:
+            return True
+        if not self.allocator.can_allocate(missing):
+            return False
+        self.allocator.grow(seq.page_table, num_tokens)
+        return True
+
+    def schedule(self) -> tuple[StepPlan, list[Sequence], list[Sequence]]:
+        """The next step's work, the sequences admitted for it (their method state must be created) and
+        those preempted (their method state and cached tensors must be dropped first: a sequence
+        preempted for room may be re-admitted in the same step, to be recomputed)."""
+        preempted = self._reserve_decode_pages()
         admitted = self._admit()
         plan = StepPlan(decode=[s for s in self.running if not s.in_prefill])
         budget = max(self.prefill_chunk_size - len(plan.decode), 1)
@@ -72,10 +108,10 @@ class Scheduler:
             if budget == 0:
                 break
             if seq.in_prefill:
-                n = min(seq.num_prompt_tokens - seq.num_cached, budget)
+                n = min(seq.prefill_target - seq.num_cached, budget)
                 plan.prefill.append((seq, n))
                 budget -= n
-        return plan, admitted
+        return plan, admitted, preempted
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.status = SequenceStatus.FINISHED

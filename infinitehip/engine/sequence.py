@@ -42,8 +42,13 @@ class Sequence:
         return len(self.prompt_ids)
 
     @property
+    def prefill_target(self) -> int:
+        """Tokens to cache before decoding: the prompt, or after a preemption everything but the newest token."""
+        return self.num_tokens - 1 if self.output_ids else self.num_prompt_tokens
+
+    @property
     def in_prefill(self) -> bool:
-        return self.num_cached < self.num_prompt_tokens
+        return self.num_cached < self.prefill_target
 
     @property
     def max_total_tokens(self) -> int:
