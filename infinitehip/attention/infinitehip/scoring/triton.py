@@ -44,41 +44,15 @@ import torch
 import triton
 import triton.language as tl
 
+from infinitehip.attention.triton_interpreter import fix_interpreter_if_active
+
 _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min, the reference's query mask
 MAX_BLOCK_Q = 64  # query tile held for the whole program; larger blocks are streamed in tiles of this size
 FP32_DOT_PRECISION = "tf32x3"
 _OP_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def _fix_interpreter() -> None:
-    """TRITON_INTERPRET=1 only: Triton 3.6's interpreter multiplies bf16 dot operands as their raw uint16
-    storage; widen them to fp32 first (exact). The same guarded patch as in `attention/sparse/triton.py`, so
-    whichever module comes first installs it once. Compiled kernels are untouched."""
-    try:
-        import numpy as np
-        from triton.runtime import interpreter
-    except ImportError:  # pragma: no cover
-        return
-    builder_cls = getattr(interpreter, "InterpreterBuilder", None)
-    original_dot = getattr(builder_cls, "create_dot", None)
-    if original_dot is None or getattr(original_dot, "_infinitehip_fix", False):
-        return
-
-    def widen_bf16(x):
-        if x.dtype.scalar != tl.bfloat16:
-            return x
-        data = (x.data.astype(np.uint32) << 16).view(np.float32)
-        return interpreter.TensorHandle(data, tl.float32)
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original_dot(self, widen_bf16(a), widen_bf16(b), d, input_precision, max_num_imprecise_acc)
-
-    create_dot._infinitehip_fix = True
-    builder_cls.create_dot = create_dot
-
-
-if triton.knobs.runtime.interpret:
-    _fix_interpreter()
+fix_interpreter_if_active()
 
 
 @triton.jit
