@@ -12,7 +12,6 @@ if not torch.cuda.is_available():
 
 from infinitehip import SamplingParams  # noqa: E402
 from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig, infinitehip_preset  # noqa: E402
-from tests.conftest import engine_for_dir  # noqa: E402
 
 SMALL = dict(sink_tokens=16, stream_tokens=64, query_block_sizes=(32, 16, 8), chunk_sizes=(64, 16, 4),
              keep_tokens=(512, 128, 32), early_last_keep_tokens=64, refresh_intervals=(4, 2, 1), early_layers=1)

@@ -10,38 +10,19 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.server import ServerConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.server.app import create_app
+from tests.test_server import ServerThread
 
 MAX_BODY = 64 * 1024
 ENVELOPE_KEYS = {"message", "type", "param", "code"}
-
-
-class ServerThread:
-    def __init__(self, app):
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
-        return f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
 
 
 @pytest.fixture(scope="module")
