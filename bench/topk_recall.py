@@ -26,6 +26,8 @@ is the recall of the selection given its own inputs, not against a dense run's a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import argparse
 import importlib.util
 import json
@@ -166,6 +168,8 @@ def main() -> None:
                         help="override a preset field, e.g. --set stream_tokens=256 --set keep_tokens=4096,1024,256")
     parser.add_argument("--chunk", type=int, default=4096, help="prefill chunk size (the engine's default)")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--model", default=None, help="HF dir or .gguf (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--model-cache-dir", default=None, help="GGUF conversion cache (default: the user cache dir)")
     parser.add_argument("--dtype", default="auto", help="auto: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--output", default=None, help="write the numbers to this JSON file")
@@ -175,7 +179,8 @@ def main() -> None:
     econf = EngineConfig(method="infinitehip", device=args.device, dtype=args.dtype, prefill_chunk_size=args.chunk,
                          max_context_tokens=args.length + max(1024, args.length // 50), show_progress=False)
     device, dtype = econf.torch_device(), econf.torch_dtype()
-    loaded = load_model(None, default_cache_root(), device, dtype)
+    cache_root = Path(args.model_cache_dir) if args.model_cache_dir else default_cache_root()
+    loaded = load_model(args.model, cache_root, device, dtype)
     cfg = infinitehip_preset(args.preset, impl=args.impl, **parse_overrides(args.set))
     engine = LLMEngine(econf, loaded, method_config=cfg)
     task, ids, sample = build_prompt(engine, args.task, args.length, args.depth, args.seed)
