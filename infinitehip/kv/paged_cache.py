@@ -10,6 +10,12 @@ from __future__ import annotations
 import torch
 
 
+def token_slots(page_table: torch.Tensor, tokens: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Flat cache slots (int64) of a sequence's token positions `tokens` (any shape)."""
+    tokens = tokens.long()
+    return page_table.long()[tokens // page_size] * page_size + tokens % page_size
+
+
 class PagedKVCache:
     def __init__(
         self,
@@ -43,8 +49,7 @@ class PagedKVCache:
 
     def slots(self, page_table: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """Flat slot ids [end - start] (int64) of token positions start..end-1 of one sequence."""
-        idx = torch.arange(start, end, device=page_table.device)
-        return page_table[idx // self.page_size].long() * self.page_size + idx % self.page_size
+        return token_slots(page_table, torch.arange(start, end, device=page_table.device), self.page_size)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k/v [T, num_kv_heads, head_dim] into slots [T]."""

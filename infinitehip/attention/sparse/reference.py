@@ -13,13 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from infinitehip.kv.paged_cache import token_slots
 from infinitehip.model.rope import apply_rotary
-
-
-def token_slots(page_table: torch.Tensor, tokens: torch.Tensor, page_size: int) -> torch.Tensor:
-    """Flat cache slots (int64) of token positions `tokens` of one sequence."""
-    tokens = tokens.long()
-    return page_table[tokens // page_size].long() * page_size + tokens % page_size
 
 
 def _rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

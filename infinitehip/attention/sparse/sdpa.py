@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from infinitehip.attention.sparse.reference import _rope, token_slots
+from infinitehip.attention.sparse.reference import _rope
+from infinitehip.kv.paged_cache import token_slots
 
 
 def _gathered(k_flat, v_flat, page_table, page_size, key_tokens, key_counts, key_rope_pos, cos, sin, dtype):

@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from infinitehip.kv.paged_cache import token_slots
 from infinitehip.model.rope import apply_rotary
 
 
@@ -26,8 +27,7 @@ def _rotated_keys(
     positions: torch.Tensor, kv_head: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 ) -> torch.Tensor:
     """Keys of `tokens` [..., H] (one token per query head) with RoPE at `positions` [..., H] -> [..., H, d] fp32."""
-    slots = page_table.long()[tokens // page_size] * page_size + tokens % page_size
-    k = k_flat[slots, kv_head].float()  # kv_head [H] broadcasts over the leading dims
+    k = k_flat[token_slots(page_table, tokens, page_size), kv_head].float()  # kv_head [H] broadcasts over the leading dims
     return apply_rotary(k, cos[positions], sin[positions])
 
 
@@ -83,8 +83,7 @@ def _score_blocks(q, q_valid, k_flat, page_table, page_size, starts, lens, base,
         if keys_unrotated:
             if offset not in shifted:
                 shifted[offset] = apply_rotary(q, cos[offset], -sin[offset])
-            slots = page_table.long()[tokens // page_size] * page_size + tokens % page_size
-            k, qq = k_flat[slots, kv_head].float(), shifted[offset]
+            k, qq = k_flat[token_slots(page_table, tokens, page_size), kv_head].float(), shifted[offset]
         else:
             pos = base[..., None] + offset + (tokens // group if group is not None else 0)
             k, qq = _rotated_keys(k_flat, page_table, page_size, tokens, pos, kv_head, cos, sin), q
