@@ -15,7 +15,7 @@ from pathlib import Path
 
 from infinitehip import LLM, EngineConfig
 from infinitehip.config.infinitehip import infinitehip_preset
-from infinitehip.eval.runner import EvalConfig, run_eval
+from infinitehip.eval.runner import EvalConfig, context_tokens_needed, run_eval
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     args = p.parse_args()
 
     engine = EngineConfig(model=args.model, model_cache_dir=args.model_cache_dir, method=args.method, device=args.device,
-                          max_context_tokens=int(max(args.lengths) * 1.01) + 64, prefill_chunk_size=args.prefill_chunk_size,
+                          max_context_tokens=context_tokens_needed(args.task, tuple(args.lengths)), prefill_chunk_size=args.prefill_chunk_size,
                           show_progress=False)
     overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     method_config = infinitehip_preset(args.preset, **overrides) if args.method == "infinitehip" else None

@@ -9,7 +9,7 @@ from infinitehip.cli.method_options import add_method_flags, method_config_from_
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.config.engine import EngineConfig
 from infinitehip.engine.llm import LLM
-from infinitehip.eval.runner import ANSWER_TOKENS, TASKS, EvalConfig, run_eval
+from infinitehip.eval.runner import TASKS, EvalConfig, context_tokens_needed, run_eval
 
 
 def register(subparsers) -> None:
@@ -27,8 +27,7 @@ def run(args: argparse.Namespace) -> int:
     eval_config = dataclass_from_args(EvalConfig, args)
     engine_config = dataclass_from_args(EngineConfig, args)
     if engine_config.max_context_tokens is None:
-        # Room for the longest prompt (builders land within 1%) plus the answer; the user may still set it.
-        needed = int(max(eval_config.lengths) * 1.01) + 16 + ANSWER_TOKENS[args.task]
+        needed = context_tokens_needed(args.task, eval_config.lengths)  # the user may still set it
         engine_config = dataclasses.replace(engine_config, max_context_tokens=needed)
     run_eval(LLM(config=engine_config, method_config=method_config_from_args(engine_config, args)), args.task, eval_config)
     return 0

@@ -89,10 +89,6 @@ class InfiniteHiPConfig:
     def pruning_rope_for(self, layer: int) -> str:
         return self.early_pruning_rope if layer < self.early_layers else self.late_pruning_rope
 
-    def attended_tokens(self, layer: int) -> int:
-        """Keys one query attends at most: sink + selected + stream window."""
-        return self.sink_tokens + self.keep_tokens_for(layer, self.num_stages - 1) + self.stream_tokens
-
 
 PRESETS: dict[str, InfiniteHiPConfig] = {
     "3k": InfiniteHiPConfig(),

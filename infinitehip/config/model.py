@@ -61,10 +61,6 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
-    @property
-    def kv_group_size(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
     @classmethod
     def from_hf_dict(cls, hf: dict) -> "ModelConfig":
         model_type = hf.get("model_type", "")

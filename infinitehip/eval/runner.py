@@ -19,6 +19,11 @@ TASKS = {"passkey": make_passkey_sample, "niah": make_niah_sample}
 ANSWER_TOKENS = {"passkey": 12, "niah": 48}
 
 
+def context_tokens_needed(task: str, lengths: tuple[int, ...]) -> int:
+    """Context limit that fits the longest prompt (builders land within max(16, 1%)) plus the answer."""
+    return int(max(lengths) * 1.01) + 16 + ANSWER_TOKENS[task]
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     lengths: tuple[int, ...] = (2048, 4096)  # prompt lengths in tokens of the model's tokenizer

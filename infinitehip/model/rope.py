@@ -1,7 +1,8 @@
 """Rotary position embeddings: frequency tables computed once, applied at any position.
 
-Keys live in the KV cache without RoPE, so attention methods call `RotaryEmbedding.apply` with whatever
-positions they choose (original, chunk-indexed, streaming-style, ...). Layout is Hugging Face's
+Keys live in the KV cache without RoPE, so attention methods rotate with whatever positions they choose
+(original, chunk-indexed, streaming-style, ...): `apply_range` for consecutive positions, or `apply_rotary`
+with rows of the `cos`/`sin` tables. Layout is Hugging Face's
 "rotate half" convention: the pair of dimension i is (i, i + head_dim / 2).
 """
 
@@ -57,13 +58,6 @@ class RotaryEmbedding:
     def ensure(self, n: int) -> None:
         if n > self.max_positions:
             self._build(max(n, 2 * self.max_positions))
-
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim]; positions: [T] int64 -> rotated x, same shape and dtype."""
-        self.ensure(int(positions.max()) + 1 if positions.numel() else 0)
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, d/2]
-        sin = self.sin[positions].unsqueeze(1)
-        return apply_rotary(x, cos, sin)
 
     def apply_range(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """x: [T, heads, head_dim] at consecutive positions start..start+T-1 (table slices, no gather)."""
