@@ -12,6 +12,7 @@ if not torch.cuda.is_available():
 
 from infinitehip import SamplingParams  # noqa: E402
 from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig, infinitehip_preset  # noqa: E402
+from tests.conftest import engine_for_dir  # noqa: E402
 
 SMALL = dict(sink_tokens=16, stream_tokens=64, query_block_sizes=(32, 16, 8), chunk_sizes=(64, 16, 4),
              keep_tokens=(512, 128, 32), early_last_keep_tokens=64, refresh_intervals=(4, 2, 1), early_layers=1)
@@ -35,16 +36,7 @@ def _ids(n, seed=0):
 
 
 def _engine(path, method="infinitehip", config=None, **kw):
-    from infinitehip.config.engine import EngineConfig
-    from infinitehip.config.model import ModelConfig
-    from infinitehip.engine.llm_engine import LLMEngine
-    from infinitehip.model.loading import LoadedModel, empty_model, load_weights_from_dir
-
-    mc = ModelConfig.from_dir(path)
-    model = empty_model(mc, torch.device("cpu"), torch.float32)
-    load_weights_from_dir(model, path)
-    cfg = EngineConfig(method=method, device="cpu", dtype="float32", show_progress=False, **{"max_context_tokens": 2048, **kw})
-    return LLMEngine(cfg, LoadedModel(mc, model, None, "test", path), config)
+    return engine_for_dir(path, None, config, method=method, **{"max_context_tokens": 2048, **kw})
 
 
 def test_equals_dense_when_everything_fits_in_sink_and_window(llama3_dir):
