@@ -24,11 +24,11 @@ def make_scheduler(num_pages: int = 64, max_num_seqs: int = 8, chunk: int = 256)
 def execute(plan) -> None:
     """What the runner and engine do to the bookkeeping: cache the step's tokens, sample where due."""
     for seq, n in plan.prefill:
-        seq.num_cached += n
+        seq.advance(n)
         if not seq.in_prefill:  # prompt complete: its last position samples the first token
             seq.output_ids.append(0)
     for seq in plan.decode:
-        seq.num_cached += 1
+        seq.advance(1)
         seq.output_ids.append(0)
 
 
@@ -74,7 +74,7 @@ def test_pages_grow_with_decoding_and_the_newest_sequence_is_preempted_then_reco
     assert admitted == [b] and plan.prefill == [(b, 60 + len(generated) - 1)]  # prompt + outputs but the newest
     assert b.output_ids == generated
     for seq, n in plan.prefill:
-        seq.num_cached += n  # re-prefill samples nothing: the next token to feed is already known
+        seq.advance(n)  # re-prefill samples nothing: the next token to feed is already known
     assert not b.in_prefill
     plan, _, _ = sched.schedule()
     assert plan.decode == [b]
@@ -183,3 +183,28 @@ def test_pages_freed_on_finish_and_waiting_sequences_can_be_finished():
     for s in (a, b):
         sched.finish(s, "stop")
     assert sched.allocator.num_free == 8 and not sched.running and not sched.has_work
+
+
+def test_kv_token_limit_bounds_pages_and_prefill_chunks():
+    """A compacting method (limit 64 slots): a 1000-token prompt holds <= 4 pages, chunks never pass the limit,
+    and the sequence goes on once the method has compacted its cache."""
+    sched = Scheduler(PageAllocator(8, PAGE), max_num_seqs=2, prefill_chunk_size=256, kv_token_limit=64)
+    long = make_seq(1000, 10)
+    sched.add(long)  # 1010 tokens but only 64 slots: accepted by an 8-page (128-slot) cache
+    chunks = []
+    while long.in_prefill:
+        plan, _, _ = sched.schedule()
+        ((seq, n),) = plan.prefill
+        assert seq.num_cached + n <= 64 and len(seq.page_table) <= 4
+        chunks.append(n)
+        seq.advance(n)
+        if seq.num_cached == 64:
+            seq.num_cached = 16  # what the runner does when after_prefill_chunk compacted to 16 slots
+    assert sum(chunks) == 1000 and chunks[:3] == [64, 48, 48]
+    stuck = make_seq(200, 1)
+    sched2 = Scheduler(PageAllocator(8, PAGE), 2, 256, kv_token_limit=64)
+    sched2.add(stuck)
+    plan, _, _ = sched2.schedule()
+    stuck.advance(plan.prefill[0][1])  # a method that never compacts hits its own limit: a clear error
+    with pytest.raises(RuntimeError, match="limit"):
+        sched2.schedule()

@@ -7,9 +7,10 @@ each prefill chunk (all queries of the chunk at once: block-wise selection needs
 decode tokens of the step (as one group, so methods can batch them). Per-sequence, per-layer state
 (mask caches, pots, statistics) lives in the object returned by `new_state`.
 
-Methods that need more than attention (InfiniPot's catalyst prompt, for instance) override
-`after_prefill_chunk`, which receives an `ExtraForward` callable that runs further tokens through the
-model against the sequence's cache.
+Methods that need more than attention (InfiniPot's catalyst prompt and novelty scores, for instance)
+override `after_prefill_chunk`, which receives `ChunkHooks`: a callable that runs further tokens through
+the model against the sequence's cache, and the chunk's per-token losses. A method that compacts the
+cache there returns the slots it kept and declares `kv_token_limit`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class SequenceSlice:
     seq_id: int
     query_start: int  # offset of the first new token in the flat batch
     num_queries: int
-    start_pos: int  # tokens already in the cache before this step = position of the first new token
+    start_pos: int  # cache slots in use before this step = cache index (and position) of the first new token
+    token_start: int  # tokens of the sequence before this step (== start_pos unless the method compacts its cache)
     page_table: torch.Tensor  # [num_pages] int32, on the cache's device
     cache: PagedKVCache
     state: Any  # what the method's new_state() returned for this sequence
@@ -82,9 +84,15 @@ class ForwardBatch:
         return torch.cat([s.new_slots for s in self.slices])
 
 
-# Runs token ids [n] through the model after the sequence's cached tokens; returns logits [n, vocab].
-# Their k/v are not kept: the sequence's next tokens overwrite those slots.
-ExtraForward = Callable[[torch.Tensor], torch.Tensor]
+@dataclass(frozen=True)
+class ChunkHooks:
+    """What a method may ask the model for after a prefill chunk (InfiniPot's catalyst prompt and novelty)."""
+
+    # Runs token ids [n] through the model after the sequence's cached tokens; returns logits [n, vocab].
+    # Their k/v are not kept: the sequence's next tokens overwrite those slots.
+    extra_forward: Callable[[torch.Tensor], torch.Tensor]
+    # Negative log-likelihood [n - 1] (fp32) of the chunk's tokens 1..n-1, each given the tokens before it.
+    token_nll: Callable[[], torch.Tensor]
 
 
 class AttentionMethod(ABC):
@@ -123,5 +131,12 @@ class AttentionMethod(ABC):
         """One new query per sequence, q [B, H, d] -> [B, H, d]. Default: each as a one-token chunk."""
         return torch.cat([self.prefill(layer, q[i : i + 1], s, batch) for i, s in enumerate(seqs)])
 
-    def after_prefill_chunk(self, seq: SequenceSlice, extra_forward: ExtraForward) -> None:
-        """Hook after a sequence's prefill chunk went through every layer."""
+    @property
+    def kv_token_limit(self) -> int | None:
+        """Most cache slots one sequence ever holds (methods that compact their cache); None: one per token."""
+        return None
+
+    def after_prefill_chunk(self, seq: SequenceSlice, hooks: ChunkHooks) -> int | None:
+        """Hook after a sequence's prefill chunk went through every layer. A method that compacted the
+        sequence's cache (moved the k/v it keeps to the first slots) returns how many slots it kept."""
+        return None

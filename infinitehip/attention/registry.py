@@ -1,28 +1,62 @@
-"""The method switch: attention method name -> implementation and its config type."""
+"""The method switch: attention method name -> implementation, its config type and named presets.
+
+A new method registers one `MethodSpec` here; the CLI derives its flags from the config dataclass.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
 
 from infinitehip.attention.base import AttentionMethod
 from infinitehip.attention.dense import DenseAttention
 from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
+from infinitehip.config.infinitehip import PRESETS as INFINITEHIP_PRESETS
 from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
 
-# name -> (implementation, config dataclass or None when the method has no settings)
-METHODS: dict[str, tuple[type[AttentionMethod], type | None]] = {
-    DenseAttention.name: (DenseAttention, None),
-    InfiniteHiPAttention.name: (InfiniteHiPAttention, InfiniteHiPConfig),
+
+@dataclass(frozen=True)
+class MethodSpec:
+    cls: type[AttentionMethod]
+    config_cls: type | None = None  # None: the method has no settings
+    presets: dict[str, Any] = field(default_factory=dict)  # name -> config instance
+    default_preset: str | None = None
+
+    def config(self, preset: str | None = None, **overrides: Any) -> Any:
+        """The method's config: a preset (or the default one, or the dataclass defaults) with fields replaced."""
+        if self.config_cls is None:
+            if preset is not None or overrides:
+                raise ValueError(f"method {self.cls.name!r} has no settings")
+            return None
+        name = preset or self.default_preset
+        if name is not None and name not in self.presets:
+            raise ValueError(f"unknown {self.cls.name} preset {name!r}; available: {', '.join(self.presets) or 'none'}")
+        base = self.presets[name] if name is not None else self.config_cls()
+        return dataclasses.replace(base, **overrides)
+
+
+METHODS: dict[str, MethodSpec] = {
+    DenseAttention.name: MethodSpec(DenseAttention),
+    InfiniteHiPAttention.name: MethodSpec(InfiniteHiPAttention, InfiniteHiPConfig, dict(INFINITEHIP_PRESETS), "3k"),
 }
 
 
-def create_method(name: str, model_config: ModelConfig, method_config: object | None = None) -> AttentionMethod:
+def method_spec(name: str) -> MethodSpec:
     if name not in METHODS:
         raise ValueError(f"unknown attention method {name!r}; available: {', '.join(sorted(METHODS))}")
-    cls, config_cls = METHODS[name]
-    if config_cls is None:
+    return METHODS[name]
+
+
+def create_method(name: str, model_config: ModelConfig, method_config: object | None = None) -> AttentionMethod:
+    spec = method_spec(name)
+    if spec.config_cls is None:
         if method_config is not None:
             raise ValueError(f"method {name!r} takes no configuration, got {type(method_config).__name__}")
-        return cls(model_config)
-    if method_config is not None and not isinstance(method_config, config_cls):
-        raise ValueError(f"method {name!r} expects a {config_cls.__name__}, got {type(method_config).__name__}")
-    return cls(model_config, method_config)
+        return spec.cls(model_config)
+    if method_config is None:
+        method_config = spec.config()
+    if not isinstance(method_config, spec.config_cls):
+        raise ValueError(f"method {name!r} expects a {spec.config_cls.__name__}, got {type(method_config).__name__}")
+    return spec.cls(model_config, method_config)

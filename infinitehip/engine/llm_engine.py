@@ -48,12 +48,16 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.method = create_method(config.method, self.model_config, method_config)
         self.max_context_tokens = config.max_context_tokens or self.method.default_max_context_tokens()
-        kv_tokens = config.kv_cache_tokens or self.max_context_tokens
+        # A method that compacts its cache needs at most kv_token_limit slots per sequence.
+        limit = self.method.kv_token_limit
+        kv_tokens = config.kv_cache_tokens or (self.max_context_tokens if limit is None else min(self.max_context_tokens, limit))
         num_pages = -(-kv_tokens // config.page_size)
         mc = self.model_config
         self.cache = PagedKVCache(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
         self.rope = RotaryEmbedding(mc, min(self.max_context_tokens, 1 << 16), self.device)
-        self.scheduler = Scheduler(PageAllocator(num_pages, config.page_size), config.max_num_seqs, config.prefill_chunk_size)
+        self.scheduler = Scheduler(
+            PageAllocator(num_pages, config.page_size), config.max_num_seqs, config.prefill_chunk_size, self.method.kv_token_limit
+        )
         self.runner = ModelRunner(loaded.model, self.cache, self.rope, self.method)
         self.generator = torch.Generator().manual_seed(config.generator_seed)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -103,6 +107,8 @@ class LLMEngine:
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
         """Logits [n, vocab] at every prompt position (chunked prefill outside the scheduler's queue)."""
         self.check_fits(len(prompt_ids), 1)
+        if self.method.kv_token_limit is not None:
+            raise ValueError(f"prompt_logits keeps every token's k/v; method {self.method.name!r} compacts its cache")
         seq = Sequence(list(prompt_ids), SamplingParams(max_tokens=1), max_tokens=1)
         allocator = self.scheduler.allocator
         allocator.grow(seq.page_table, seq.max_total_tokens)
@@ -110,7 +116,7 @@ class LLMEngine:
         try:
             chunks = []
             while seq.in_prefill:
-                n = min(self.config.prefill_chunk_size, seq.num_prompt_tokens - seq.num_cached)
+                n = min(self.config.prefill_chunk_size, seq.num_prompt_tokens - seq.num_computed)
                 chunks.append(self.runner.forward_logits(seq, n))
             return torch.cat(chunks)
         finally:

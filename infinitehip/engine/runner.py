@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
 from infinitehip.engine.scheduler import StepPlan
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.paged_cache import PagedKVCache
@@ -30,7 +30,7 @@ class ModelRunner:
 
     def _slice(self, seq: Sequence, offset: int, n: int, is_prefill: bool) -> SequenceSlice:
         return SequenceSlice(
-            seq_id=seq.seq_id, query_start=offset, num_queries=n, start_pos=seq.num_cached,
+            seq_id=seq.seq_id, query_start=offset, num_queries=n, start_pos=seq.num_cached, token_start=seq.num_computed,
             page_table=self.page_table(seq), cache=self.cache, state=seq.method_state, is_prefill=is_prefill,
         )
 
@@ -45,30 +45,46 @@ class ModelRunner:
         slices, input_ids, sample_rows, samplers = [], [], [], []
         for seq, n in plan.prefill:
             slices.append(self._slice(seq, len(input_ids), n, is_prefill=True))
-            input_ids += seq.token_ids(seq.num_cached, seq.num_cached + n)
-            if seq.num_cached + n == seq.prefill_target and not seq.output_ids:  # prompt done: predict the first output
+            input_ids += seq.token_ids(seq.num_computed, seq.num_computed + n)
+            if seq.num_computed + n == seq.prefill_target and not seq.output_ids:  # prompt done: predict the first output
                 sample_rows.append(len(input_ids) - 1)
                 samplers.append(seq)
         for seq in plan.decode:
             slices.append(self._slice(seq, len(input_ids), 1, is_prefill=False))
             sample_rows.append(len(input_ids))
             samplers.append(seq)
-            input_ids += seq.token_ids(seq.num_cached, seq.num_cached + 1)
+            input_ids += seq.token_ids(seq.num_computed, seq.num_computed + 1)
         hidden = self._forward(input_ids, slices)
         logits = self.model.compute_logits(hidden[sample_rows])
         for s, seq in zip(slices, [seq for seq, _ in plan.prefill] + plan.decode):
-            seq.num_cached += s.num_queries
+            seq.advance(s.num_queries)
             if s.is_prefill:
-                self.method.after_prefill_chunk(s, lambda ids, seq=seq: self._extra_forward(seq, ids))
+                hooks = ChunkHooks(
+                    extra_forward=lambda ids, seq=seq: self._extra_forward(seq, ids),
+                    token_nll=lambda s=s, seq=seq: self._token_nll(hidden[s.query_rows], seq, s.token_start),
+                )
+                kept = self.method.after_prefill_chunk(s, hooks)
+                if kept is not None:  # the method compacted the sequence's cache to its first `kept` slots
+                    seq.num_cached = kept
         return samplers, logits
 
     @torch.inference_mode()
     def forward_logits(self, seq: Sequence, n: int) -> torch.Tensor:
         """Prefill the sequence's next n prompt tokens and return logits of every one of them [n, vocab]."""
         s = self._slice(seq, 0, n, is_prefill=True)
-        hidden = self._forward(seq.token_ids(seq.num_cached, seq.num_cached + n), [s])
-        seq.num_cached += n
+        hidden = self._forward(seq.token_ids(seq.num_computed, seq.num_computed + n), [s])
+        seq.advance(n)
         return self.model.compute_logits(hidden)
+
+    def _token_nll(self, hidden: torch.Tensor, seq: Sequence, token_start: int, rows_per_pass: int = 512) -> torch.Tensor:
+        """NLL [n - 1] of tokens token_start+1 .. token_start+n-1 from the chunk's hidden states [n, D]."""
+        n = hidden.shape[0]
+        targets = torch.tensor(seq.token_ids(token_start + 1, token_start + n), device=hidden.device)
+        out = []
+        for i in range(0, n - 1, rows_per_pass):  # logits of a whole chunk would take n * vocab floats
+            logits = self.model.compute_logits(hidden[i : min(i + rows_per_pass, n - 1)]).float()
+            out.append(torch.nn.functional.cross_entropy(logits, targets[i : i + logits.shape[0]], reduction="none"))
+        return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
 
     def _extra_forward(self, seq: Sequence, token_ids: torch.Tensor) -> torch.Tensor:
         """Run extra tokens [n] after the sequence's cached tokens (e.g. a catalyst prompt) -> logits [n, vocab].

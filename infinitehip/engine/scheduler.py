@@ -7,6 +7,10 @@ KV pages are allocated as sequences grow: a waiting sequence is admitted (FIFO) 
 free and pages for its prefill plus one decoded token are free. When a decoding sequence needs a page
 and none is free, the most recently admitted running sequence is preempted: its pages are freed and it
 goes back to the head of the queue, to be recomputed (prompt + tokens generated so far) when pages free up.
+
+Methods that compact their cache (InfiniPot) declare `kv_token_limit`: no sequence ever holds more cache
+slots than that, whatever its length, so its pages are bounded by it and a prefill chunk never takes it
+past the limit (the method compacts after each chunk).
 """
 
 from __future__ import annotations
@@ -33,20 +37,25 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, allocator: PageAllocator, max_num_seqs: int, prefill_chunk_size: int):
+    def __init__(self, allocator: PageAllocator, max_num_seqs: int, prefill_chunk_size: int, kv_token_limit: int | None = None):
         self.allocator = allocator
+        self.kv_token_limit = kv_token_limit
         self.max_num_seqs = max_num_seqs
         self.prefill_chunk_size = prefill_chunk_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
-        if self.allocator.pages_for(seq.max_total_tokens) > self.allocator.num_pages:
+        need = self._cache_tokens(seq.max_total_tokens)
+        if self.allocator.pages_for(need) > self.allocator.num_pages:
             raise ValueError(
-                f"request needs {seq.max_total_tokens} tokens of KV cache, "
-                f"the cache holds {self.allocator.num_pages * self.allocator.page_size}"
+                f"request needs {need} tokens of KV cache, the cache holds {self.allocator.num_pages * self.allocator.page_size}"
             )
         self.waiting.append(seq)
+
+    def _cache_tokens(self, num_tokens: int) -> int:
+        """Cache slots a sequence of num_tokens tokens needs at most."""
+        return num_tokens if self.kv_token_limit is None else min(num_tokens, self.kv_token_limit)
 
     @property
     def has_work(self) -> bool:
@@ -56,11 +65,11 @@ class Scheduler:
         admitted = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            need = self.allocator.pages_for(seq.prefill_target + 1)
-            if not self.allocator.can_allocate(need):
+            tokens = self._cache_tokens(seq.prefill_target + 1)
+            if not self.allocator.can_allocate(self.allocator.pages_for(tokens)):
                 break  # FIFO: later requests wait behind it rather than starving it
             self.waiting.popleft()
-            self.allocator.grow(seq.page_table, seq.prefill_target + 1)
+            self.allocator.grow(seq.page_table, tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
@@ -69,7 +78,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.allocator.free(seq.page_table)
-        seq.num_cached = 0
+        seq.reset_cache()
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
@@ -79,7 +88,7 @@ class Scheduler:
         for seq in list(self.running):
             if seq.in_prefill or seq not in self.running:
                 continue
-            while not self._fits(seq, seq.num_cached + 1):
+            while not self._fits(seq, self._cache_tokens(seq.num_cached + 1)):
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted.append(victim)
@@ -108,7 +117,12 @@ class Scheduler:
             if budget == 0:
                 break
             if seq.in_prefill:
-                n = min(seq.prefill_target - seq.num_cached, budget)
+                n = min(seq.prefill_target - seq.num_computed, budget)
+                if self.kv_token_limit is not None:
+                    room = self.kv_token_limit - seq.num_cached
+                    if room <= 0:
+                        raise RuntimeError(f"sequence {seq.seq_id} holds {seq.num_cached} cache slots, its method's limit")
+                    n = min(n, room)
                 plan.prefill.append((seq, n))
                 budget -= n
         return plan, admitted, preempted

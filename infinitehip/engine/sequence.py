@@ -26,7 +26,8 @@ class Sequence:
     seq_id: int = field(default_factory=lambda: next(_ids))
     output_ids: list[int] = field(default_factory=list)
     page_table: list[int] = field(default_factory=list)
-    num_cached: int = 0  # tokens whose k/v are in the cache
+    num_computed: int = 0  # tokens that went through the model
+    num_cached: int = 0  # cache slots in use: == num_computed unless the method compacts its cache (InfiniPot)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     output_text: str = ""  # detokenized completion, cut at a stop string
@@ -48,7 +49,16 @@ class Sequence:
 
     @property
     def in_prefill(self) -> bool:
-        return self.num_cached < self.prefill_target
+        return self.num_computed < self.prefill_target
+
+    def advance(self, n: int) -> None:
+        """n more tokens went through the model, their k/v appended to the cache."""
+        self.num_computed += n
+        self.num_cached += n
+
+    def reset_cache(self) -> None:
+        """Preempted: everything is recomputed from the first token."""
+        self.num_computed = self.num_cached = 0
 
     @property
     def max_total_tokens(self) -> int:

@@ -13,6 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from infinitehip.attention.registry import method_spec
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.config.server import ServerConfig
 from infinitehip.engine.llm_engine import ContextLengthError
@@ -39,11 +40,8 @@ def engine_preset(llm) -> str | None:
     method_config = getattr(llm.method, "config", None)
     if method_config is None:
         return None
-    try:
-        from infinitehip.config.infinitehip import PRESETS
-    except ImportError:
-        return None
-    return next((name for name, cfg in PRESETS.items() if cfg == method_config), None)
+    presets = method_spec(llm.method.name).presets
+    return next((name for name, cfg in presets.items() if cfg == method_config), None)
 
 
 def _sse(payload: dict[str, Any]) -> str:
