@@ -8,7 +8,7 @@ decode tokens of the step (as one group, so methods can batch them). Per-sequenc
 (mask caches, pots, statistics) lives in the object returned by `new_state`.
 
 Methods that need more than attention (InfiniPot's catalyst prompt and novelty scores, for instance)
-override `after_prefill_chunk`, which receives `ChunkHooks`: a callable that runs further tokens through
+override `after_forward`, which receives `ChunkHooks`: a callable that runs further tokens through
 the model against the sequence's cache, and the chunk's per-token losses. A method that compacts the
 cache there returns the slots it kept and declares `kv_token_limit`.
 """
@@ -86,12 +86,12 @@ class ForwardBatch:
 
 @dataclass(frozen=True)
 class ChunkHooks:
-    """What a method may ask the model for after a prefill chunk (InfiniPot's catalyst prompt and novelty)."""
+    """What a method may ask the model for after a step's tokens (InfiniPot's catalyst prompt and novelty)."""
 
     # Runs token ids [n] through the model after the sequence's cached tokens; returns logits [n, vocab].
     # Their k/v are not kept: the sequence's next tokens overwrite those slots.
     extra_forward: Callable[[torch.Tensor], torch.Tensor]
-    # Negative log-likelihood [n - 1] (fp32) of the chunk's tokens 1..n-1, each given the tokens before it.
+    # Negative log-likelihood [n - 1] (fp32) of the step's tokens 1..n-1, each given the tokens before it.
     token_nll: Callable[[], torch.Tensor]
 
 
@@ -136,7 +136,8 @@ class AttentionMethod(ABC):
         """Most cache slots one sequence ever holds (methods that compact their cache); None: one per token."""
         return None
 
-    def after_prefill_chunk(self, seq: SequenceSlice, hooks: ChunkHooks) -> int | None:
-        """Hook after a sequence's prefill chunk went through every layer. A method that compacted the
-        sequence's cache (moved the k/v it keeps to the first slots) returns how many slots it kept."""
+    def after_forward(self, seq: SequenceSlice, hooks: ChunkHooks) -> int | None:
+        """Hook after a sequence's tokens of this step (a prefill chunk or one decode token) went through every
+        layer. A method that compacted the sequence's cache (moved the k/v it keeps to the first slots)
+        returns how many slots it kept."""
         return None

@@ -58,14 +58,13 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[sample_rows])
         for s, seq in zip(slices, [seq for seq, _ in plan.prefill] + plan.decode):
             seq.advance(s.num_queries)
-            if s.is_prefill:
-                hooks = ChunkHooks(
-                    extra_forward=lambda ids, seq=seq: self._extra_forward(seq, ids),
-                    token_nll=lambda s=s, seq=seq: self._token_nll(hidden[s.query_rows], seq, s.token_start),
-                )
-                kept = self.method.after_prefill_chunk(s, hooks)
-                if kept is not None:  # the method compacted the sequence's cache to its first `kept` slots
-                    seq.num_cached = kept
+            hooks = ChunkHooks(
+                extra_forward=lambda ids, seq=seq: self._extra_forward(seq, ids),
+                token_nll=lambda s=s, seq=seq: self._token_nll(hidden[s.query_rows], seq, s.token_start),
+            )
+            kept = self.method.after_forward(s, hooks)
+            if kept is not None:  # the method compacted the sequence's cache to its first `kept` slots
+                seq.num_cached = kept
         return samplers, logits
 
     @torch.inference_mode()

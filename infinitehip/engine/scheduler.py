@@ -88,6 +88,8 @@ class Scheduler:
         for seq in list(self.running):
             if seq.in_prefill or seq not in self.running:
                 continue
+            if self.kv_token_limit is not None and seq.num_cached >= self.kv_token_limit:
+                raise RuntimeError(f"sequence {seq.seq_id} holds {seq.num_cached} cache slots, its method's limit")
             while not self._fits(seq, self._cache_tokens(seq.num_cached + 1)):
                 victim = self.running[-1]
                 self._preempt(victim)
