@@ -68,13 +68,15 @@ def test_kernels_match_reference_in_the_engine(llama3_dir, impl):
     assert outs[0] == outs[1]
 
 
-def test_sparse_selection_really_prunes_and_stays_causal(llama3_dir):
+@pytest.mark.parametrize("representative", ["bisection", "landmark"])
+def test_sparse_selection_really_prunes_and_stays_causal(llama3_dir, representative):
     """Logits before the query block holding the first changed token never change, while pruning does
     change the result vs dense. (Within one stage-1 query block the selection is shared, as in the
     paper: it is scored with all the block's queries; keys after a query are never read.)"""
     a, b = _ids(900, seed=2), _ids(900, seed=2)
     b[600:] = _ids(300, seed=3)
-    engine = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL), prefill_chunk_size=128)
+    config = InfiniteHiPConfig(**SMALL, representative=representative, landmark_window=48)
+    engine = _engine(llama3_dir, config=config, prefill_chunk_size=128)
     la, lb = engine.prompt_logits(a), engine.prompt_logits(b)
     block_start = 512 + (600 - 512) // 32 * 32  # chunk starts at 512, stage-1 blocks of 32 queries
     torch.testing.assert_close(la[:block_start], lb[:block_start], rtol=0, atol=0)
@@ -83,8 +85,9 @@ def test_sparse_selection_really_prunes_and_stays_causal(llama3_dir):
     assert (la[-100:] - dense[-100:]).abs().max() > 1e-3  # 900 tokens >> 16 + 64 + 64 attended: sparse
 
 
-def test_mask_cache_refreshes_each_stage_on_its_interval(llama3_dir):
-    engine = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL))
+@pytest.mark.parametrize("representative", ["bisection", "landmark"])
+def test_mask_cache_refreshes_each_stage_on_its_interval(llama3_dir, representative):
+    engine = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, representative=representative, landmark_window=48))
     seq = engine.add_request(_ids(500), SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True))
     state = None
     while engine.has_work:

@@ -15,6 +15,7 @@ PRUNING_ROPE_STYLES = ("chunk_indexed", "relative", "dynamic", "infllm", "none")
 # RoPE styles inside the block-sparse attention (Table 8 columns, plus `none`).
 ATTENTION_ROPE_STYLES = ("streaming", "dynamic", "infllm", "none")
 IMPLEMENTATIONS = ("auto", "reference", "triton")
+REPRESENTATIVES = ("bisection", "landmark")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,10 @@ class InfiniteHiPConfig:
     late_pruning_rope: str = "relative"
     attention_rope: str = "streaming"
     impl: str = "auto"  # "auto": triton on CUDA, reference elsewhere
+    # How a chunk's representative token is found: "bisection" (SelectRep, Alg. 3) or "landmark" (the key
+    # with the highest mean logit from its next landmark_window queries; see attention/infinitehip/saliency.py).
+    representative: str = "bisection"
+    landmark_window: int = 512
 
     def __post_init__(self) -> None:
         for name in ("query_block_sizes", "chunk_sizes", "keep_tokens", "refresh_intervals"):
@@ -74,6 +79,12 @@ class InfiniteHiPConfig:
                 raise ValueError(f"{name}: unknown RoPE style {getattr(self, name)!r}; choose from {PRUNING_ROPE_STYLES}")
         if self.attention_rope not in ATTENTION_ROPE_STYLES:
             raise ValueError(f"attention_rope: unknown RoPE style {self.attention_rope!r}; choose from {ATTENTION_ROPE_STYLES}")
+        if self.representative not in REPRESENTATIVES:
+            raise ValueError(f"representative must be one of {REPRESENTATIVES}, got {self.representative!r}")
+        if self.representative == "landmark" and not 1 <= self.landmark_window <= max(1, self.stream_tokens):
+            # Candidates end stream_tokens before a block's last query, so their saliency then comes only from
+            # queries up to that block: selection stays causal at block granularity.
+            raise ValueError(f"landmark_window must be in [1, stream_tokens = {self.stream_tokens}], got {self.landmark_window}")
         if self.impl not in IMPLEMENTATIONS:
             raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {self.impl!r}")
 

@@ -16,6 +16,7 @@ import torch
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
 from infinitehip.attention.infinitehip.positions import attention_positions
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, query_blocks, run_stage, sparse_limit
+from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
@@ -62,6 +63,7 @@ class InfiniteHiPAttention(AttentionMethod):
         self.config = config or PRESETS["3k"]
         self.trained_len = model_config.max_position_embeddings
         self.sm_scale = model_config.head_dim ** -0.5
+        self.saliency = KeySaliency(self.config.landmark_window) if self.config.representative == "landmark" else None
 
     def default_max_context_tokens(self) -> int:
         return 1 << 17
@@ -91,11 +93,17 @@ class InfiniteHiPAttention(AttentionMethod):
     def _stage(self, spec, blocks, parent, layer, seq: SequenceSlice, batch: ForwardBatch) -> StageOutput:
         c = self.config
         return run_stage(spec, blocks, parent, seq.cache.flat_k(layer), seq.page_table, seq.cache.page_size,
-                         c.sink_tokens, c.stream_tokens, batch.rope, seq.context_len, self.trained_len, self._impl(blocks.q))
+                         c.sink_tokens, c.stream_tokens, batch.rope, seq.context_len, self.trained_len, self._impl(blocks.q),
+                         None if self.saliency is None else (self.saliency, layer))
+
+    def _update_saliency(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> None:
+        if self.saliency is not None:
+            self.saliency.update(layer, q, seq.start_pos, seq.page_table, seq.cache, batch.rope)
 
     # ---- prefill ----------------------------------------------------------------------------------------
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
+        self._update_saliency(layer, q, seq, batch)
         parent, blocks = None, None
         for spec in self._specs(layer, decode=False):
             blocks = query_blocks(q, seq.start_pos, spec.query_block_size)
@@ -125,6 +133,7 @@ class InfiniteHiPAttention(AttentionMethod):
         lists, counts, key_ropes, query_ropes = [], [], [], []
         for i, seq in enumerate(seqs):
             state: InfiniteHiPState = seq.state
+            self._update_saliency(layer, q[i : i + 1], seq, batch)
             step = state.decode_steps[layer]
             blocks = query_blocks(q[i : i + 1], seq.start_pos, 1)
             parent = None

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from infinitehip.attention.infinitehip.positions import scoring_positions
+from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.infinitehip.scoring import chunk_scores
+from infinitehip.attention.infinitehip.scoring.reference import representative_scores_reference
 from infinitehip.model.rope import apply_rotary
 
 
@@ -103,8 +105,11 @@ class StageSpec:
 def run_stage(
     spec: StageSpec, blocks: QueryBlocks, parent: StageOutput | None, k_flat: torch.Tensor, page_table: torch.Tensor,
     page_size: int, sink: int, stream: int, rope, context_len: int, trained_len: int, impl: str,
+    saliency: tuple[KeySaliency, int] | None = None,
 ) -> StageOutput:
-    """One pruning stage for all query blocks (parent None: the first stage, all chunks of [sink, limit))."""
+    """One pruning stage for all query blocks (parent None: the first stage, all chunks of [sink, limit)).
+
+    saliency (store, layer): representatives are the most salient keys (landmark mode), not SelectRep's."""
     limit = sparse_limit(blocks.last_position, sink, stream)
     if parent is None:
         starts, lens = initial_chunks(limit, sink, spec.chunk_size)
@@ -119,9 +124,17 @@ def run_stage(
         q_rot = apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
         max_key_pos = int(pos.key_pos_base.max()) + (context_len // pos.token_pos_group if pos.token_pos_group else 0) + 2
         rope.ensure(max_key_pos)
-        scores, _ = chunk_scores(
-            q_rot, blocks.valid, k_flat, page_table, page_size, starts, lens, pos.key_pos_base, pos.token_pos_group,
-            pos.left_offset, pos.right_offset, pos.rep_offset, rope.cos, rope.sin, impl=impl,
-        )
+        if saliency is None:
+            scores, _ = chunk_scores(
+                q_rot, blocks.valid, k_flat, page_table, page_size, starts, lens, pos.key_pos_base, pos.token_pos_group,
+                pos.left_offset, pos.right_offset, pos.rep_offset, rope.cos, rope.sin, impl=impl,
+            )
+        else:
+            store, layer = saliency
+            reps = store.representatives(layer, starts, lens, page_table, page_size, spec.chunk_size)
+            scores = representative_scores_reference(
+                q_rot, blocks.valid, k_flat, page_table, page_size, reps, lens, pos.key_pos_base, pos.token_pos_group,
+                pos.rep_offset, rope.cos, rope.sin,
+            )
     starts, lens = keep_top_chunks(starts, lens, scores, keep)
     return StageOutput(starts, lens, spec.chunk_size, spec.query_block_size, limit)

@@ -106,3 +106,42 @@ def _score_blocks(q, q_valid, k_flat, page_table, page_size, starts, lens, base,
     chunk_score = score(safe(lo), rep_off).amax(-1)  # max over heads
     chunk_score = chunk_score.masked_fill(lens == 0, float("-inf"))
     return chunk_score, lo
+
+
+def representative_scores_reference(
+    q_rot: torch.Tensor,  # [M, b, H, d] rotated queries of each query block
+    q_valid: torch.Tensor,  # [M, b] bool
+    k_flat: torch.Tensor,  # [S, Hkv, d] keys without RoPE
+    page_table: torch.Tensor,
+    page_size: int,
+    reps: torch.Tensor,  # [M, N, H] int64 representative token of each chunk per head (chosen elsewhere)
+    chunk_lens: torch.Tensor,  # [M, N] int64, 0 = padding
+    key_pos_base: torch.Tensor,  # [M, N] int64
+    token_pos_group: int | None,
+    rep_offset: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    max_elements: int = 1 << 25,
+) -> torch.Tensor:
+    """Chunk scores when the representatives are given (landmark mode): max over heads and the block's
+    valid queries of q . k_rep, the key at the stage's RoPE position. -> [M, N] fp32, -inf for padding."""
+    M, b, H, _ = q_rot.shape
+    N = reps.shape[1]
+    if N == 0 or M == 0:
+        return q_rot.new_full((M, N), float("-inf"), dtype=torch.float32)
+    kv_head = torch.arange(H, device=q_rot.device) // (H // k_flat.shape[1])
+    keys_unrotated = token_pos_group is None and not bool(key_pos_base.any())
+    step = max(1, max_elements // max(1, N * H * b))
+    out = []
+    for m0 in range(0, M, step):
+        sl = slice(m0, m0 + step)
+        q, tokens = q_rot[sl].float(), reps[sl]
+        if keys_unrotated:  # rotate the queries back by the offset instead of every key
+            q = apply_rotary(q, cos[rep_offset], -sin[rep_offset])
+            k = k_flat[token_slots(page_table, tokens, page_size), kv_head].float()
+        else:
+            pos = key_pos_base[sl][..., None] + rep_offset + (tokens // token_pos_group if token_pos_group else 0)
+            k = _rotated_keys(k_flat, page_table, page_size, tokens, pos, kv_head, cos, sin)
+        s = torch.einsum("mbhd,mnhd->mnhb", q, k).masked_fill((~q_valid[sl])[:, None, None, :], torch.finfo(torch.float32).min)
+        out.append(s.amax(-1).amax(-1))
+    return torch.cat(out).masked_fill(chunk_lens == 0, float("-inf"))

@@ -1,0 +1,89 @@
+"""Key saliency for `representative = "landmark"`: a chunk's representative is its most salient key.
+
+SelectRep's bisection (Alg. 3) compares the first token of each half, so a needle of a few tokens inside a
+256-token chunk of look-alike text is found only when it happens to sit at a branch start. The
+alternative, from the authors' later code: give every key a query-independent saliency = the mean
+pre-softmax logit it receives from the next `window` queries (local, in-distribution relative positions),
+and take the argmax per head as the chunk's representative. The chunk is then scored as in SelectRep
+(max over heads and the block's queries of q . k_rep) with the stage's RoPE style.
+
+Saliency is accumulated as the sequence grows (prefill chunks and decode steps): per layer, a sum
+[slots, H] and a count [slots] indexed by flat cache slot, so keys near a chunk's end also receive the
+next chunk's queries.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infinitehip.kv.paged_cache import PagedKVCache, token_slots
+from infinitehip.model.rope import RotaryEmbedding, apply_rotary
+
+
+class KeySaliency:
+    """Per-layer saliency buffers over the whole paged cache (slots are unique per sequence)."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self._sum: dict[int, torch.Tensor] = {}  # layer -> [slots, H] fp32
+        self._count: dict[int, torch.Tensor] = {}  # layer -> [slots] fp32
+
+    def _buffers(self, layer: int, cache: PagedKVCache, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        slots = cache.flat_k(layer).shape[0]
+        if layer not in self._sum or self._sum[layer].shape[0] != slots:
+            self._sum[layer] = torch.zeros(slots, num_heads, dtype=torch.float32, device=cache.device)
+            self._count[layer] = torch.zeros(slots, dtype=torch.float32, device=cache.device)
+        return self._sum[layer], self._count[layer]
+
+    def update(self, layer: int, q: torch.Tensor, start_pos: int, page_table: torch.Tensor, cache: PagedKVCache,
+               rope: RotaryEmbedding, block: int = 512) -> None:
+        """Add the logits of queries q [n, H, d] (pre-RoPE, positions start_pos..) to the keys in their window.
+
+        A key at t receives query s when 0 <= s - t < window. Keys of the new tokens are reset first, so a
+        slot reused by another sequence starts from zero."""
+        n, H, _ = q.shape
+        total, count = self._buffers(layer, cache, H)
+        new_slots = token_slots(page_table, torch.arange(start_pos, start_pos + n, device=q.device), cache.page_size)
+        total[new_slots] = 0
+        count[new_slots] = 0
+        W = self.window
+        lo = max(0, start_pos - W + 1)
+        key_pos = torch.arange(lo, start_pos + n, device=q.device)
+        key_slots = token_slots(page_table, key_pos, cache.page_size)
+        rope.ensure(start_pos + n)
+        k = apply_rotary(cache.flat_k(layer)[key_slots].float(), rope.cos[key_pos][:, None], rope.sin[key_pos][:, None])
+        k = k.repeat_interleave(H // k.shape[1], dim=1)  # [L, H, d]
+        q_pos = torch.arange(start_pos, start_pos + n, device=q.device)
+        q_rot = apply_rotary(q.float(), rope.cos[q_pos][:, None], rope.sin[q_pos][:, None])
+        for b0 in range(0, n, block):
+            qs = q_rot[b0 : b0 + block]  # [B, H, d]
+            s0 = start_pos + b0
+            k_lo, k_hi = max(lo, s0 - W + 1), s0 + qs.shape[0]  # keys any of these queries can reach
+            ks = k[k_lo - lo : k_hi - lo]
+            dist = (s0 + torch.arange(qs.shape[0], device=q.device))[:, None] - torch.arange(k_lo, k_hi, device=q.device)[None, :]
+            reach = (dist >= 0) & (dist < W)  # [B, Lk]
+            logits = torch.einsum("bhd,khd->hbk", qs, ks).masked_fill(~reach, 0)
+            total.index_add_(0, key_slots[k_lo - lo : k_hi - lo], logits.sum(1).T)
+            count.index_add_(0, key_slots[k_lo - lo : k_hi - lo], reach.sum(0).float())
+
+    def representatives(self, layer: int, starts: torch.Tensor, lens: torch.Tensor, page_table: torch.Tensor,
+                        page_size: int, chunk_size: int, max_elements: int = 1 << 24) -> torch.Tensor:
+        """Most salient token per head of each chunk [start, start + len): starts/lens [M, N] -> [M, N, H] int64.
+
+        Query blocks share most of their chunks (stage 1: all of them), so each distinct chunk is done once."""
+        total, count = self._sum[layer], self._count[layer]
+        H = total.shape[1]
+        key = starts * (chunk_size + 1) + lens
+        uniq, inverse = torch.unique(key.flatten(), return_inverse=True)
+        u_starts, u_lens = uniq // (chunk_size + 1), uniq % (chunk_size + 1)
+        reps = u_starts.new_zeros(uniq.numel(), H)
+        offsets = torch.arange(chunk_size, device=starts.device)
+        step = max(1, max_elements // max(1, chunk_size * H))
+        for i in range(0, uniq.numel(), step):
+            st, ln = u_starts[i : i + step], u_lens[i : i + step]
+            inside = offsets < ln[:, None]  # [u, c]
+            slots = token_slots(page_table, torch.where(inside, st[:, None] + offsets, st[:, None]), page_size)
+            sal = total[slots] / count[slots].clamp(min=1)[..., None]  # [u, c, H]
+            best = sal.masked_fill(~inside[..., None], float("-inf")).argmax(1)  # [u, H]
+            reps[i : i + step] = st[:, None] + best
+        return reps[inverse].view(*starts.shape, H)
