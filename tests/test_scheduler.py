@@ -208,3 +208,26 @@ def test_kv_token_limit_bounds_pages_and_prefill_chunks():
     stuck.advance(plan.prefill[0][1])  # a method that never compacts hits its own limit: a clear error
     with pytest.raises(RuntimeError, match="limit"):
         sched2.schedule()
+
+
+def test_kv_scratch_tokens_give_room_past_the_limit_but_not_to_chunks():
+    """Scratch slots (a method's catalyst prompt, 8 here) come on top of the 64-slot limit: pages for 72 slots,
+    while prefill chunks still stop at the limit; a short sequence holds room for its tokens + the scratch."""
+    sched = Scheduler(PageAllocator(8, PAGE), max_num_seqs=2, prefill_chunk_size=256, kv_token_limit=64, kv_scratch_tokens=8)
+    long = make_seq(1000, 10)
+    sched.add(long)
+    plan, _, _ = sched.schedule()
+    ((seq, n),) = plan.prefill
+    assert n == 64 and len(seq.page_table) == 5  # 72 slots -> 5 pages of 16
+    seq.advance(n)
+    seq.num_cached = 16
+    plan, _, _ = sched.schedule()
+    assert plan.prefill[0][1] == 48 and len(seq.page_table) == 5
+    short = make_seq(10, 4)
+    sched.add(short)
+    sched.schedule()
+    assert len(short.page_table) == 2  # 11 tokens + 8 scratch slots
+    with pytest.raises(ValueError, match="KV cache"):  # 64 + 8 slots do not fit a 4-page cache
+        Scheduler(PageAllocator(4, PAGE), 2, 256, kv_token_limit=64, kv_scratch_tokens=8).add(make_seq(100, 1))
+    with pytest.raises(ValueError, match="kv_scratch_tokens"):
+        Scheduler(PageAllocator(4, PAGE), 2, 256, kv_scratch_tokens=-1)

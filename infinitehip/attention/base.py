@@ -136,6 +136,17 @@ class AttentionMethod(ABC):
         """Most cache slots one sequence ever holds (methods that compact their cache); None: one per token."""
         return None
 
+    @property
+    def kv_scratch_tokens(self) -> int:
+        """Cache slots past the kept ones that `ChunkHooks.extra_forward` may fill (they are never kept): the
+        scheduler gives every sequence page room for them on top of its cache (and kv_token_limit)."""
+        return 0
+
+    def bind_tokenizer(self, tokenizer: Any) -> None:
+        """Called by the engine once, right after creating the method and before reading kv_token_limit, with
+        the model's tokenizer (None when it runs without one): for methods that feed text of their own
+        (InfiniPot's catalyst prompt)."""
+
     def after_forward(self, seq: SequenceSlice, hooks: ChunkHooks) -> int | None:
         """Hook after a sequence's tokens of this step (a prefill chunk or one decode token) went through every
         layer. A method that compacted the sequence's cache (moved the k/v it keeps to the first slots)

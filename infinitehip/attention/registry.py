@@ -11,9 +11,12 @@ from typing import Any
 
 from infinitehip.attention.base import AttentionMethod
 from infinitehip.attention.dense import DenseAttention
+from infinitehip.attention.infinipot.method import InfiniPotAttention
 from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
 from infinitehip.config.infinitehip import PRESETS as INFINITEHIP_PRESETS
 from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.config.infinipot import PRESETS as INFINIPOT_PRESETS
+from infinitehip.config.infinipot import InfiniPotConfig
 from infinitehip.config.model import ModelConfig
 
 
@@ -40,6 +43,7 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     DenseAttention.name: MethodSpec(DenseAttention),
     InfiniteHiPAttention.name: MethodSpec(InfiniteHiPAttention, InfiniteHiPConfig, dict(INFINITEHIP_PRESETS), "3k"),
+    InfiniPotAttention.name: MethodSpec(InfiniPotAttention, InfiniPotConfig, dict(INFINIPOT_PRESETS), "4k"),
 }
 
 

@@ -47,16 +47,19 @@ class LLMEngine:
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.method = create_method(config.method, self.model_config, method_config)
+        self.method.bind_tokenizer(self.tokenizer)
         self.max_context_tokens = config.max_context_tokens or self.method.default_max_context_tokens()
-        # A method that compacts its cache needs at most kv_token_limit slots per sequence.
-        limit = self.method.kv_token_limit
-        kv_tokens = config.kv_cache_tokens or (self.max_context_tokens if limit is None else min(self.max_context_tokens, limit))
+        # A method that compacts its cache needs at most kv_token_limit slots per sequence (+ its scratch slots).
+        limit, scratch = self.method.kv_token_limit, self.method.kv_scratch_tokens
+        kv_tokens = config.kv_cache_tokens or (
+            (self.max_context_tokens if limit is None else min(self.max_context_tokens, limit)) + scratch
+        )
         num_pages = -(-kv_tokens // config.page_size)
         mc = self.model_config
         self.cache = PagedKVCache(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
         self.rope = RotaryEmbedding(mc, min(self.max_context_tokens, 1 << 16), self.device)
         self.scheduler = Scheduler(
-            PageAllocator(num_pages, config.page_size), config.max_num_seqs, config.prefill_chunk_size, self.method.kv_token_limit
+            PageAllocator(num_pages, config.page_size), config.max_num_seqs, config.prefill_chunk_size, limit, scratch
         )
         self.runner = ModelRunner(loaded.model, self.cache, self.rope, self.method)
         self.generator = torch.Generator().manual_seed(config.generator_seed)

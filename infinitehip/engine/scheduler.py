@@ -10,7 +10,9 @@ goes back to the head of the queue, to be recomputed (prompt + tokens generated 
 
 Methods that compact their cache (InfiniPot) declare `kv_token_limit`: no sequence ever holds more cache
 slots than that, whatever its length, so its pages are bounded by it and a prefill chunk never takes it
-past the limit (the method compacts after each chunk).
+past the limit (the method compacts after each chunk). `kv_scratch_tokens` more slots per sequence are
+room for tokens a method runs after the cache without keeping them (InfiniPot's catalyst prompt); they
+never count toward the limit or a chunk's room.
 """
 
 from __future__ import annotations
@@ -37,9 +39,13 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, allocator: PageAllocator, max_num_seqs: int, prefill_chunk_size: int, kv_token_limit: int | None = None):
+    def __init__(self, allocator: PageAllocator, max_num_seqs: int, prefill_chunk_size: int, kv_token_limit: int | None = None,
+                 kv_scratch_tokens: int = 0):
+        if kv_scratch_tokens < 0:
+            raise ValueError(f"kv_scratch_tokens must be >= 0, got {kv_scratch_tokens}")
         self.allocator = allocator
         self.kv_token_limit = kv_token_limit
+        self.kv_scratch_tokens = kv_scratch_tokens
         self.max_num_seqs = max_num_seqs
         self.prefill_chunk_size = prefill_chunk_size
         self.waiting: deque[Sequence] = deque()
@@ -54,8 +60,9 @@ class Scheduler:
         self.waiting.append(seq)
 
     def _cache_tokens(self, num_tokens: int) -> int:
-        """Cache slots a sequence of num_tokens tokens needs at most."""
-        return num_tokens if self.kv_token_limit is None else min(num_tokens, self.kv_token_limit)
+        """Cache slots a sequence of num_tokens tokens needs at most (scratch slots included)."""
+        kept = num_tokens if self.kv_token_limit is None else min(num_tokens, self.kv_token_limit)
+        return kept + self.kv_scratch_tokens
 
     @property
     def has_work(self) -> bool:

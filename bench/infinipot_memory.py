@@ -1,0 +1,104 @@
+"""InfiniPot cost vs input length (paper App. C.2, Table 5): time to first token, share of it spent distilling
+(catalyst + selection + compaction), KV cache bytes, peak device memory and decode speed. The KV cache
+is one pot whatever the length, so memory should stay flat while TTFT grows linearly.
+
+    python bench/infinipot_memory.py --lengths 8192 32768 131072 --pot-tokens 4096 --random-8b
+    python bench/infinipot_memory.py --lengths 2048 8192 --pot-tokens 1024 --device cpu   # embedded model
+
+--random-8b: Llama-3.1-8B-shaped model with random bf16 weights (the embedded tokenizer encodes the
+catalyst; its ids are inside the 8B vocabulary). Prompts are random token ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from infinitehip import EngineConfig, SamplingParams
+from infinitehip.attention.infinipot import method as infinipot_method
+from infinitehip.config.infinipot import InfiniPotConfig
+from infinitehip.engine.llm_engine import LLMEngine
+from infinitehip.model.gguf_convert import default_cache_root
+from infinitehip.model.loading import LoadedModel, load_model, random_model
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lengths", type=int, nargs="+", required=True)
+    parser.add_argument("--pot-tokens", type=int, default=4096)
+    parser.add_argument("--compressed-tokens", type=int, default=None, help="default: pot_tokens / 4")
+    parser.add_argument("--decode-steps", type=int, default=64)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--random-8b", action="store_true")
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args()
+
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    embedded = load_model(None, default_cache_root(), device, dtype)
+    if args.random_8b:
+        from decode_gpu import LLAMA_31_8B  # bench/ is the script's directory, first on sys.path
+
+        model = random_model(LLAMA_31_8B, device, dtype)
+        loaded = LoadedModel(LLAMA_31_8B, model, embedded.tokenizer, "random Llama-3.1-8B-shaped weights", Path("."))
+    else:
+        loaded = embedded
+    config = InfiniPotConfig(pot_tokens=args.pot_tokens, compressed_tokens=args.compressed_tokens or args.pot_tokens // 4)
+
+    distill_seconds = []
+    distill = infinipot_method.InfiniPotAttention._distill
+
+    def timed_distill(self, seq, hooks):
+        _sync(device)
+        start = time.perf_counter()
+        kept = distill(self, seq, hooks)
+        _sync(device)
+        distill_seconds.append(time.perf_counter() - start)
+        return kept
+
+    infinipot_method.InfiniPotAttention._distill = timed_distill
+    rows = []
+    for length in args.lengths:
+        engine = LLMEngine(EngineConfig(method="infinipot", device=args.device, dtype=str(dtype).removeprefix("torch."),
+                                        show_progress=False, max_context_tokens=length + args.decode_steps + 8), loaded, config)
+        ids = torch.randint(0, loaded.config.vocab_size, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        distill_seconds.clear()
+        engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=args.decode_steps, ignore_eos=True))
+        _sync(device)
+        start = time.perf_counter()
+        engine.step()
+        while engine.scheduler.running and engine.scheduler.running[0].in_prefill:
+            engine.step()
+        _sync(device)
+        ttft = time.perf_counter() - start
+        prefill_distill = sum(distill_seconds)
+        start = time.perf_counter()
+        while engine.has_work:
+            engine.step()
+        _sync(device)
+        decode = time.perf_counter() - start
+        row = dict(length=length, ttft_s=round(ttft, 3), distill_s=round(prefill_distill, 3),
+                   distill_share=round(prefill_distill / ttft, 4), distillations=len(distill_seconds),
+                   kv_cache_mib=round(engine.cache.num_pages * engine.cache.page_size * engine.cache.bytes_per_token / 2**20, 1),
+                   peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
+                   decode_tok_s=round(args.decode_steps / decode, 1))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del engine
+    if args.output:
+        Path(args.output).write_text(json.dumps(dict(pot_tokens=args.pot_tokens, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from infinitehip.attention.infinipot.method import InfiniPotAttention, InfiniPotState
+
+__all__ = ["InfiniPotAttention", "InfiniPotState"]

@@ -1,0 +1,59 @@
+"""InfiniPot method configuration (paper 001: Continual Context Distillation, Sec. 3 and App. B).
+
+A sequence never holds more than `pot_tokens` KV slots (|M|), catalyst prompt included: context fills the
+pot up to |M| - |P| slots (|P| = catalyst prompt tokens), the catalyst runs in the last |P| slots, and
+the pot is distilled to `compressed_tokens` (|C|) slots, of which novelty_fraction * |C| go first to the
+highest-NLL tokens (NuC) and the rest, per KV head, to the tokens the catalyst attends most (CaP).
+
+`compressed_tokens` default: the paper only requires |M| >> |C| and gives no number; |M| / 4 keeps a
+quarter of the pot (1024 of 4096 slots, 512 of them NuC) while 3/4 of the pot takes new tokens, so a
+distillation runs once per ~3K input tokens (their cost stays a few percent of prefill, App. C.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# CaP-G, the paper's general (query-agnostic) catalyst (Table 2); the blank line separates it from the context.
+GENERAL_CATALYST = "\n\nSummarize the critical points highlighted in this section."
+
+
+@dataclass(frozen=True)
+class InfiniPotConfig:
+    pot_tokens: int = 4096  # |M|: KV slots per sequence, catalyst prompt included; also the largest RoPE position
+    compressed_tokens: int = 1024  # |C|: slots kept by each distillation (new tokens continue at position |C|)
+    novelty_fraction: float = 0.5  # alpha: share of |C| filled first by the highest-NLL tokens (Table 3's best)
+    catalyst_prompt: str = GENERAL_CATALYST  # CaP text appended after the pot to score its tokens
+    # Question-aware catalyst (CaP-Q): when the question is known up front, it is appended to the catalyst
+    # as "<catalyst_prompt> Question: <catalyst_question>" (the paper's best QA setting). Engine-wide:
+    # every request of the engine uses it.
+    catalyst_question: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.pot_tokens < 2:
+            raise ValueError(f"pot_tokens must be >= 2, got {self.pot_tokens}")
+        if not 1 <= self.compressed_tokens < self.pot_tokens:
+            raise ValueError(f"compressed_tokens must be in [1, pot_tokens={self.pot_tokens}), got {self.compressed_tokens}")
+        if not 0.0 <= self.novelty_fraction <= 1.0:
+            raise ValueError(f"novelty_fraction must be in [0, 1], got {self.novelty_fraction}")
+        if not self.catalyst_prompt.strip():
+            raise ValueError("catalyst_prompt must not be empty: its attention scores select the kept tokens")
+        if self.catalyst_question is not None and not self.catalyst_question.strip():
+            raise ValueError("catalyst_question must be None or non-empty text")
+
+    @property
+    def novelty_tokens(self) -> int:
+        """Slots of |C| given to NuC tokens first."""
+        return round(self.novelty_fraction * self.compressed_tokens)
+
+    @property
+    def catalyst_text(self) -> str:
+        if self.catalyst_question is None:
+            return self.catalyst_prompt
+        return f"{self.catalyst_prompt} Question: {self.catalyst_question}"
+
+
+PRESETS: dict[str, InfiniPotConfig] = {
+    "4k": InfiniPotConfig(),  # the paper's main memory budget (Table 1, Fig. 4)
+    "2k": InfiniPotConfig(pot_tokens=2048, compressed_tokens=512),  # its LLaMA-2 budget (Table 1)
+}

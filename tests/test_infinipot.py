@@ -1,0 +1,229 @@
+"""The `infinipot` method in the engine: a fixed KV pot (tiny random Llama-3 model, fp32), its distillation
+against oracles recomputed with Hugging Face transformers, and the embedded model finding a passkey."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from infinitehip import LLM, EngineConfig, SamplingParams
+from infinitehip.attention.infinipot import method as infinipot_method
+from infinitehip.attention.registry import create_method
+from infinitehip.config.infinipot import InfiniPotConfig
+from infinitehip.engine.llm_engine import LLMEngine
+from infinitehip.eval.passkey import make_passkey_sample
+from infinitehip.model.gguf_convert import default_cache_root
+from infinitehip.model.loading import load_model
+from tests.conftest import TINY_CONFIGS, engine_for_dir
+
+PAGE = 16
+# Encodes (embedded tokenizer) to 5 ids below 512, inside the tiny models' vocabulary.
+CATALYST = "in the re on at"
+SMALL = InfiniPotConfig(pot_tokens=160, compressed_tokens=48, novelty_fraction=0.5, catalyst_prompt=CATALYST)
+
+
+@pytest.fixture(scope="module")
+def llama3(tmp_path_factory):
+    """(HF model with eager attention, so it returns attention probabilities; its saved directory)."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(TINY_CONFIGS["llama3"](), attn_implementation="eager").eval()
+    path = tmp_path_factory.mktemp("llama3_pot")
+    model.save_pretrained(path)
+    return model, path
+
+
+def _ids(n, seed=0):
+    return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _engine(path, tokenizer, config=SMALL, method="infinipot", **kw):
+    return engine_for_dir(path, tokenizer, config if method == "infinipot" else None, method=method,
+                          **{"page_size": PAGE, "prefill_chunk_size": 64, "max_context_tokens": 8192, **kw})
+
+
+def _run(engine, ids, max_tokens, on_step=lambda seq: None):
+    """Greedy generation step by step -> (sequence, logits [1, vocab] of every sampling step)."""
+    seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    logits, run = [], engine.runner.run
+
+    def recording_run(plan):
+        samplers, out = run(plan)
+        logits.extend(out[i : i + 1].clone() for i, s in enumerate(samplers) if s is seq)
+        return samplers, out
+
+    engine.runner.run = recording_run
+    while engine.has_work:
+        engine.step()
+        if not seq.is_finished:
+            on_step(seq)
+    return seq, logits
+
+
+@pytest.fixture
+def distillations(monkeypatch):
+    """Records every distillation: the cache before it, the slots kept and what the pot held."""
+    records = []
+    compact = infinipot_method.compact_cache
+
+    def recording_compact(cache, page_table, keep):
+        S = int(keep.max()) + 1
+        slots = cache.slots(page_table, 0, len(page_table) * cache.page_size)
+        before = [(cache.read(layer, slots)) for layer in range(cache.num_layers)]
+        compact(cache, page_table, keep)
+        after = [(cache.read(layer, slots)) for layer in range(cache.num_layers)]
+        records.append(dict(keep=keep.clone(), before=before, after=after, max_kept_slot=S - 1))
+
+    monkeypatch.setattr(infinipot_method, "compact_cache", recording_compact)
+    return records
+
+
+def test_pot_is_never_exceeded_and_positions_restart_after_each_distillation(llama3, tokenizer, distillations):
+    _, path = llama3
+    engine = _engine(path, tokenizer)
+    limit, C = engine.method.kv_token_limit, SMALL.compressed_tokens
+    assert limit + engine.method.kv_scratch_tokens == SMALL.pot_tokens
+    seen = []
+
+    def check(seq):
+        st = seq.method_state
+        assert seq.num_cached <= limit and len(seq.page_table) * PAGE <= SMALL.pot_tokens
+        held = st.slot_tokens[:, :, : seq.num_cached]
+        assert (held.diff(dim=2) > 0).all()  # every head keeps its tokens in their original order
+        if st.distillations:  # new tokens sit at slots C.. (positions C..), one after another
+            new = held[:, :, C:]
+            assert torch.equal(new, (seq.num_computed - new.shape[2] + torch.arange(new.shape[2])).expand_as(new))
+        seen.append((seq.num_computed, seq.num_cached, st.distillations))
+
+    seq, _ = _run(engine, _ids(1000), max_tokens=150, on_step=check)
+    prefill_cycles = [d for n, _, d in seen if n <= 1000][-1]
+    assert prefill_cycles == (1000 - limit) // (limit - C) + 1 and seen[-1][2] > prefill_cycles  # decode distilled too
+    assert {n for _, n, d in seen if d} >= {C}
+    for r in distillations:  # slots 0..C-1 hold exactly the kept k/v, per head
+        keep = r["keep"]
+        assert keep.shape[2] == C and r["max_kept_slot"] < limit
+        for layer, ((k0, v0), (k1, v1)) in enumerate(zip(r["before"], r["after"])):
+            for h in range(keep.shape[1]):
+                assert torch.equal(k1[:C, h], k0[keep[layer, h], h]) and torch.equal(v1[:C, h], v0[keep[layer, h], h])
+
+
+def test_catalyst_tokens_are_never_kept(llama3, tokenizer, distillations):
+    _, path = llama3
+    engine = _engine(path, tokenizer)
+    limit, P, C = engine.method.kv_token_limit, engine.method.kv_scratch_tokens, SMALL.compressed_tokens
+    seq, _ = _run(engine, _ids(700, seed=3), max_tokens=1)
+    assert distillations
+    for r in distillations:
+        assert int(r["keep"].max()) < limit  # only pot slots are candidates
+        # Layer 0's keys depend on the token id only (a pot token may share one with the catalyst): layers 1+.
+        for (k0, _), (k1, _) in list(zip(r["before"], r["after"]))[1:]:
+            catalyst_k = k0[limit : limit + P]  # [P, Hkv, d]: the catalyst's keys, in the scratch slots
+            assert not torch.isclose(k1[:C, None], catalyst_k[None]).all(-1).any()
+    assert (seq.method_state.slot_tokens[:, :, :C] < 700).all()
+
+
+def _oracle_first_distillation(model, ids, catalyst_ids, config, chunk, num_kv_heads):
+    """Token sets [L][Hkv] the paper's rule keeps from a pot holding ids (all tokens, positions 0..S-1)."""
+    S, C, T = len(ids), config.compressed_tokens, config.novelty_tokens
+    with torch.no_grad():
+        out = model(torch.tensor([ids + catalyst_ids]), output_attentions=True)
+    nll = torch.nn.functional.cross_entropy(out.logits[0, : S - 1], torch.tensor(ids[1:]), reduction="none")
+    nll = torch.cat([torch.zeros(1), nll])
+    known = torch.ones(S, dtype=torch.bool)
+    known[::chunk] = False  # the first token of each prefill step has no NLL in the engine
+    novel = torch.arange(S)[known][nll[known].topk(T).indices] if T else torch.zeros(0, dtype=torch.long)
+    kept = []
+    for attn in out.attentions:  # [1, H, S + P, S + P]
+        cap = attn[0, :, S:, :S].sum(1)  # [H, S]: the catalyst queries' attention to the pot
+        cap = cap.view(num_kv_heads, -1, S).sum(1)  # query heads of a KV group added
+        cap[:, novel] = float("-inf")
+        kept.append([set(novel.tolist()) | set(cap[h].topk(C - T).indices.tolist()) for h in range(num_kv_heads)])
+    return set(novel.tolist()), kept
+
+
+@pytest.mark.parametrize("novelty_fraction", [0.0, 0.5])
+def test_first_distillation_matches_oracle(llama3, tokenizer, novelty_fraction):
+    """NuC = the top-NLL tokens (in every head); the rest of each KV head's slots = its top catalyst scores."""
+    model, path = llama3
+    config = InfiniPotConfig(**{**SMALL.__dict__, "novelty_fraction": novelty_fraction})
+    engine = _engine(path, tokenizer, config)
+    limit, C = engine.method.kv_token_limit, config.compressed_tokens
+    ids = _ids(limit, seed=7)  # the pot fills exactly once, at the end of the prompt
+    seq, _ = _run(engine, ids, max_tokens=1)
+    st = seq.method_state
+    assert st.distillations == 1
+    novel, kept = _oracle_first_distillation(model, ids, engine.method.catalyst_ids.tolist(), config, 64, 2)
+    assert set(st.novelty.tolist()) == novel and len(novel) == config.novelty_tokens
+    for layer, per_head in enumerate(kept):
+        for h, oracle in enumerate(per_head):
+            ours = st.slot_tokens[layer, h, :C]
+            assert set(ours.tolist()) == oracle, (layer, h)
+            assert novel <= set(ours.tolist())
+
+
+def test_equals_dense_when_the_pot_holds_the_whole_input(llama3, tokenizer):
+    _, path = llama3
+    ids = _ids(700, seed=1)
+    big = InfiniPotConfig(pot_tokens=1024, compressed_tokens=256, catalyst_prompt=CATALYST)
+    pot_seq, pot_logits = _run(_engine(path, tokenizer, big, prefill_chunk_size=128), ids, max_tokens=20)
+    dense_seq, dense_logits = _run(_engine(path, tokenizer, method="dense", prefill_chunk_size=128), ids, max_tokens=20)
+    assert pot_seq.method_state.distillations == 0 and pot_seq.output_ids == dense_seq.output_ids
+    assert len(pot_logits) == 20
+    torch.testing.assert_close(torch.cat(pot_logits), torch.cat(dense_logits), rtol=1e-5, atol=1e-5)
+
+
+def test_kv_pages_stay_flat_as_input_grows(llama3, tokenizer):
+    _, path = llama3
+    held = {}
+    for n in (500, 2000):
+        engine = _engine(path, tokenizer)
+        pages = []
+        seq, _ = _run(engine, _ids(n, seed=n), max_tokens=8, on_step=lambda s: pages.append(len(s.page_table)))
+        assert seq.method_state.distillations >= 1
+        held[n] = max(pages)
+        assert engine.cache.num_pages * PAGE == SMALL.pot_tokens  # the whole cache is one pot
+    assert held[500] == held[2000] == SMALL.pot_tokens // PAGE
+
+
+def test_config_and_binding_errors_name_the_field(llama3, tokenizer):
+    with pytest.raises(ValueError, match="compressed_tokens"):
+        InfiniPotConfig(pot_tokens=128, compressed_tokens=128)
+    with pytest.raises(ValueError, match="novelty_fraction"):
+        InfiniPotConfig(novelty_fraction=1.5)
+    with pytest.raises(ValueError, match="catalyst_question"):
+        InfiniPotConfig(catalyst_question=" ")
+    assert InfiniPotConfig(catalyst_question="Who won?").catalyst_text.endswith(" Question: Who won?")
+    _, path = llama3
+    with pytest.raises(ValueError, match="pot_tokens"):  # 48 kept + 5 catalyst tokens leave no room in 53 slots
+        _engine(path, tokenizer, InfiniPotConfig(pot_tokens=53, compressed_tokens=48, catalyst_prompt=CATALYST))
+    with pytest.raises(ValueError, match="tokenizer"):
+        _engine(path, None)
+    with pytest.raises(ValueError, match="pot_tokens"):  # the tiny model is trained to 4096 positions
+        create_method("infinipot", engine_for_dir(path, tokenizer).model_config, InfiniPotConfig(pot_tokens=8192))
+
+
+def test_cli_flags_build_the_config():
+    import argparse
+
+    from infinitehip.cli.method_options import add_method_flags, method_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_method_flags(parser)
+    args = parser.parse_args(["--pot-tokens", "2048", "--compressed-tokens", "512", "--catalyst-question", "What is the pass key?"])
+    config = method_config_from_args(EngineConfig(method="infinipot"), args)
+    assert config == InfiniPotConfig(pot_tokens=2048, compressed_tokens=512, catalyst_question="What is the pass key?")
+    args = parser.parse_args(["--preset", "2k"])
+    assert method_config_from_args(EngineConfig(method="infinipot"), args).pot_tokens == 2048
+
+
+def test_embedded_model_finds_passkey_beyond_a_small_pot():
+    """~3K-token prompt, 1024-slot pot (the prompt passes through ~3 distillations) with the general catalyst."""
+    loaded = load_model(None, default_cache_root(), torch.device("cpu"), torch.float32)
+    config = InfiniPotConfig(pot_tokens=1024, compressed_tokens=256)
+    engine = LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, method="infinipot",
+                                    prefill_chunk_size=1024), loaded, config)
+    llm = LLM.from_engine(engine)
+    sample = make_passkey_sample(loaded.tokenizer, 3000, 0.3, 21)
+    (out,) = llm.chat(sample.messages, SamplingParams(temperature=0.0, max_tokens=12))
+    assert sample.is_correct(out.text), (sample.answer, out.text)
+    assert engine.cache.num_pages * engine.config.page_size == 1024
