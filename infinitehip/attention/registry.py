@@ -12,9 +12,11 @@ from typing import Any
 from infinitehip.attention.base import AttentionMethod
 from infinitehip.attention.dense import DenseAttention
 from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
+from infinitehip.attention.tokenselect.method import TokenSelectAttention
 from infinitehip.config.infinitehip import PRESETS as INFINITEHIP_PRESETS
 from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
+from infinitehip.config.tokenselect import TokenSelectConfig
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     DenseAttention.name: MethodSpec(DenseAttention),
     InfiniteHiPAttention.name: MethodSpec(InfiniteHiPAttention, InfiniteHiPConfig, dict(INFINITEHIP_PRESETS), "3k"),
+    TokenSelectAttention.name: MethodSpec(TokenSelectAttention, TokenSelectConfig),
 }
 
 

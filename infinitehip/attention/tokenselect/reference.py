@@ -25,15 +25,26 @@ def soft_vote(
     sm_scale: float,
 ) -> torch.Tensor:
     """-> votes [R, max_count] fp32: sum over heads of the per-head softmax; -inf past each row's count."""
-    R, H, _ = q_rot.shape
-    group = H // k_flat.shape[1]
+    R, H, d = q_rot.shape
+    Hkv = k_flat.shape[1]
     votes = torch.full((R, max_count), float("-inf"), dtype=torch.float32, device=q_rot.device)
-    for r, (start, n) in enumerate(zip(starts.tolist(), counts.tolist())):
+    q = q_rot.float().view(R, Hkv, H // Hkv, d)  # query heads grouped by the kv head they read
+    starts_l, counts_l = starts.tolist(), counts.tolist()
+    if R > 1 and len(set(starts_l)) == 1 and bool((page_tables == page_tables[:1]).all()):
+        # Rows of one sequence with one candidate start (a prefill chunk's blocks): gather the keys once.
+        n = max(counts_l)
+        tokens = torch.arange(starts_l[0], starts_l[0] + n, device=q.device)
+        k = k_flat[token_slots(page_tables[0], tokens, page_size)].float()  # [n, Hkv, d]
+        logits = torch.einsum("rkgd,nkd->rkgn", q, k).reshape(R, H, n) * sm_scale
+        outside = torch.arange(n, device=q.device)[None, :] >= counts.to(q.device)[:, None]  # [R, n]
+        probs = torch.softmax(logits.masked_fill(outside[:, None, :], float("-inf")), dim=-1).sum(1)
+        votes[:, :n] = probs.masked_fill(outside, float("-inf"))
+        return votes
+    for r, (start, n) in enumerate(zip(starts_l, counts_l)):
         if n == 0:
             continue
-        tokens = torch.arange(start, start + n, device=q_rot.device)
+        tokens = torch.arange(start, start + n, device=q.device)
         k = k_flat[token_slots(page_tables[r], tokens, page_size)].float()  # [n, Hkv, d]
-        k = k.repeat_interleave(group, dim=1)
-        logits = torch.einsum("hd,nhd->hn", q_rot[r].float(), k) * sm_scale
+        logits = torch.einsum("kgd,nkd->kgn", q[r], k).reshape(H, n) * sm_scale
         votes[r, :n] = torch.softmax(logits, dim=-1).sum(0)
     return votes
