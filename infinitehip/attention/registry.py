@@ -13,11 +13,13 @@ from infinitehip.attention.base import AttentionMethod
 from infinitehip.attention.dense import DenseAttention
 from infinitehip.attention.infinipot.method import InfiniPotAttention
 from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
+from infinitehip.attention.tokenselect.method import TokenSelectAttention
 from infinitehip.config.infinitehip import PRESETS as INFINITEHIP_PRESETS
 from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.infinipot import PRESETS as INFINIPOT_PRESETS
 from infinitehip.config.infinipot import InfiniPotConfig
 from infinitehip.config.model import ModelConfig
+from infinitehip.config.tokenselect import TokenSelectConfig
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ METHODS: dict[str, MethodSpec] = {
     DenseAttention.name: MethodSpec(DenseAttention),
     InfiniteHiPAttention.name: MethodSpec(InfiniteHiPAttention, InfiniteHiPConfig, dict(INFINITEHIP_PRESETS), "3k"),
     InfiniPotAttention.name: MethodSpec(InfiniPotAttention, InfiniPotConfig, dict(INFINIPOT_PRESETS), "4k"),
+    TokenSelectAttention.name: MethodSpec(TokenSelectAttention, TokenSelectConfig),
 }
 
 

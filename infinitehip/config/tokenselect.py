@@ -1,0 +1,44 @@
+"""TokenSelect method configuration (paper Sec. 4, App. C; defaults from Sec. 5.1: k = 2K, n_local = 512,
+128 initial tokens, theta = 0.9).
+
+`select_tokens` is the paper's k. It is not called `keep_tokens` because CLI flags are shared by name across
+methods and InfiniteHiP's `keep_tokens` is a per-stage tuple.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+IMPLEMENTATIONS = ("auto", "reference", "triton")
+
+
+@dataclass(frozen=True)
+class TokenSelectConfig:
+    select_tokens: int = 2048  # k: tokens picked by the head soft vote (besides sink and local window)
+    sink_tokens: int = 128  # first tokens, always attended
+    local_tokens: int = 512  # most recent tokens (the query's own included), always attended
+    # Prefill: queries of a block share one selection, made with the block's mean query (chunk-wise selection,
+    # Sec. 4.2). 512 = the chunk size of the paper's prefill measurements (Fig. 4, Fig. 6).
+    query_block_size: int = 512
+    selection_cache: bool = True  # decode: reuse the last selection while queries stay similar (App. C, Alg. 1)
+    selection_cache_threshold: float = 0.9  # theta: reuse when cos(query, query of the last selection) >= theta
+    impl: str = "auto"  # "auto": triton on CUDA; on CPU eager scoring + batched-SDPA sparse attention
+
+    def __post_init__(self) -> None:
+        if self.select_tokens < 1:
+            raise ValueError(f"select_tokens must be >= 1, got {self.select_tokens}")
+        if self.sink_tokens < 0:
+            raise ValueError(f"sink_tokens must be >= 0, got {self.sink_tokens}")
+        if self.local_tokens < 1:
+            raise ValueError(f"local_tokens must be >= 1 (the query's own token), got {self.local_tokens}")
+        if self.query_block_size < 1:
+            raise ValueError(f"query_block_size must be >= 1, got {self.query_block_size}")
+        if not -1.0 <= self.selection_cache_threshold <= 1.0:
+            raise ValueError(f"selection_cache_threshold is a cosine similarity in [-1, 1], got {self.selection_cache_threshold}")
+        if self.impl not in IMPLEMENTATIONS:
+            raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {self.impl!r}")
+
+    @property
+    def attended_tokens(self) -> int:
+        """Keys one decode query attends right after a selection: sink + k + local."""
+        return self.sink_tokens + self.select_tokens + self.local_tokens
