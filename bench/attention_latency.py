@@ -267,7 +267,7 @@ def bench_ours_prefill(ctx: Context, q: torch.Tensor, args, timer: Timer, rope: 
     T, C = ctx.T, q.shape[0]
     cfg = method_config(args.prefill_preset, args)
     method = InfiniteHiPAttention(MC, cfg)
-    seq = SequenceSlice(0, 0, C, T - C, ctx.page_table, ctx.cache, method.new_state(), True)
+    seq = SequenceSlice(0, 0, C, T - C, T - C, ctx.page_table, ctx.cache, method.new_state(), True)
     batch = ForwardBatch([seq], ctx.cache, rope, C)
     specs = method._specs(LAYER, decode=False)
     res: dict = {"preset": args.prefill_preset, "specs": [dataclasses.asdict(s) for s in specs]}
@@ -363,7 +363,7 @@ def bench_ours_decode(ctx: Context, preset: str, q: torch.Tensor, args, timer: T
     cfg = method_config(preset, args)
     method = InfiniteHiPAttention(MC, cfg)
     state = method.new_state()
-    seq = SequenceSlice(0, 0, 1, T - 1, ctx.page_table, ctx.cache, state, False)
+    seq = SequenceSlice(0, 0, 1, T - 1, T - 1, ctx.page_table, ctx.cache, state, False)
     batch = ForwardBatch([seq], ctx.cache, rope, 1)
     specs = method._specs(LAYER, decode=True)
     intervals = list(cfg.refresh_intervals)
@@ -402,7 +402,7 @@ def bench_ours_decode(ctx: Context, preset: str, q: torch.Tensor, args, timer: T
         # Amortized end-to-end: the real mask-cache path from a fresh state.
         n_steps = args.e2e_steps or args.e2e_cycles * max(intervals)
         e2e_state = method.new_state()
-        e2e_seq = SequenceSlice(0, 0, 1, T - 1, ctx.page_table, ctx.cache, e2e_state, False)
+        e2e_seq = SequenceSlice(0, 0, 1, T - 1, T - 1, ctx.page_table, ctx.cache, e2e_state, False)
         e2e_batch = ForwardBatch([e2e_seq], ctx.cache, rope, 1)
         gen = torch.Generator(device=device).manual_seed(args.seed + 7)
         qs = torch.randn(n_steps, *q.shape, generator=gen, device=device, dtype=q.dtype)
