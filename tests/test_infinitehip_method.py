@@ -15,7 +15,8 @@ from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig, infiniteh
 from tests.conftest import engine_for_dir  # noqa: E402
 
 SMALL = dict(sink_tokens=16, stream_tokens=64, query_block_sizes=(32, 16, 8), chunk_sizes=(64, 16, 4),
-             keep_tokens=(512, 128, 32), early_last_keep_tokens=64, refresh_intervals=(4, 2, 1), early_layers=1)
+             keep_tokens=(512, 128, 32), early_last_keep_tokens=64, refresh_intervals=(4, 2, 1), early_layers=1,
+             landmark_window=48)
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +52,13 @@ def test_equals_dense_when_everything_fits_in_sink_and_window(llama3_dir):
 def test_kernels_match_reference_in_the_engine(llama3_dir, impl):
     """Pruning + sparse attention through Triton (interpreted on CPU) or SDPA == the eager oracles."""
     ids = _ids(300, seed=1)  # stages 2 and 3 still score (more chunks than they keep)
-    ref = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, impl="reference"), prefill_chunk_size=128)
+    # SelectRep bisection: the op with a Triton kernel (landmark representatives are plain torch).
+    ref = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, impl="reference", representative="bisection"), prefill_chunk_size=128)
     if impl == "triton":
-        other = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, impl="triton"), prefill_chunk_size=128)
+        other = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, impl="triton", representative="bisection"), prefill_chunk_size=128)
         torch.testing.assert_close(other.prompt_logits(ids), ref.prompt_logits(ids), rtol=1e-3, atol=1e-3)
     else:  # "auto" on CPU: reference pruning + SDPA attention
-        other = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL), prefill_chunk_size=128)
+        other = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, representative="bisection"), prefill_chunk_size=128)
         torch.testing.assert_close(other.prompt_logits(ids), ref.prompt_logits(ids), rtol=1e-4, atol=1e-4)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     outs = []
@@ -75,7 +77,7 @@ def test_sparse_selection_really_prunes_and_stays_causal(llama3_dir, representat
     paper: it is scored with all the block's queries; keys after a query are never read.)"""
     a, b = _ids(900, seed=2), _ids(900, seed=2)
     b[600:] = _ids(300, seed=3)
-    config = InfiniteHiPConfig(**SMALL, representative=representative, landmark_window=48)
+    config = InfiniteHiPConfig(**SMALL, representative=representative)
     engine = _engine(llama3_dir, config=config, prefill_chunk_size=128)
     la, lb = engine.prompt_logits(a), engine.prompt_logits(b)
     block_start = 512 + (600 - 512) // 32 * 32  # chunk starts at 512, stage-1 blocks of 32 queries
@@ -87,7 +89,7 @@ def test_sparse_selection_really_prunes_and_stays_causal(llama3_dir, representat
 
 @pytest.mark.parametrize("representative", ["bisection", "landmark"])
 def test_mask_cache_refreshes_each_stage_on_its_interval(llama3_dir, representative):
-    engine = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, representative=representative, landmark_window=48))
+    engine = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, representative=representative))
     seq = engine.add_request(_ids(500), SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True))
     state = None
     while engine.has_work:
