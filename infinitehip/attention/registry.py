@@ -12,9 +12,13 @@ from typing import Any
 from infinitehip.attention.base import AttentionMethod
 from infinitehip.attention.dense import DenseAttention
 from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
+from infinitehip.attention.streaming import StreamingAttention
+from infinitehip.attention.truncate import TruncateAttention
 from infinitehip.config.infinitehip import PRESETS as INFINITEHIP_PRESETS
 from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
+from infinitehip.config.streaming import StreamingConfig
+from infinitehip.config.truncate import TruncateConfig
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     DenseAttention.name: MethodSpec(DenseAttention),
     InfiniteHiPAttention.name: MethodSpec(InfiniteHiPAttention, InfiniteHiPConfig, dict(INFINITEHIP_PRESETS), "3k"),
+    StreamingAttention.name: MethodSpec(StreamingAttention, StreamingConfig),
+    TruncateAttention.name: MethodSpec(TruncateAttention, TruncateConfig),
 }
 
 
