@@ -37,16 +37,19 @@ class StepOutput:
     finished: bool
 
 
+def load_engine_model(config: EngineConfig) -> LoadedModel:
+    """The model, tokenizer and config that `config` names, on its device and dtype."""
+    from infinitehip.model.gguf_convert import default_cache_root
+
+    cache_root = Path(config.model_cache_dir) if config.model_cache_dir else default_cache_root()
+    return load_model(config.model, cache_root, config.torch_device(), config.torch_dtype())
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, method_config: object | None = None):
         self.config = config
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
-        if loaded is None:
-            from infinitehip.model.gguf_convert import default_cache_root
-
-            cache_root = Path(config.model_cache_dir) if config.model_cache_dir else default_cache_root()
-            loaded = load_model(config.model, cache_root, self.device, self.dtype)
-        self.loaded = loaded
+        self.loaded = loaded = loaded or load_engine_model(config)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.method = create_method(config.method, self.model_config, method_config)
