@@ -203,3 +203,87 @@ def test_every_method_short_input_is_deterministic_dense_and_frees_pages(tiny_ll
     assert first.output_ids == second.output_ids == dense
     assert first.dropped_prompt_tokens == 0
     assert allocator.num_free == allocator.num_pages
+
+
+# ---- the real embedded model -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def embedded():
+    from infinitehip.model.gguf_convert import default_cache_root
+    from infinitehip.model.loading import load_model
+
+    return load_model(None, default_cache_root(), torch.device("cpu"), torch.float32)
+
+
+def _embedded_llm(loaded, method, config):
+    from infinitehip import EngineConfig
+    from infinitehip.engine.llm_engine import LLMEngine
+
+    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, max_context_tokens=2400)
+    return LLM.from_engine(LLMEngine(cfg, loaded, config))
+
+
+def test_embedded_model_baselines_find_needle_only_where_they_read(embedded):
+    """~2K-token passkey: streaming (window 384) answers when the needle is in its window, not when it left
+    it; truncate (768 kept) answers when the needle is in the kept head, not when it was in the dropped middle."""
+    from infinitehip.eval.passkey import make_passkey_sample
+
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    cases = (
+        ("streaming", StreamingConfig(sink_tokens=4, window_tokens=384, eviction_batch_tokens=256), 0.2, False),
+        ("streaming", StreamingConfig(sink_tokens=4, window_tokens=384, eviction_batch_tokens=256), 0.97, True),
+        ("truncate", TruncateConfig(window_tokens=768), 0.5, False),
+        ("truncate", TruncateConfig(window_tokens=768), 0.05, True),
+    )
+    for method, config, depth, found in cases:
+        sample = make_passkey_sample(embedded.tokenizer, 2000, depth, 7)
+        (out,) = _embedded_llm(embedded, method, config).chat(sample.messages, params)
+        assert sample.is_correct(out.text) == found, (method, depth, sample.answer, out.text)
+        assert out.dropped_prompt_tokens == (len(out.prompt_token_ids) - 768 if method == "truncate" else 0)
+
+
+# ---- eval compare ----------------------------------------------------------------------------------------
+def test_compare_writes_consistent_table_json_and_plot(embedded, tmp_path):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from infinitehip import EngineConfig
+    from infinitehip.eval.compare import CompareConfig, MethodRun, run_compare
+    from infinitehip.eval.compare_report import write_reports
+
+    stream = StreamingConfig(sink_tokens=4, window_tokens=100, eviction_batch_tokens=64)
+    runs = [MethodRun("dense", "dense", None), MethodRun("streaming", "streaming", stream),
+            MethodRun("truncate", "truncate", TruncateConfig(window_tokens=150))]
+    config = CompareConfig(methods=tuple(r.label for r in runs), tasks=("passkey",), lengths=(200, 400), depths=(0.5,))
+    # Every method's context limited to 320 tokens: the 400-token prompts exceed it except for truncate.
+    engine_config = EngineConfig(device="cpu", dtype="float32", show_progress=False, max_context_tokens=320, page_size=16)
+    records = run_compare(config, engine_config, runs, loaded=embedded, console=Console(file=io.StringIO()))
+    paths = write_reports(records, config, {"model": "embedded"}, tmp_path)
+
+    data = json.loads(paths["json"].read_text())
+    samples = data["samples"]
+    assert len(samples) == len(records) == 3 * 2
+    bytes_per_token = 2 * embedded.config.num_layers * embedded.config.num_kv_heads * embedded.config.head_dim * 4
+    for s in samples:
+        exceeded = s["method"] in ("dense", "streaming") and s["length"] == 400
+        assert (s["status"] == "exceeds_context") == exceeded, s
+        if exceeded:
+            assert s["prefill_seconds"] is None and s["peak_kv_pages"] == 0 and "maximum context" in s["error"]
+            continue
+        assert s["status"] in ("ok", "miss") and s["prefill_seconds"] > 0 and s["decode_tokens"] >= 0
+        assert s["read_tokens"] + s["dropped_tokens"] == s["prompt_tokens"]
+        assert s["dropped_tokens"] == (s["prompt_tokens"] - 150 if s["method"] == "truncate" else 0)
+        assert s["peak_kv_bytes"] == s["peak_kv_pages"] * 16 * bytes_per_token
+        cache_tokens = stream.cache_tokens if s["method"] == "streaming" else s["read_tokens"] + 12
+        assert 0 < s["peak_kv_pages"] <= -(-cache_tokens // 16)
+    cells = {(c["method"], c["length"]): c for c in data["cells"]}
+    table = paths["markdown"].read_text()
+    for (method, length), c in cells.items():
+        ran = [s for s in samples if s["method"] == method and s["length"] == length and s["status"] != "exceeds_context"]
+        assert c["ran"] == len(ran) and c["correct"] == sum(s["status"] == "ok" for s in ran)
+        row = next(line for line in table.splitlines() if line.startswith(f"| {method} | {length} |"))
+        assert ("exceeds context (320)" in row) == (not ran)
+        if ran:
+            assert f"{c['correct']}/{c['ran']}" in row and row.rstrip(" |").endswith(f"{c['dropped_tokens']:.0f}")
+    assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["plot"].stat().st_size > 10_000

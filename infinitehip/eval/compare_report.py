@@ -75,20 +75,30 @@ def markdown_table(cells: list[CellSummary], title: str) -> str:
 
 
 def plot_accuracy(cells: list[CellSummary], path: Path, title: str) -> None:
-    """Accuracy vs length, one line per method, one panel per task; cells that exceed the context are gaps."""
+    """Accuracy vs length, one line per method, one panel per task; cells that exceed the context: x at the bottom."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     tasks = list(dict.fromkeys(c.task for c in cells))
+    methods = list(dict.fromkeys(c.method for c in cells))
+    lengths = sorted({c.length for c in cells})
+    styles = ["-", "--", "-.", ":"]
+    markers = ["o", "s", "^", "D", "v", "P"]
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        for method in dict.fromkeys(c.method for c in cells):
+        for i, method in enumerate(methods):
             row = sorted((c for c in cells if c.task == task and c.method == method), key=lambda c: c.length)
             ys = [math.nan if c.accuracy is None else 100 * c.accuracy for c in row]
-            ax.plot([c.length for c in row], ys, marker="o", label=method)
+            (line,) = ax.plot([c.length for c in row], ys, linestyle=styles[i % len(styles)],
+                              marker=markers[i % len(markers)], alpha=0.8, label=method)
+            exceeded = [c.length for c in row if c.accuracy is None]
+            if exceeded:  # drawn as x on the floor: the prompt did not fit the method's context
+                ax.plot(exceeded, [-3] * len(exceeded), "x", color=line.get_color())
         ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n) for n in lengths])
+        ax.minorticks_off()
         ax.set_ylim(-5, 105)
         ax.set_xlabel("prompt length (tokens)")
         ax.set_ylabel("accuracy (%)")
