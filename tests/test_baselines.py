@@ -89,10 +89,13 @@ def test_streaming_within_window_equals_dense(tiny_llama_dir):
     torch.testing.assert_close(ours, dense, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("chunk", [17, 64])
-def test_streaming_prefill_matches_rolling_oracle(tiny_llama_dir, chunk):
+@pytest.mark.parametrize("chunk,rows_per_pass", [(17, 1024), (64, 16)])
+def test_streaming_prefill_matches_rolling_oracle(tiny_llama_dir, chunk, rows_per_pass, monkeypatch):
     """Every query sees exactly sink + its own last window keys at rolling positions, across chunk
-    boundaries and evictions (chunks capped by the cache limit, compaction after each)."""
+    boundaries, evictions (chunks capped by the cache limit, compaction after each) and SDPA passes."""
+    from infinitehip.attention import streaming
+
+    monkeypatch.setattr(streaming, "ROWS_PER_PASS", rows_per_pass)
     ids = _ids(300, seed=2)
     engine = _engine(tiny_llama_dir, "streaming", SMALL_STREAM, prefill_chunk_size=chunk)
     ours = engine.prompt_logits(ids)
@@ -117,6 +120,19 @@ def test_streaming_cache_stays_bounded_through_prefill_and_decode(tiny_llama_dir
     full = ids + seq.output_ids
     oracle = _oracle_logits(engine, full[:-1], SMALL_STREAM.sink_tokens, SMALL_STREAM.window_tokens)
     assert oracle[len(ids) - 1 :].argmax(-1).tolist() == seq.output_ids
+
+
+def test_streaming_evicting_sequences_batched_equal_alone(tiny_llama_dir):
+    """Two sequences evicting in the same steps (one's prefill chunks beside the other's decode) stay independent."""
+    prompts, params = [_ids(300, seed=9), _ids(130, seed=10)], SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    alone = [_generate(_engine(tiny_llama_dir, "streaming", SMALL_STREAM, prefill_chunk_size=64), ids, 50).output_ids
+             for ids in prompts]
+    engine = _engine(tiny_llama_dir, "streaming", SMALL_STREAM, prefill_chunk_size=64)
+    seqs = [engine.add_request(ids, params) for ids in prompts]
+    while engine.has_work:
+        engine.step()
+        assert all(s.num_cached <= SMALL_STREAM.cache_tokens for s in seqs)
+    assert [s.output_ids for s in seqs] == alone
 
 
 def test_streaming_peak_pages_flat_across_lengths(tiny_llama_dir):
@@ -203,6 +219,19 @@ def test_every_method_short_input_is_deterministic_dense_and_frees_pages(tiny_ll
     assert first.output_ids == second.output_ids == dense
     assert first.dropped_prompt_tokens == 0
     assert allocator.num_free == allocator.num_pages
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_batched_requests_equal_requests_alone(tiny_llama_dir, method):
+    """Sequences sharing steps (prefill chunks next to decode tokens) get what each gets alone."""
+    prompts = [_ids(150, seed=7), _ids(90, seed=8)]
+    alone = [_generate(_engine(tiny_llama_dir, method, prefill_chunk_size=64), ids, 6).output_ids for ids in prompts]
+    engine = _engine(tiny_llama_dir, method, prefill_chunk_size=64)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    seqs = [engine.add_request(ids, params) for ids in prompts]
+    while engine.has_work:
+        engine.step()
+    assert [s.output_ids for s in seqs] == alone
 
 
 # ---- the real embedded model -----------------------------------------------------------------------------
