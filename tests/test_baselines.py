@@ -316,3 +316,18 @@ def test_compare_writes_consistent_table_json_and_plot(embedded, tmp_path):
         if ran:
             assert f"{c['correct']}/{c['ran']}" in row and row.rstrip(" |").endswith(f"{c['dropped_tokens']:.0f}")
     assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["plot"].stat().st_size > 10_000
+
+
+def test_compare_config_and_cli_reject_bad_input(capsys):
+    from infinitehip.cli.main import main
+    from infinitehip.eval.compare import CompareConfig, parse_method
+
+    with pytest.raises(ValueError, match="unknown attention method 'nope'"):
+        CompareConfig(methods=("dense", "nope"))
+    with pytest.raises(ValueError, match="preset 'huge'"):
+        CompareConfig(methods=("infinitehip:huge",))
+    with pytest.raises(ValueError, match="tasks"):
+        CompareConfig(tasks=("summaries",))
+    assert parse_method("infinitehip:3k-fast").config.refresh_intervals == (32, 16, 8)
+    assert main(["eval", "compare", "--methods", "dense", "nope", "--lengths", "100"]) == 2
+    assert "unknown attention method 'nope'" in capsys.readouterr().err
