@@ -7,6 +7,9 @@ each prefill chunk (all queries of the chunk at once: block-wise selection needs
 decode tokens of the step (as one group, so methods can batch them). Per-sequence, per-layer state
 (mask caches, pots, statistics) lives in the object returned by `new_state`.
 
+A method may also choose which prompt tokens the model reads (`select_prompt`, identity by default;
+the `truncate` baseline drops the middle of over-long prompts, and the engine reports it).
+
 Methods that need more than attention (InfiniPot's catalyst prompt and novelty scores, for instance)
 override `after_forward`, which receives `ChunkHooks`: a callable that runs further tokens through
 the model against the sequence's cache, and the chunk's per-token losses. A method that compacts the
@@ -107,6 +110,12 @@ class AttentionMethod(ABC):
 
     def release(self, state: Any) -> None:
         """Called when the sequence finishes or is cancelled."""
+
+    def select_prompt(self, prompt_ids: list[int], max_tokens: int | None) -> list[int]:
+        """The prompt tokens the model reads, given the request's completion budget (None: unset). Identity:
+        only a method whose documented purpose is dropping input (`truncate`) overrides it; the engine
+        reports what was dropped."""
+        return prompt_ids
 
     def default_max_context_tokens(self) -> int:
         """Context limit when the user sets none: the model's trained length unless the method extends it."""

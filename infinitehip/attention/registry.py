@@ -14,12 +14,16 @@ from infinitehip.attention.dense import DenseAttention
 from infinitehip.attention.infinipot.method import InfiniPotAttention
 from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
 from infinitehip.attention.tokenselect.method import TokenSelectAttention
+from infinitehip.attention.streaming import StreamingAttention
+from infinitehip.attention.truncate import TruncateAttention
 from infinitehip.config.infinitehip import PRESETS as INFINITEHIP_PRESETS
 from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.infinipot import PRESETS as INFINIPOT_PRESETS
 from infinitehip.config.infinipot import InfiniPotConfig
 from infinitehip.config.model import ModelConfig
 from infinitehip.config.tokenselect import TokenSelectConfig
+from infinitehip.config.streaming import StreamingConfig
+from infinitehip.config.truncate import TruncateConfig
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ METHODS: dict[str, MethodSpec] = {
     InfiniteHiPAttention.name: MethodSpec(InfiniteHiPAttention, InfiniteHiPConfig, dict(INFINITEHIP_PRESETS), "3k"),
     InfiniPotAttention.name: MethodSpec(InfiniPotAttention, InfiniPotConfig, dict(INFINIPOT_PRESETS), "4k"),
     TokenSelectAttention.name: MethodSpec(TokenSelectAttention, TokenSelectConfig),
+    StreamingAttention.name: MethodSpec(StreamingAttention, StreamingConfig),
+    TruncateAttention.name: MethodSpec(TruncateAttention, TruncateConfig),
 }
 
 

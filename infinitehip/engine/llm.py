@@ -14,10 +14,11 @@ from infinitehip.engine.llm_engine import LLMEngine
 
 @dataclass
 class RequestOutput:
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int]  # the prompt as given
     token_ids: list[int]
     text: str
     finish_reason: str
+    dropped_prompt_tokens: int = 0  # prompt tokens the method did not read (`truncate`), reported, never silent
 
 
 class LLM:
@@ -58,12 +59,13 @@ class LLM:
 
     def _run(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
         for ids in prompt_ids:  # fail before anything runs
-            self.engine.check_fits(len(ids), params.max_tokens)
+            self.engine.check_request(ids, params.max_tokens)
         seqs = [self.engine.add_request(ids, params) for ids in prompt_ids]
-        total = sum(len(ids) for ids in prompt_ids)
+        total = sum(s.num_prompt_tokens for s in seqs)
         show = self.config.show_progress and total > 2 * self.config.prefill_chunk_size
         with tqdm(total=total, desc="prefill", unit="tok", unit_scale=True, disable=not show, leave=False) as bar:
             while self.engine.has_work:
                 _, prefilled = self.engine.step()
                 bar.update(prefilled)
-        return [RequestOutput(s.prompt_ids, s.output_ids, s.output_text, s.finish_reason) for s in seqs]
+        return [RequestOutput(ids, s.output_ids, s.output_text, s.finish_reason, s.dropped_prompt_tokens)
+                for ids, s in zip(prompt_ids, seqs)]

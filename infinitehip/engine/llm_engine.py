@@ -5,6 +5,7 @@ The server drives it with add_request / step / abort; `LLM` wraps it for offline
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from infinitehip.kv.paged_cache import PagedKVCache
 from infinitehip.model.loading import LoadedModel, load_model
 from infinitehip.model.rope import RotaryEmbedding
 
+logger = logging.getLogger(__name__)
+
 
 class ContextLengthError(ValueError):
     """A request that does not fit the configured context; nothing is ever truncated silently."""
@@ -34,16 +37,19 @@ class StepOutput:
     finished: bool
 
 
+def load_engine_model(config: EngineConfig) -> LoadedModel:
+    """The model, tokenizer and config that `config` names, on its device and dtype."""
+    from infinitehip.model.gguf_convert import default_cache_root
+
+    cache_root = Path(config.model_cache_dir) if config.model_cache_dir else default_cache_root()
+    return load_model(config.model, cache_root, config.torch_device(), config.torch_dtype())
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, method_config: object | None = None):
         self.config = config
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
-        if loaded is None:
-            from infinitehip.model.gguf_convert import default_cache_root
-
-            cache_root = Path(config.model_cache_dir) if config.model_cache_dir else default_cache_root()
-            loaded = load_model(config.model, cache_root, self.device, self.dtype)
-        self.loaded = loaded
+        self.loaded = loaded = loaded or load_engine_model(config)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.method = create_method(config.method, self.model_config, method_config)
@@ -99,27 +105,50 @@ class LLMEngine:
             )
         return max_tokens
 
+    def check_request(self, prompt_ids: list[int], max_tokens: int | None) -> tuple[list[int], int]:
+        """Validate a request without touching engine state. Returns the prompt tokens the model will read
+        (all of them, unless the method's documented purpose is dropping input: `truncate`) and the resolved
+        completion budget. ContextLengthError when it exceeds the context, ValueError when the KV cache
+        can never hold it."""
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        kept = self.method.select_prompt(list(prompt_ids), max_tokens)
+        budget = self.check_fits(len(kept), max_tokens)
+        need = self.scheduler.cache_tokens(len(kept) + budget)
+        allocator = self.scheduler.allocator
+        if allocator.pages_for(need) > allocator.num_pages:
+            raise ValueError(
+                f"request needs {need} tokens of KV cache (prompt {len(kept)} + max_tokens {budget}) but the cache "
+                f"holds {allocator.num_pages * allocator.page_size}; lower max_tokens or raise kv-cache-tokens"
+            )
+        return kept, budget
+
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
-        max_tokens = self.check_fits(len(prompt_ids), params.max_tokens)
-        seq = Sequence(list(prompt_ids), params, max_tokens)
+        kept, max_tokens = self.check_request(prompt_ids, params.max_tokens)
+        seq = Sequence(kept, params, max_tokens, dropped_prompt_tokens=len(prompt_ids) - len(kept))
+        if seq.dropped_prompt_tokens:
+            logger.info("request %d: method %s truncated %d of %d prompt tokens", seq.seq_id, self.method.name,
+                        seq.dropped_prompt_tokens, len(prompt_ids))
         if params.seed is not None:
             seq.generator = torch.Generator().manual_seed(params.seed)
         self.scheduler.add(seq)
         return seq
 
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
-        """Logits [n, vocab] at every prompt position (chunked prefill outside the scheduler's queue)."""
+        """Logits [n, vocab] at every prompt position (chunked prefill outside the scheduler's queue; a method
+        that compacts its cache evicts between chunks as in a request). The prompt is read whole, never selected."""
         self.check_fits(len(prompt_ids), 1)
-        if self.method.kv_token_limit is not None:
-            raise ValueError(f"prompt_logits keeps every token's k/v; method {self.method.name!r} compacts its cache")
         seq = Sequence(list(prompt_ids), SamplingParams(max_tokens=1), max_tokens=1)
         allocator = self.scheduler.allocator
-        allocator.grow(seq.page_table, seq.max_total_tokens)
+        allocator.grow(seq.page_table, self.scheduler.cache_tokens(seq.max_total_tokens))
         seq.method_state = self.method.new_state()
+        limit = self.method.kv_token_limit
         try:
             chunks = []
             while seq.in_prefill:
                 n = min(self.config.prefill_chunk_size, seq.num_prompt_tokens - seq.num_computed)
+                if limit is not None:  # a compacting method evicts after each chunk; a chunk fits the room left
+                    n = min(n, limit - seq.num_cached)
                 chunks.append(self.runner.forward_logits(seq, n))
             return torch.cat(chunks)
         finally:

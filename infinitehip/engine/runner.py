@@ -57,23 +57,28 @@ class ModelRunner:
         hidden = self._forward(input_ids, slices)
         logits = self.model.compute_logits(hidden[sample_rows])
         for s, seq in zip(slices, [seq for seq, _ in plan.prefill] + plan.decode):
-            seq.advance(s.num_queries)
-            hooks = ChunkHooks(
-                extra_forward=lambda ids, seq=seq: self._extra_forward(seq, ids),
-                token_nll=lambda s=s, seq=seq: self._token_nll(hidden[s.query_rows], seq, s.token_start),
-            )
-            kept = self.method.after_forward(s, hooks)
-            if kept is not None:  # the method compacted the sequence's cache to its first `kept` slots
-                seq.num_cached = kept
+            self._advance(seq, s, hidden)
         return samplers, logits
+
+    def _advance(self, seq: Sequence, s: SequenceSlice, hidden: torch.Tensor) -> None:
+        """The step's tokens of `seq` went through the model: count them, then run the method's after_forward."""
+        seq.advance(s.num_queries)
+        hooks = ChunkHooks(
+            extra_forward=lambda ids: self._extra_forward(seq, ids),
+            token_nll=lambda: self._token_nll(hidden[s.query_rows], seq, s.token_start),
+        )
+        kept = self.method.after_forward(s, hooks)
+        if kept is not None:  # the method compacted the sequence's cache to its first `kept` slots
+            seq.num_cached = kept
 
     @torch.inference_mode()
     def forward_logits(self, seq: Sequence, n: int) -> torch.Tensor:
         """Prefill the sequence's next n prompt tokens and return logits of every one of them [n, vocab]."""
         s = self._slice(seq, 0, n, is_prefill=True)
         hidden = self._forward(seq.token_ids(seq.num_computed, seq.num_computed + n), [s])
-        seq.advance(n)
-        return self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden)
+        self._advance(seq, s, hidden)
+        return logits
 
     def _token_nll(self, hidden: torch.Tensor, seq: Sequence, token_start: int, rows_per_pass: int = 512) -> torch.Tensor:
         """NLL [n - 1] of tokens token_start+1 .. token_start+n-1 from the chunk's hidden states [n, D]."""

@@ -52,14 +52,14 @@ class Scheduler:
         self.running: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
-        need = self._cache_tokens(seq.max_total_tokens)
+        need = self.cache_tokens(seq.max_total_tokens)
         if self.allocator.pages_for(need) > self.allocator.num_pages:
             raise ValueError(
                 f"request needs {need} tokens of KV cache, the cache holds {self.allocator.num_pages * self.allocator.page_size}"
             )
         self.waiting.append(seq)
 
-    def _cache_tokens(self, num_tokens: int) -> int:
+    def cache_tokens(self, num_tokens: int) -> int:
         """Cache slots a sequence of num_tokens tokens needs at most (scratch slots included)."""
         kept = num_tokens if self.kv_token_limit is None else min(num_tokens, self.kv_token_limit)
         return kept + self.kv_scratch_tokens
@@ -72,7 +72,7 @@ class Scheduler:
         admitted = []
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            tokens = self._cache_tokens(seq.prefill_target + 1)
+            tokens = self.cache_tokens(seq.prefill_target + 1)
             if not self.allocator.can_allocate(self.allocator.pages_for(tokens)):
                 break  # FIFO: later requests wait behind it rather than starving it
             self.waiting.popleft()
@@ -97,7 +97,7 @@ class Scheduler:
                 continue
             if self.kv_token_limit is not None and seq.num_cached >= self.kv_token_limit:
                 raise RuntimeError(f"sequence {seq.seq_id} holds {seq.num_cached} cache slots, its method's limit")
-            while not self._fits(seq, self._cache_tokens(seq.num_cached + 1)):
+            while not self._fits(seq, self.cache_tokens(seq.num_cached + 1)):
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted.append(victim)

@@ -33,6 +33,7 @@ class Sequence:
     output_text: str = ""  # detokenized completion, cut at a stop string
     method_state: Any = None  # owned by the attention method
     generator: Any = None  # torch.Generator when the request has a seed
+    dropped_prompt_tokens: int = 0  # prompt tokens the method dropped (`truncate`); prompt_ids holds those kept
 
     @property
     def num_tokens(self) -> int:

@@ -55,6 +55,7 @@ class EvalResult:
     output: str
     correct: bool
     seconds: float
+    dropped_tokens: int = 0  # prompt tokens the method did not read (truncate)
 
 
 def run_eval(llm: LLM, task: str, config: EvalConfig, console: Console | None = None) -> list[EvalResult]:
@@ -72,11 +73,12 @@ def run_eval(llm: LLM, task: str, config: EvalConfig, console: Console | None = 
                 (out,) = llm.chat(sample.messages, params)
                 seconds = time.perf_counter() - start
                 result = EvalResult(task, llm.config.method, length, len(out.prompt_token_ids), depth, seed,
-                                    sample.answer, out.text, sample.is_correct(out.text), seconds)
+                                    sample.answer, out.text, sample.is_correct(out.text), seconds, out.dropped_prompt_tokens)
                 results.append(result)
                 mark = "[green]ok[/]" if result.correct else "[red]miss[/]"
+                dropped = f", truncated {result.dropped_tokens} tokens" if result.dropped_tokens else ""
                 console.print(f"{task} len={length} depth={depth:.2f} seed={seed}: {mark} "
-                              f"expected {sample.answer!r} got {out.text.strip()[:60]!r} ({seconds:.1f}s)")
+                              f"expected {sample.answer!r} got {out.text.strip()[:60]!r} ({seconds:.1f}s{dropped})")
     console.print(accuracy_table(results))
     if config.output:
         Path(config.output).parent.mkdir(parents=True, exist_ok=True)

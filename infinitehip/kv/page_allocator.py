@@ -16,6 +16,7 @@ class PageAllocator:
         self.num_pages = num_pages
         self.page_size = page_size
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low page ids first
+        self.peak_in_use = 0  # most pages ever held at once since creation or reset_peak()
 
     @property
     def num_free(self) -> int:
@@ -30,7 +31,17 @@ class PageAllocator:
     def allocate(self, num_pages: int) -> list[int]:
         if num_pages > len(self._free):
             raise OutOfPagesError(f"asked for {num_pages} KV pages, {len(self._free)} free of {self.num_pages}")
-        return [self._free.pop() for _ in range(num_pages)]
+        pages = [self._free.pop() for _ in range(num_pages)]
+        self.peak_in_use = max(self.peak_in_use, self.num_in_use)
+        return pages
+
+    @property
+    def num_in_use(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def reset_peak(self) -> None:
+        """Start a new peak measurement from the pages in use now."""
+        self.peak_in_use = self.num_in_use
 
     def grow(self, page_table: list[int], num_tokens: int) -> None:
         """Append pages to `page_table` until it holds `num_tokens` tokens."""

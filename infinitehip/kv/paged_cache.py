@@ -56,6 +56,12 @@ class PagedKVCache:
         self.flat_k(layer).index_copy_(0, slots, k.to(self.k.dtype))
         self.flat_v(layer).index_copy_(0, slots, v.to(self.v.dtype))
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every layer's k/v of slots src [N] copied to slots dst [N] (compaction; the ranges may overlap)."""
+        for cache in (self.k, self.v):
+            flat = cache.view(self.num_layers, -1, *cache.shape[-2:])
+            flat.index_copy_(1, dst, flat.index_select(1, src))  # index_select copies first
+
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather k/v [N, num_kv_heads, head_dim] of slots [N]."""
         return self.flat_k(layer).index_select(0, slots), self.flat_v(layer).index_select(0, slots)

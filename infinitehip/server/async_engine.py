@@ -49,7 +49,7 @@ class TokenEvent:
 @dataclass
 class ProgressEvent:
     index: int
-    processed: int  # prompt tokens in the KV cache
+    processed: int  # prompt tokens that went through the model
     total: int  # prompt tokens
 
 
@@ -190,17 +190,8 @@ class AsyncEngine:
     def submit(self, seqs: list[tuple[list[int], SamplingParams]], want_progress: bool = False) -> RequestStream:
         """Validate and enqueue one request's sequences (all or none). Raises ValueError (incl. the
         engine's ContextLengthError) for requests that can never run, QueueFullError when busy."""
-        engine = self.engine
-        allocator = engine.scheduler.allocator
         for prompt_ids, params in seqs:
-            max_tokens = engine.check_fits(len(prompt_ids), params.max_tokens)  # pure check, no engine state
-            need = allocator.pages_for(len(prompt_ids) + max_tokens)
-            if need > allocator.num_pages:
-                raise ValueError(
-                    f"request needs {len(prompt_ids) + max_tokens} tokens of KV cache (prompt {len(prompt_ids)} "
-                    f"+ max_tokens {max_tokens}) but the cache holds {allocator.num_pages * allocator.page_size}; "
-                    "lower max_tokens or start the server with a larger --kv-cache-tokens"
-                )
+            self.engine.check_request(prompt_ids, params.max_tokens)  # pure check: context and KV room, no engine state
         if self._stopping:
             raise EngineUnavailableError("the server is shutting down")
         self.start()
@@ -296,9 +287,10 @@ class AsyncEngine:
             self._release_queued(1)
         for st in self._prefilling:
             seq = st.seq
-            if st.stream.want_progress and seq.num_cached != st.last_progress and seq.status is SequenceStatus.RUNNING:
-                st.last_progress = seq.num_cached
-                events.setdefault(st.stream, []).append(ProgressEvent(st.index, seq.num_cached, seq.num_prompt_tokens))
+            # num_computed, not num_cached: a method that compacts its cache holds fewer slots than it has read
+            if st.stream.want_progress and seq.num_computed != st.last_progress and seq.status is SequenceStatus.RUNNING:
+                st.last_progress = seq.num_computed
+                events.setdefault(st.stream, []).append(ProgressEvent(st.index, seq.num_computed, seq.num_prompt_tokens))
         for out in outputs:
             st = self._by_seq.get(out.seq.seq_id)
             if st is None:
