@@ -45,6 +45,7 @@ from infinitehip.config.infinitehip import PRESETS, infinitehip_preset
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.gguf_convert import default_cache_root
 from infinitehip.model.loading import load_model
+from infinitehip.model.rope import apply_rotary
 
 
 def log(msg: str = "") -> None:
@@ -64,7 +65,8 @@ def selection_recall(layer_q: torch.Tensor, seq: SequenceSlice, batch: ForwardBa
     # Exact attention as dense computes it: RoPE at original positions, causal, fp32 softmax, GQA.
     k, _ = seq.cache.read(layer, seq.context_slots)  # [L, Hkv, d] without RoPE
     k = batch.rope.apply_range(k.float(), 0)
-    q = batch.rope.apply(layer_q[rows].float(), pos)  # [S, H, d]
+    batch.rope.ensure(L)
+    q = apply_rotary(layer_q[rows].float(), batch.rope.cos[pos][:, None], batch.rope.sin[pos][:, None])  # [S, H, d]
     H, Hkv, d = q.shape[1], k.shape[1], q.shape[2]
     k = k.repeat_interleave(H // Hkv, dim=1)  # [L, H, d]
     scores = torch.einsum("shd,lhd->shl", q, k) * d ** -0.5
