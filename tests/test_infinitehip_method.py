@@ -40,12 +40,24 @@ def _engine(path, method="infinitehip", config=None, **kw):
     return engine_for_dir(path, None, config, method=method, **{"max_context_tokens": 2048, **kw})
 
 
-def test_equals_dense_when_everything_fits_in_sink_and_window(llama3_dir):
+@pytest.mark.parametrize("dense_when_unpruned", [False, True])
+def test_equals_dense_when_everything_fits_in_sink_and_window(llama3_dir, dense_when_unpruned):
+    """The sparse path with every key kept, and its dense shortcut, both equal dense attention."""
     ids = _ids(700)
     dense = _engine(llama3_dir, "dense", prefill_chunk_size=256).prompt_logits(ids)
-    wide = InfiniteHiPConfig(**{**SMALL, "stream_tokens": 1024})
+    wide = InfiniteHiPConfig(**{**SMALL, "stream_tokens": 1024, "dense_when_unpruned": dense_when_unpruned})
     ours = _engine(llama3_dir, config=wide, prefill_chunk_size=256).prompt_logits(ids)
     torch.testing.assert_close(ours, dense, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_shortcut_only_while_nothing_is_pruned(llama3_dir):
+    """With the shortcut on, a prompt longer than sink + stream + keep still prunes (logits differ from dense)."""
+    ids = _ids(600, seed=3)
+    dense = _engine(llama3_dir, "dense", prefill_chunk_size=128).prompt_logits(ids)
+    ours = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL), prefill_chunk_size=128).prompt_logits(ids)
+    short = 16 + 64 + 32  # sink + stream + last stage keep in late layers: identical up to here
+    torch.testing.assert_close(ours[:short], dense[:short], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(ours[-64:], dense[-64:], rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("impl", [pytest.param("triton", marks=pytest.mark.slow), "sdpa"])  # interpreter: ~2 min

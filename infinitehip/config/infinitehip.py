@@ -38,6 +38,9 @@ class InfiniteHiPConfig:
     # the needle 1/5 at 64K and 128K, landmark 4/5 and 5/5 (docs/benchmarks.md).
     representative: str = "landmark"
     landmark_window: int = 512
+    # Prefill chunks whose every query keeps every key (context <= sink + stream + last stage's keep) run as
+    # dense causal SDPA: the same keys and, for the streaming/none attention RoPE, the same positions.
+    dense_when_unpruned: bool = True
 
     def __post_init__(self) -> None:
         for name in ("query_block_sizes", "chunk_sizes", "keep_tokens", "refresh_intervals"):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.attention.dense import causal_sdpa
 from infinitehip.attention.infinitehip.positions import attention_positions
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, query_blocks, run_stage, sparse_limit
 from infinitehip.attention.infinitehip.saliency import KeySaliency
@@ -100,10 +101,22 @@ class InfiniteHiPAttention(AttentionMethod):
         if self.saliency is not None:
             self.saliency.update(layer, q, seq.start_pos, seq.page_table, seq.cache, batch.rope)
 
+    def _keeps_every_key(self, layer: int, context_len: int) -> bool:
+        """Every query of a chunk ending at context_len attends every earlier key, at its original position."""
+        c = self.config
+        original_positions = c.attention_rope in ("streaming", "none") or (
+            c.attention_rope == "dynamic" and context_len <= self.trained_len)
+        candidates = context_len - c.sink_tokens - c.stream_tokens
+        return original_positions and candidates <= c.keep_tokens_for(layer, c.num_stages - 1)
+
     # ---- prefill ----------------------------------------------------------------------------------------
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
         self._update_saliency(layer, q, seq, batch)
+        if c.dense_when_unpruned and self._keeps_every_key(layer, seq.context_len):
+            batch.rope.ensure(seq.context_len)
+            k, v = seq.cache.read(layer, seq.context_slots)
+            return causal_sdpa(batch.rope.apply_range(q, seq.start_pos), batch.rope.apply_range(k, 0), v, seq.start_pos)
         parent, blocks = None, None
         for spec in self._specs(layer, decode=False):
             blocks = query_blocks(q, seq.start_pos, spec.query_block_size)
