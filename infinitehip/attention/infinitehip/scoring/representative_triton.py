@@ -145,25 +145,29 @@ def _rep_scores_kernel(
     tl.atomic_max(Scores + m * N + offs_n, best, mask=real, sem="relaxed")
 
 
-def _launch_config(M: int, N: int, H: int, b: int, half: int, lowp: bool) -> dict:
-    """Tile sizes, warps and the head split. BLOCK_N is the dot's M dimension (chunks), BLOCK_Q its N
-    (queries of the block), d/2 its K."""
+def _launch_config(M: int, N: int, H: int, b: int, half: int, lowp: bool) -> tuple[dict, int, int]:
+    """Tile sizes, warps and the head split -> (kernel config, head_splits, heads_per_prog). BLOCK_N is the
+    dot's M dimension (chunks), BLOCK_Q its N (the block's queries), d/2 its K. From ptxas -v for sm_90a at
+    d = 128 (bench/ptxas_report.py): bf16 BLOCK_N = 128 / 8 warps runs on wgmma with 224 registers and no
+    spills (BLOCK_N = 128 / 4 warps spills); 3xTF32 (fp32 caches) spills a little at any size, least with 8
+    warps; decode (b = 1, broadcast-sum) BLOCK_N = 32 / 4 warps: 128 registers, no spills (64: 168, spills)."""
     block_q = min(triton.next_power_of_2(max(b, 1)), MAX_BLOCK_Q)
     use_dot = block_q >= 16
     block_half = max(16 if use_dot else 1, triton.next_power_of_2(half))
     if use_dot:
         block_n = 128 if lowp and N > 64 else 64
-        num_warps = 8 if block_n == 128 else 4
-    else:  # broadcast product [BLOCK_N, BLOCK_HALF, BLOCK_Q] fp32 in registers: ~4K elements
-        block_n = min(64, max(16, triton.next_power_of_2(N)), max(16, 4096 // (block_half * block_q)))
-        num_warps = 4
+        num_warps, num_stages = 8, 3
+    else:  # broadcast product [BLOCK_N, BLOCK_HALF, BLOCK_Q] fp32 in registers: ~2K elements
+        block_n = min(32, max(16, triton.next_power_of_2(N)), max(16, 2048 // (block_half * block_q)))
+        num_warps, num_stages = 4, 1  # decode splits the heads over the grid: nothing to pipeline
     tiles = M * triton.cdiv(N, block_n)
     splits = 1
     while splits < H and tiles * splits < TARGET_PROGRAMS:
         splits *= 2
     heads_per_prog = triton.cdiv(H, min(splits, H))
-    return dict(BLOCK_Q=block_q, Q_TILES=triton.cdiv(b, block_q), BLOCK_HALF=block_half, BLOCK_N=block_n,
-                USE_DOT=use_dot, num_warps=num_warps), triton.cdiv(H, heads_per_prog), heads_per_prog
+    cfg = dict(BLOCK_Q=block_q, Q_TILES=triton.cdiv(b, block_q), BLOCK_HALF=block_half, BLOCK_N=block_n,
+               USE_DOT=use_dot, num_warps=num_warps, num_stages=num_stages)
+    return cfg, triton.cdiv(H, heads_per_prog), heads_per_prog
 
 
 def representative_scores_triton(
