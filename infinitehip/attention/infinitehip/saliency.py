@@ -72,9 +72,12 @@ class KeySaliency:
         """Most salient token per head of each chunk [start, start + len): starts/lens [M, N] -> [M, N, H] int64.
 
         Query blocks share most of their chunks (stage 1: all of them), so each distinct (start, len) is done
-        once (`representatives.salient_tokens`, impl "triton" or "reference") and mapped back to the blocks."""
+        once (`representatives.salient_tokens`, impl "triton" or "reference") and mapped back to the blocks.
+        Sync-free (CUDA-graph capturable) for a single block with impl "triton"."""
         total, count = self._sum[layer], self._count[layer]
         H = total.shape[1]
+        if starts.shape[0] == 1:  # one block (decode): its chunks are distinct; no sort, no host sync
+            return salient_tokens(total, count, page_table, page_size, starts[0], lens[0], chunk_size, impl=impl)[None]
         key = starts * (chunk_size + 1) + lens
         uniq, inverse = torch.unique(key.flatten(), return_inverse=True)
         u_starts, u_lens = uniq // (chunk_size + 1), uniq % (chunk_size + 1)
