@@ -64,7 +64,7 @@ from infinitehip.attention.infinitehip import method as method_module
 from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
 from infinitehip.attention.infinitehip.positions import scoring_positions
 from infinitehip.attention.infinitehip.pruning import initial_chunks, query_blocks, sparse_limit, subdivide
-from infinitehip.attention.infinitehip.scoring import chunk_scores
+from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
 from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache
@@ -331,7 +331,8 @@ def bench_ours_prefill(ctx: Context, q: torch.Tensor, args, timer: Timer, rope: 
 # ---- InfiniteHiP decode --------------------------------------------------------------------------------
 def stage_device_fn(method: InfiniteHiPAttention, spec, blocks, parent, seq: SequenceSlice, batch: ForwardBatch):
     """The device work of one `run_stage` call without its host syncs (for CUDA-graph timing): candidate chunks,
-    query rotation, chunk scoring, top-k and position sort. None when the stage keeps every candidate."""
+    query rotation, chunk scoring (SelectRep, or landmark representatives + representative scores), top-k and
+    position sort. None when the stage keeps every candidate."""
     c = method.config
     rope = batch.rope
     limit = sparse_limit(blocks.last_position, c.sink_tokens, c.stream_tokens)
@@ -353,9 +354,15 @@ def stage_device_fn(method: InfiniteHiPAttention, spec, blocks, parent, seq: Seq
     def fn():
         st, ln = candidates()
         q_rot = apply_rotary(blocks.q, cos[pos.query_pos][:, :, None], sin[pos.query_pos][:, :, None])
-        scores, _ = chunk_scores(q_rot, blocks.valid, k_flat, seq.page_table, seq.cache.page_size, st, ln,
-                                 pos.key_pos_base, pos.token_pos_group, pos.left_offset, pos.right_offset,
-                                 pos.rep_offset, cos, sin, impl=impl)
+        if method.saliency is None:
+            scores, _ = chunk_scores(q_rot, blocks.valid, k_flat, seq.page_table, seq.cache.page_size, st, ln,
+                                     pos.key_pos_base, pos.token_pos_group, pos.left_offset, pos.right_offset,
+                                     pos.rep_offset, cos, sin, impl=impl)
+        else:  # landmark: most salient token per chunk (one block: no dedupe sort), then the scores kernel
+            reps = method.saliency.representatives(LAYER, st, ln, seq.page_table, seq.cache.page_size, spec.chunk_size,
+                                                   impl=impl)
+            scores = representative_scores(q_rot, blocks.valid, k_flat, seq.page_table, seq.cache.page_size, reps, ln,
+                                           pos.key_pos_base, pos.token_pos_group, pos.rep_offset, cos, sin, impl=impl)
         idx = torch.topk(scores, keep, dim=1).indices
         st, ln = st.gather(1, idx), ln.gather(1, idx)
         order = torch.argsort(torch.where(ln > 0, st, big), dim=1)

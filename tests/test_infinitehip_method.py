@@ -60,17 +60,18 @@ def test_dense_shortcut_only_while_nothing_is_pruned(llama3_dir):
     assert not torch.allclose(ours[-64:], dense[-64:], rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("impl", [pytest.param("triton", marks=pytest.mark.slow), "sdpa"])  # interpreter: ~2 min
-def test_kernels_match_reference_in_the_engine(llama3_dir, impl):
-    """Pruning + sparse attention through Triton (interpreted on CPU) or SDPA == the eager oracles."""
+@pytest.mark.parametrize("representative", ["bisection", "landmark"])
+@pytest.mark.parametrize("impl", [pytest.param("triton", marks=pytest.mark.slow), "sdpa"])  # interpreter: ~1 min each
+def test_kernels_match_reference_in_the_engine(llama3_dir, impl, representative):
+    """Pruning + sparse attention through Triton (interpreted on CPU) or SDPA == the eager oracles, with both
+    representative modes (SelectRep's bisection kernel; landmark's salient-token and representative-score kernels)."""
     ids = _ids(300, seed=1)  # stages 2 and 3 still score (more chunks than they keep)
-    # SelectRep bisection: the op with a Triton kernel (landmark representatives are plain torch).
-    ref = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, impl="reference", representative="bisection"), prefill_chunk_size=128)
+    ref = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, impl="reference", representative=representative), prefill_chunk_size=128)
     if impl == "triton":
-        other = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, impl="triton", representative="bisection"), prefill_chunk_size=128)
+        other = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, impl="triton", representative=representative), prefill_chunk_size=128)
         torch.testing.assert_close(other.prompt_logits(ids), ref.prompt_logits(ids), rtol=1e-3, atol=1e-3)
     else:  # "auto" on CPU: reference pruning + SDPA attention
-        other = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, representative="bisection"), prefill_chunk_size=128)
+        other = _engine(llama3_dir, config=InfiniteHiPConfig(**SMALL, representative=representative), prefill_chunk_size=128)
         torch.testing.assert_close(other.prompt_logits(ids), ref.prompt_logits(ids), rtol=1e-4, atol=1e-4)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     outs = []

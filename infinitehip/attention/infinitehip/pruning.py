@@ -16,8 +16,7 @@ import torch
 
 from infinitehip.attention.infinitehip.positions import scoring_positions
 from infinitehip.attention.infinitehip.saliency import KeySaliency
-from infinitehip.attention.infinitehip.scoring import chunk_scores
-from infinitehip.attention.infinitehip.scoring.reference import representative_scores_reference
+from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
 from infinitehip.model.rope import apply_rotary
 
 
@@ -131,10 +130,10 @@ def run_stage(
             )
         else:
             store, layer = saliency
-            reps = store.representatives(layer, starts, lens, page_table, page_size, spec.chunk_size)
-            scores = representative_scores_reference(
+            reps = store.representatives(layer, starts, lens, page_table, page_size, spec.chunk_size, impl=impl)
+            scores = representative_scores(
                 q_rot, blocks.valid, k_flat, page_table, page_size, reps, lens, pos.key_pos_base, pos.token_pos_group,
-                pos.rep_offset, rope.cos, rope.sin,
+                pos.rep_offset, rope.cos, rope.sin, impl=impl,
             )
     starts, lens = keep_top_chunks(starts, lens, scores, keep)
     return StageOutput(starts, lens, spec.chunk_size, spec.query_block_size, limit)

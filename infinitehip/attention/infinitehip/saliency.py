@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from infinitehip.attention.infinitehip.representatives import salient_tokens
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 
@@ -67,23 +68,18 @@ class KeySaliency:
             count.index_add_(0, key_slots[k_lo - lo : k_hi - lo], reach.sum(0).float())
 
     def representatives(self, layer: int, starts: torch.Tensor, lens: torch.Tensor, page_table: torch.Tensor,
-                        page_size: int, chunk_size: int, max_elements: int = 1 << 24) -> torch.Tensor:
+                        page_size: int, chunk_size: int, impl: str = "reference") -> torch.Tensor:
         """Most salient token per head of each chunk [start, start + len): starts/lens [M, N] -> [M, N, H] int64.
 
-        Query blocks share most of their chunks (stage 1: all of them), so each distinct chunk is done once."""
+        Query blocks share most of their chunks (stage 1: all of them), so each distinct (start, len) is done
+        once (`representatives.salient_tokens`, impl "triton" or "reference") and mapped back to the blocks.
+        Sync-free (CUDA-graph capturable) for a single block with impl "triton"."""
         total, count = self._sum[layer], self._count[layer]
         H = total.shape[1]
+        if starts.shape[0] == 1:  # one block (decode): its chunks are distinct; no sort, no host sync
+            return salient_tokens(total, count, page_table, page_size, starts[0], lens[0], chunk_size, impl=impl)[None]
         key = starts * (chunk_size + 1) + lens
         uniq, inverse = torch.unique(key.flatten(), return_inverse=True)
         u_starts, u_lens = uniq // (chunk_size + 1), uniq % (chunk_size + 1)
-        reps = u_starts.new_zeros(uniq.numel(), H)
-        offsets = torch.arange(chunk_size, device=starts.device)
-        step = max(1, max_elements // max(1, chunk_size * H))
-        for i in range(0, uniq.numel(), step):
-            st, ln = u_starts[i : i + step], u_lens[i : i + step]
-            inside = offsets < ln[:, None]  # [u, c]
-            slots = token_slots(page_table, torch.where(inside, st[:, None] + offsets, st[:, None]), page_size)
-            sal = total[slots] / count[slots].clamp(min=1)[..., None]  # [u, c, H]
-            best = sal.masked_fill(~inside[..., None], float("-inf")).argmax(1)  # [u, H]
-            reps[i : i + step] = st[:, None] + best
+        reps = salient_tokens(total, count, page_table, page_size, u_starts, u_lens, chunk_size, impl=impl)
         return reps[inverse].view(*starts.shape, H)

@@ -1,0 +1,40 @@
+"""Landmark representatives: the most salient token of each (deduplicated) chunk per head.
+
+- `reference`: eager PyTorch, the oracle.
+- `triton`: one Triton kernel (imported on first use).
+
+`salient_tokens(..., impl=...)` dispatches; see `reference.py` for the arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from infinitehip.attention.infinitehip.representatives.reference import salient_tokens_reference
+
+IMPLS = ("triton", "reference")
+
+
+def salient_tokens(
+    total: torch.Tensor,
+    count: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+    starts: torch.Tensor,
+    lens: torch.Tensor,
+    chunk_size: int,
+    impl: str = "triton",
+) -> torch.Tensor:
+    """-> [U, H] int64 most salient token per chunk and head."""
+    if impl == "reference":
+        fn = salient_tokens_reference
+    elif impl == "triton":
+        fn = importlib.import_module("infinitehip.attention.infinitehip.representatives.triton").salient_tokens_triton
+    else:
+        raise ValueError(f"unknown representatives impl {impl!r}; expected one of {IMPLS}")
+    return fn(total, count, page_table, page_size, starts, lens, chunk_size)
+
+
+__all__ = ["IMPLS", "salient_tokens"]
