@@ -51,7 +51,8 @@ def _salient_tokens_kernel(
         mask3 = inside[:, :, None] & h_ok[None, None, :]
         ptrs = Sum + slot[:, :, None] * stride_ss + offs_h[None, None, :] * stride_sh
         s = tl.load(ptrs, mask=mask3, other=0.0)
-        sal = tl.where(mask3, s / tl.maximum(cnt, 1.0)[:, :, None], float("-inf"))  # [U, T, H]
+        # IEEE division (div_rn), as torch: the default fp32 "/" is approximate on CUDA and could flip near-ties.
+        sal = tl.where(mask3, tl.div_rn(s, tl.maximum(cnt, 1.0)[:, :, None]), float("-inf"))  # [U, T, H]
         tile_best, tile_arg = tl.max(sal, axis=1, return_indices=True, return_indices_tie_break_left=True)
         better = tile_best > best  # ties keep the earlier tile
         best = tl.where(better, tile_best, best)
