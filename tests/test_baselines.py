@@ -40,8 +40,8 @@ def _ids(n, seed=0):
     return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _engine(path, method, config=None, **kw):
-    return engine_for_dir(path, None, config, method=method, **{"max_context_tokens": 2048, **kw})
+def _engine(path, method, config=None, tokenizer=None, **kw):
+    return engine_for_dir(path, tokenizer, config, method=method, **{"max_context_tokens": 2048, **kw})
 
 
 def _generate(engine, ids, max_tokens, trace=None):
@@ -207,11 +207,11 @@ def test_truncate_config_names_bad_field():
 
 # ---- every registered method -----------------------------------------------------------------------------
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_every_method_short_input_is_deterministic_dense_and_frees_pages(tiny_llama_dir, method):
+def test_every_method_short_input_is_deterministic_dense_and_frees_pages(tiny_llama_dir, tokenizer, method):
     """Input within every method's budgets: greedy output equals dense's, twice the same; all pages freed."""
     ids = _ids(120, seed=6)
     dense = _generate(_engine(tiny_llama_dir, "dense"), ids, 8).output_ids
-    engine = _engine(tiny_llama_dir, method)
+    engine = _engine(tiny_llama_dir, method, tokenizer=tokenizer)  # infinipot encodes its catalyst prompt
     allocator = engine.scheduler.allocator
     first = _generate(engine, ids, 8)
     assert allocator.num_free == allocator.num_pages
@@ -222,11 +222,12 @@ def test_every_method_short_input_is_deterministic_dense_and_frees_pages(tiny_ll
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_every_method_batched_requests_equal_requests_alone(tiny_llama_dir, method):
+def test_every_method_batched_requests_equal_requests_alone(tiny_llama_dir, tokenizer, method):
     """Sequences sharing steps (prefill chunks next to decode tokens) get what each gets alone."""
     prompts = [_ids(150, seed=7), _ids(90, seed=8)]
-    alone = [_generate(_engine(tiny_llama_dir, method, prefill_chunk_size=64), ids, 6).output_ids for ids in prompts]
-    engine = _engine(tiny_llama_dir, method, prefill_chunk_size=64)
+    make = lambda: _engine(tiny_llama_dir, method, tokenizer=tokenizer, prefill_chunk_size=64)
+    alone = [_generate(make(), ids, 6).output_ids for ids in prompts]
+    engine = make()
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     seqs = [engine.add_request(ids, params) for ids in prompts]
     while engine.has_work:
