@@ -86,6 +86,24 @@ class ForwardBatch:
     def new_slots(self) -> torch.Tensor:
         return torch.cat([s.new_slots for s in self.slices])
 
+    # Decode tokens as device tensors, for sync-free (CUDA-graph capturable) decode paths. A graph runner sets
+    # these three (and new_slots) to its static buffers; eager steps build them once per step here.
+    @cached_property
+    def decode_positions(self) -> torch.Tensor:
+        """[B] int64 cache index (= position) of each decode token."""
+        return torch.tensor([s.start_pos for s in self.decode], dtype=torch.long).to(self.cache.device, non_blocking=True)
+
+    @cached_property
+    def decode_page_tables(self) -> torch.Tensor:
+        """[B, P] int32 page tables of the decode sequences, zero-padded to the longest."""
+        P = max(s.page_table.numel() for s in self.decode)
+        return torch.stack([torch.nn.functional.pad(s.page_table, (0, P - s.page_table.numel())) for s in self.decode])
+
+    @cached_property
+    def decode_capacity(self) -> int:
+        """Tokens the decode sequences may hold this step (static shapes are sized for it)."""
+        return max(s.context_len for s in self.decode)
+
 
 @dataclass(frozen=True)
 class ChunkHooks:

@@ -15,7 +15,9 @@ import torch
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
 from infinitehip.attention.dense import causal_sdpa
-from infinitehip.attention.infinitehip.positions import attention_positions
+from infinitehip.attention.infinitehip.decode import (StageCache, attend_positions, decode_key_list, refresh_stage,
+                                                      stage1_candidates, window_width)
+from infinitehip.attention.infinitehip.positions import attention_positions, group_size
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, query_blocks, run_stage, sparse_limit
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
@@ -25,9 +27,9 @@ from infinitehip.config.model import ModelConfig
 
 @dataclass
 class InfiniteHiPState:
-    """Per sequence: each layer's cached stage outputs and decode step counter."""
+    """Per sequence: each layer's cached stage outputs (allocated at the first decode step) and step counter."""
 
-    stage_cache: list[list[StageOutput | None]]
+    stage_cache: list[list[StageCache] | None]
     decode_steps: list[int]
     refreshes: list[int] = field(default_factory=list)  # stage recomputations in decode, per stage
 
@@ -71,7 +73,7 @@ class InfiniteHiPAttention(AttentionMethod):
 
     def new_state(self) -> InfiniteHiPState:
         L, S = self.model_config.num_layers, self.config.num_stages
-        return InfiniteHiPState([[None] * S for _ in range(L)], [0] * L, [0] * S)
+        return InfiniteHiPState([None] * L, [0] * L, [0] * S)
 
     def _impl(self, x: torch.Tensor) -> str:
         if self.config.impl == "auto":
@@ -140,42 +142,67 @@ class InfiniteHiPAttention(AttentionMethod):
             batch.rope.cos, batch.rope.sin, self.sm_scale, impl=self._attention_impl(q),
         )
 
-    # ---- decode -----------------------------------------------------------------------------------------
-    def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
+    # ---- decode ----------------------------------------------------------------------------------------
+    def refresh_pattern(self, state: InfiniteHiPState, layer: int) -> tuple[bool, ...]:
+        """Which stages this layer's next decode step recomputes (decided on the host from the step counter)."""
+        step = state.decode_steps[layer]
+        return tuple(state.stage_cache[layer] is None or step % r == 0 for r in self.config.refresh_intervals)
+
+    def graph_capturable(self) -> bool:
+        """The decode step launches the same kernels for any position (landmark + Triton: no host sync)."""
+        return self.config.representative == "landmark" and self.config.impl in ("auto", "triton")
+
+    def group(self, context_len: int) -> int:
+        """The `dynamic` styles' position group at this context (1 unless a style uses it)."""
         c = self.config
-        lists, counts, key_ropes, query_ropes = [], [], [], []
+        uses = "dynamic" in (c.early_pruning_rope, c.late_pruning_rope, c.attention_rope)
+        return group_size(context_len, self.trained_len) if uses else 1
+
+    def _stage_caches(self, state: InfiniteHiPState, layer: int, device: torch.device) -> list[StageCache]:
+        if state.stage_cache[layer] is None:
+            c = self.config
+            state.stage_cache[layer] = [
+                StageCache.empty(c.keep_tokens_for(layer, i) // c.chunk_sizes[i], c.chunk_sizes[i], device)
+                for i in range(c.num_stages)
+            ]
+        return state.stage_cache[layer]
+
+    def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
+        """Sync-free decode (decode.py): fixed shapes, positions from batch.decode_positions; CUDA-graph capturable."""
+        c = self.config
+        positions, page_tables = batch.decode_positions, batch.decode_page_tables
+        capacity = batch.decode_capacity
+        group = self.group(capacity)
+        num_candidates = stage1_candidates(capacity, c.sink_tokens, c.chunk_sizes[0])
+        # Positions every RoPE style may ask for, up to the capacity (a graph runner ensures this before capture).
+        batch.rope.ensure(capacity + num_candidates + c.stream_tokens + 2)
+        if self.saliency is not None:
+            self.saliency.update_decode(layer, q, positions, page_tables, seqs[0].cache, batch.rope)
+        finals, window_starts = [], []
         for i, seq in enumerate(seqs):
             state: InfiniteHiPState = seq.state
-            self._update_saliency(layer, q[i : i + 1], seq, batch)
-            step = state.decode_steps[layer]
-            blocks = query_blocks(q[i : i + 1], seq.start_pos, 1)
+            pattern = self.refresh_pattern(state, layer)
+            caches = self._stage_caches(state, layer, q.device)
             parent = None
             for s, spec in enumerate(self._specs(layer, decode=True)):
-                cached = state.stage_cache[layer][s]
-                if cached is None or step % c.refresh_intervals[s] == 0:
-                    cached = self._stage(spec, blocks, parent, layer, seq, batch)
-                    state.stage_cache[layer][s] = cached
+                if pattern[s]:
+                    refresh_stage(spec, q[i], positions[i : i + 1], parent, caches[s], seq.cache.flat_k(layer),
+                                  page_tables[i], seq.cache.page_size, c.sink_tokens, c.stream_tokens, batch.rope,
+                                  num_candidates, group, self.trained_len, self._impl(q),
+                                  None if self.saliency is None else (self.saliency, layer))
                     state.refreshes[s] += 1
-                parent = cached
+                parent = caches[s]
             state.decode_steps[layer] += 1
+            finals.append(caches[-1])
             # The oldest cached stage bounds what was selectable; the window reaches back to it.
-            window_start = torch.stack([o.limit for o in state.stage_cache[layer]]).amin(0)
-            tokens, count = assemble_keys(parent, blocks.last_position, window_start, c.sink_tokens)
-            key_rope, query_rope = attention_positions(c.attention_rope, tokens, count, window_start, blocks.positions[0],
-                                                       torch.zeros(1, dtype=torch.long, device=q.device), seq.context_len, self.trained_len)
-            lists.append(tokens[0])
-            counts.append(count)
-            key_ropes.append(key_rope[0])
-            query_ropes.append(query_rope)
-        K = max(t.numel() for t in lists)
-        pad = lambda t: torch.nn.functional.pad(t, (0, K - t.numel()))
-        key_tokens = torch.stack([pad(t) for t in lists]).int()
-        key_rope = torch.stack([pad(t) for t in key_ropes]).int()
-        P = max(s.page_table.numel() for s in seqs)
-        page_tables = torch.stack([torch.nn.functional.pad(s.page_table, (0, P - s.page_table.numel())) for s in seqs])
-        batch.rope.ensure(int(key_rope.max()) + 1)
+            window_starts.append(torch.cat([o.limit for o in caches]).amin(0, keepdim=True))
+        window_start = torch.cat(window_starts)
+        key_tokens, key_counts = decode_key_list(finals, window_start, positions, c.sink_tokens,
+                                                 window_width(c.stream_tokens, c.refresh_intervals))
+        key_rope, query_rope = attend_positions(c.attention_rope, key_tokens, key_counts, window_start, positions, group,
+                                                self.trained_len)
         return sparse_attention_decode(
             q, seqs[0].cache.flat_k(layer), seqs[0].cache.flat_v(layer), page_tables, seqs[0].cache.page_size,
-            key_tokens, torch.cat(counts).int(), key_rope, torch.cat(query_ropes).int(), batch.rope.cos, batch.rope.sin,
+            key_tokens.int(), key_counts.int(), key_rope, query_rope, batch.rope.cos, batch.rope.sin,
             self.sm_scale, impl=self._attention_impl(q),
         )

@@ -67,6 +67,27 @@ class KeySaliency:
             total.index_add_(0, key_slots[k_lo - lo : k_hi - lo], logits.sum(1).T)
             count.index_add_(0, key_slots[k_lo - lo : k_hi - lo], reach.sum(0).float())
 
+    def update_decode(self, layer: int, q: torch.Tensor, positions: torch.Tensor, page_tables: torch.Tensor,
+                      cache: PagedKVCache, rope: RotaryEmbedding) -> None:
+        """Decode: query b (q [B, H, d] pre-RoPE, at positions[b]) adds its logits to the `window` keys up to and
+        including its own (whose sums it resets first). Sync-free, static shapes; rope must cover the positions."""
+        B, H, _ = q.shape
+        total, count = self._buffers(layer, cache, H)
+        ps, W = cache.page_size, self.window
+        key_pos = positions[:, None] - (W - 1) + torch.arange(W, device=q.device)  # [B, W]
+        reach = key_pos >= 0
+        key_pos = key_pos.clamp(min=0)
+        slots = page_tables.long().gather(1, key_pos // ps) * ps + key_pos % ps  # [B, W]
+        new_slots = slots[:, -1]
+        total.index_fill_(0, new_slots, 0)
+        count.index_fill_(0, new_slots, 0)
+        k = apply_rotary(cache.flat_k(layer)[slots].float(), rope.cos[key_pos][:, :, None], rope.sin[key_pos][:, :, None])
+        k = k.repeat_interleave(H // k.shape[2], dim=2)  # [B, W, H, d]
+        q_rot = apply_rotary(q.float(), rope.cos[positions][:, None], rope.sin[positions][:, None])
+        logits = torch.einsum("bhd,bwhd->bwh", q_rot, k) * reach[..., None]  # unreached: +0 to token 0
+        total.index_add_(0, slots.flatten(), logits.flatten(0, 1))
+        count.index_add_(0, slots.flatten(), reach.flatten().float())
+
     def representatives(self, layer: int, starts: torch.Tensor, lens: torch.Tensor, page_table: torch.Tensor,
                         page_size: int, chunk_size: int, impl: str = "reference") -> torch.Tensor:
         """Most salient token per head of each chunk [start, start + len): starts/lens [M, N] -> [M, N, H] int64.

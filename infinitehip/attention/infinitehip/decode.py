@@ -1,0 +1,130 @@
+"""Sync-free decode step of `infinitehip` (paper Alg. 4, Fig. 7), capturable in a CUDA graph.
+
+Every shape is fixed by the config and a stage-1 candidate capacity, and the step's token positions are a
+device tensor, so one decode step of a layer launches the same kernels with the same arguments whatever the
+position: no host synchronisation, no data-dependent shape. Per layer and stage the sequence keeps a
+`StageCache` of fixed width C_s = keep_tokens / chunk_size (chunks of length 0 pad it); stage s is
+recomputed from the latest query every refresh_intervals[s] steps (which stages refresh is decided on the
+host from the step counter, so a CUDA graph exists per refresh pattern) and read from its cache otherwise.
+
+Attended keys per sequence: sink + the last stage's chunks (below the window) + the window from the oldest
+cached stage's limit to the new token; at most sink + keep + stream + max(refresh_intervals) keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from infinitehip.attention.infinitehip.positions import attention_positions, scoring_positions
+from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, sparse_limit, subdivide
+from infinitehip.attention.infinitehip.saliency import KeySaliency
+from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
+from infinitehip.model.rope import apply_rotary
+
+
+@dataclass
+class StageCache:
+    """One stage's kept chunks for one sequence and layer (updated in place: graphs hold these tensors)."""
+
+    starts: torch.Tensor  # [C] int64
+    lens: torch.Tensor  # [C] int64, 0 = padding
+    limit: torch.Tensor  # [1] int64, exclusive end of the candidates when the stage was last refreshed
+    chunk_size: int
+
+    @classmethod
+    def empty(cls, width: int, chunk_size: int, device: torch.device) -> "StageCache":
+        zeros = lambda n: torch.zeros(n, dtype=torch.long, device=device)
+        return cls(zeros(width), zeros(width), zeros(1), chunk_size)
+
+    def as_output(self) -> StageOutput:
+        return StageOutput(self.starts[None], self.lens[None], self.chunk_size, 1, self.limit)
+
+
+def stage1_candidates(capacity: int, sink: int, chunk_size: int) -> int:
+    """Stage-1 candidate chunks of a context of up to `capacity` tokens."""
+    return max(1, -(-(capacity - sink) // chunk_size))
+
+
+def window_width(stream_tokens: int, refresh_intervals: tuple[int, ...]) -> int:
+    """Most window keys: the oldest cached limit lags the newest by < max(refresh_intervals) steps."""
+    return stream_tokens + max(refresh_intervals)
+
+
+def refresh_stage(
+    spec: StageSpec, q: torch.Tensor, position: torch.Tensor, parent: StageCache | None, out: StageCache,
+    k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int, stream: int, rope, num_candidates: int,
+    group: int, trained_len: int, impl: str, saliency: tuple[KeySaliency, int] | None,
+) -> None:
+    """Recompute one stage for one sequence's decode query q [H, d] at position [1]; write `out` in place.
+
+    num_candidates: stage-1 chunk count (static; chunks past the limit get length 0)."""
+    limit = sparse_limit(position, sink, stream)  # [1]
+    c = spec.chunk_size
+    if parent is None:
+        starts = (sink + c * torch.arange(num_candidates, device=q.device))[None]
+        lens = (limit[:, None] - starts).clamp(min=0, max=c)
+    else:
+        starts, lens = subdivide(parent.as_output(), c, limit)
+    starts = torch.where(lens > 0, starts, 0)  # empty chunks (past the limit, padding) point at token 0: never out of range
+    blocks = QueryBlocks(q[None, None], torch.ones(1, 1, dtype=torch.bool, device=q.device), position[:, None], 1)
+    # `dynamic` scoring groups positions by ceil(context / trained); the caller passes that group as `group`.
+    pos = scoring_positions(spec.rope_style, blocks.positions, lens, stream, group * trained_len, trained_len)
+    q_rot = apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
+    if saliency is None:
+        scores, _ = chunk_scores(q_rot, blocks.valid, k_flat, page_table, page_size, starts, lens, pos.key_pos_base,
+                                 pos.token_pos_group, pos.left_offset, pos.right_offset, pos.rep_offset, rope.cos,
+                                 rope.sin, impl=impl)
+    else:
+        store, layer = saliency
+        reps = store.representatives(layer, starts, lens, page_table, page_size, c, impl=impl)
+        scores = representative_scores(q_rot, blocks.valid, k_flat, page_table, page_size, reps, lens,
+                                       pos.key_pos_base, pos.token_pos_group, pos.rep_offset, rope.cos, rope.sin,
+                                       impl=impl)
+    width = out.starts.numel()
+    if scores.shape[1] < width:  # fewer candidates than kept chunks: pad with empty ones
+        pad = width - scores.shape[1]
+        scores = torch.nn.functional.pad(scores, (0, pad), value=float("-inf"))
+        starts = torch.nn.functional.pad(starts, (0, pad))
+        lens = torch.nn.functional.pad(lens, (0, pad))
+    # Padding chunks score -inf, so a stage with fewer real chunks than it keeps keeps all of them.
+    idx = torch.topk(scores, width, dim=1).indices
+    starts, lens = starts.gather(1, idx), lens.gather(1, idx)
+    # In position order, empty chunks last: chunk-indexed RoPE numbers the next stage's chunks by rank.
+    order = torch.argsort(torch.where(lens > 0, starts, torch.iinfo(torch.int64).max), dim=1)
+    out.starts.copy_(starts.gather(1, order)[0])
+    out.lens.copy_(lens.gather(1, order)[0])
+    out.limit.copy_(limit)
+
+
+def decode_key_list(
+    final: list[StageCache], window_start: torch.Tensor, position: torch.Tensor, sink: int, width: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted key tokens per sequence: sink + selected chunks (below window_start) + window [window_start, e].
+
+    final: the last stage's cache per sequence; window_start, position [B].
+    -> (key_tokens [B, K] int64 with K static and padding at the end (token 0), key_counts [B] int64)."""
+    device = position.device
+    e = position[:, None]
+    starts = torch.stack([f.starts for f in final])  # [B, C]
+    lens = torch.stack([f.lens for f in final])
+    chunk = final[0].chunk_size
+    sink_tok = torch.arange(sink, device=device)[None, :].expand(e.shape[0], -1)
+    offsets = torch.arange(chunk, device=device)
+    sel_tok = (starts[:, :, None] + offsets).flatten(1)
+    sel_ok = (offsets < lens[:, :, None]).flatten(1) & (sel_tok < window_start[:, None])
+    win_tok = window_start[:, None] + torch.arange(width, device=device)
+    tokens = torch.cat([sink_tok, sel_tok, win_tok], dim=1)
+    ok = torch.cat([sink_tok <= e, sel_ok, win_tok <= e], dim=1)
+    big = torch.iinfo(torch.int64).max
+    tokens = torch.where(ok, tokens, big).sort(dim=1).values
+    return torch.where(tokens == big, 0, tokens), ok.sum(1)
+
+
+def attend_positions(style: str, key_tokens: torch.Tensor, key_counts: torch.Tensor, window_start: torch.Tensor,
+                     position: torch.Tensor, group: int, trained_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE positions of the decode keys [B, K] and queries [B] (see positions.attention_positions)."""
+    B = position.shape[0]
+    return attention_positions(style, key_tokens, key_counts, window_start, position,
+                               torch.arange(B, device=position.device), group * trained_len, trained_len)

@@ -1,0 +1,133 @@
+"""The sync-free, fixed-shape decode step of `infinitehip` (attention/infinitehip/decode.py) against an oracle.
+
+The oracle is the straightforward algorithm with data-dependent shapes: each refreshing stage runs the prefill
+machinery (`run_stage`: candidates only up to the limit, top-k only when there are more chunks than kept) on a
+one-query block, keys are assembled by `assemble_keys`, positions by `attention_positions`, and the eager
+reference sparse attention reads them. Every layer's attention output of every decode step must match.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from infinitehip import SamplingParams  # noqa: E402
+from infinitehip.attention.infinitehip.method import InfiniteHiPAttention, assemble_keys  # noqa: E402
+from infinitehip.attention.infinitehip.positions import attention_positions  # noqa: E402
+from infinitehip.attention.infinitehip.pruning import query_blocks  # noqa: E402
+from infinitehip.attention.sparse import sparse_attention_decode  # noqa: E402
+from infinitehip.config.infinitehip import InfiniteHiPConfig  # noqa: E402
+from tests.conftest import engine_for_dir  # noqa: E402
+from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: E402,F401
+
+
+class OracleDecode(InfiniteHiPAttention):
+    """Decode with data-dependent shapes, one sequence at a time (the algorithm as written in the paper)."""
+
+    def decode(self, layer, q, seqs, batch):
+        c = self.config
+        outs = []
+        for i, seq in enumerate(seqs):
+            caches = seq.state.__dict__.setdefault("oracle_cache", {})
+            step = seq.state.decode_steps[layer]
+            if self.saliency is not None:
+                self.saliency.update(layer, q[i : i + 1], seq.start_pos, seq.page_table, seq.cache, batch.rope)
+            blocks = query_blocks(q[i : i + 1], seq.start_pos, 1)
+            parent = None
+            for s, spec in enumerate(self._specs(layer, decode=True)):
+                if (layer, s) not in caches or step % c.refresh_intervals[s] == 0:
+                    caches[layer, s] = self._stage(spec, blocks, parent, layer, seq, batch)
+                parent = caches[layer, s]
+            seq.state.decode_steps[layer] += 1
+            window_start = torch.stack([caches[layer, s].limit for s in range(c.num_stages)]).amin(0)
+            tokens, count = assemble_keys(parent, blocks.last_position, window_start, c.sink_tokens)
+            key_rope, query_rope = attention_positions(c.attention_rope, tokens, count, window_start, blocks.positions[0],
+                                                       torch.zeros(1, dtype=torch.long), seq.context_len, self.trained_len)
+            batch.rope.ensure(int(key_rope.max()) + 1)
+            outs.append(sparse_attention_decode(
+                q[i : i + 1], seq.cache.flat_k(layer), seq.cache.flat_v(layer), seq.page_table[None], seq.cache.page_size,
+                tokens.int(), count.int(), key_rope, query_rope, batch.rope.cos, batch.rope.sin, self.sm_scale,
+                impl="reference"))
+        return torch.cat(outs)
+
+
+def _run(path, method_cls, config, prompts, steps):
+    """Greedy decode of `prompts` together; returns (outputs per sequence, {(step, layer): decode attention output})."""
+    engine = engine_for_dir(path, None, config, method="infinitehip", max_context_tokens=2048, prefill_chunk_size=128)
+    method = method_cls(engine.model_config, config)
+    engine.method = engine.runner.method = method
+    recorded, calls = {}, {"n": 0}
+    inner = method.decode
+
+    def recording(layer, q, seqs, batch):
+        out = inner(layer, q, seqs, batch)
+        recorded[calls["n"] // engine.model_config.num_layers, layer] = out.clone()
+        calls["n"] += 1
+        return out
+
+    method.decode = recording
+    seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)) for p in prompts]
+    while engine.has_work:
+        engine.step()
+    return [s.output_ids for s in seqs], recorded
+
+
+@pytest.mark.parametrize("representative", ["landmark", "bisection"])
+@pytest.mark.parametrize("attention_rope", ["streaming", "infllm", "dynamic"])
+def test_static_decode_equals_oracle(llama3_dir, representative, attention_rope):
+    """Prompt past every stage's keep (stage 1 prunes), 12 steps: every stage refreshes and is reused."""
+    config = InfiniteHiPConfig(**{**SMALL, "representative": representative, "attention_rope": attention_rope,
+                                  "impl": "reference", "late_pruning_rope": "dynamic" if attention_rope == "dynamic" else "relative"})
+    prompt = _ids(700, seed=11)
+    ours, rec = _run(llama3_dir, InfiniteHiPAttention, config, [prompt], 12)
+    ref, rec_ref = _run(llama3_dir, OracleDecode, config, [prompt], 12)
+    assert ours == ref
+    assert rec.keys() == rec_ref.keys() and len(rec) == 11 * 2  # the first token comes from prefill
+    for key in rec:
+        torch.testing.assert_close(rec[key], rec_ref[key], rtol=1e-5, atol=1e-5, msg=lambda m: f"step/layer {key}: {m}")
+
+
+def test_static_decode_batched_equals_oracle(llama3_dir):
+    """Two sequences of different lengths decoding in the same steps (padded page tables, one BSA launch)."""
+    config = InfiniteHiPConfig(**SMALL, impl="reference")
+    prompts = [_ids(700, seed=12), _ids(300, seed=13)]
+    ours, rec = _run(llama3_dir, InfiniteHiPAttention, config, prompts, 6)
+    ref, rec_ref = _run(llama3_dir, OracleDecode, config, prompts, 6)
+    assert ours == ref
+    for key in rec_ref:
+        torch.testing.assert_close(rec[key], rec_ref[key], rtol=1e-5, atol=1e-5)
+
+
+def test_static_decode_shapes_do_not_depend_on_position(llama3_dir):
+    """What makes the step capturable: the key list has the same width at every step, and the stage caches
+    are the same tensors (updated in place) for the whole decode."""
+    config = InfiniteHiPConfig(**SMALL, impl="reference")
+    engine = engine_for_dir(llama3_dir, None, config, method="infinitehip", max_context_tokens=2048, prefill_chunk_size=128)
+    widths, ptrs = set(), []
+    import infinitehip.attention.infinitehip.method as method_module
+
+    inner = method_module.decode_key_list
+
+    def spy(*args, **kw):
+        tokens, counts = inner(*args, **kw)
+        widths.add(tokens.shape[1])
+        return tokens, counts
+
+    method_module.decode_key_list = spy
+    try:
+        seq = engine.add_request(_ids(500, seed=14), SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True))
+        while engine.has_work:
+            engine.step()
+            if seq.method_state.stage_cache[1] is not None:
+                ptrs.append([c.starts.data_ptr() for c in seq.method_state.stage_cache[1]])
+    finally:
+        method_module.decode_key_list = inner
+    c = config
+    assert widths == {c.sink_tokens + c.keep_tokens_for(layer, c.num_stages - 1) + c.stream_tokens + max(c.refresh_intervals)
+                      for layer in range(2)}
+    assert len(ptrs) >= 8 and all(p == ptrs[0] for p in ptrs)
