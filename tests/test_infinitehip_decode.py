@@ -131,3 +131,46 @@ def test_static_decode_shapes_do_not_depend_on_position(llama3_dir):
     assert widths == {c.sink_tokens + c.keep_tokens_for(layer, c.num_stages - 1) + c.stream_tokens + max(c.refresh_intervals)
                       for layer in range(2)}
     assert len(ptrs) >= 8 and all(p == ptrs[0] for p in ptrs)
+
+
+def test_graph_decoder_replays_equal_eager_decode(llama3_dir):
+    """The engine's graph decode path with graph semantics on CPU (ClosureRecorder re-runs the Python of the
+    capture with the host values of that moment): same tokens and logits as eager decode, a graph per refresh
+    pattern, everything else replayed, and the mask-cache refresh counts unchanged."""
+    from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
+
+    config = InfiniteHiPConfig(**SMALL)
+    prompt, steps = _ids(700, seed=15), 20
+
+    def run(graphs: bool):
+        engine = engine_for_dir(llama3_dir, None, config, method="infinitehip", max_context_tokens=2048,
+                                prefill_chunk_size=128)
+        if graphs:
+            r = engine.runner
+            r.graph_decoder = GraphDecoder(r.model, r.cache, r.rope, r.method, engine.max_context_tokens,
+                                           min_bucket=512, recorder=ClosureRecorder)
+        logits = []
+        inner = engine.runner.run
+
+        def recording(plan):
+            samplers, out = inner(plan)
+            logits.append(out.clone())
+            return samplers, out
+
+        engine.runner.run = recording
+        seq = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True))
+        state = None
+        while engine.has_work:
+            engine.step()
+            state = seq.method_state
+        return seq.output_ids, logits, list(state.refreshes), engine.runner.graph_decoder
+
+    eager_ids, eager_logits, eager_refreshes, _ = run(False)
+    ids, logits, refreshes, decoder = run(True)
+    assert ids == eager_ids and refreshes == eager_refreshes
+    assert len(logits) == len(eager_logits)
+    for a, b in zip(logits, eager_logits):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # Refresh intervals (4, 2, 1): patterns (T,T,T), (F,F,T), (F,T,T) -> three graphs in one 1024 bucket (700 + 20
+    # tokens); the first decode step allocates the stage caches eagerly.
+    assert decoder.captures == 3 and decoder.replays == steps - 1 - 1 - 3

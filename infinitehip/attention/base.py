@@ -21,7 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Hashable
 
 import torch
 
@@ -157,6 +157,23 @@ class AttentionMethod(ABC):
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         """One new query per sequence, q [B, H, d] -> [B, H, d]. Default: each as a one-token chunk."""
         return torch.cat([self.prefill(layer, q[i : i + 1], s, batch) for i, s in enumerate(seqs)])
+
+    # ---- CUDA-graph decode (engine/graph_decode.py) -------------------------------------------------------
+    def graph_key(self, seq: SequenceSlice) -> Hashable | None:
+        """Host-side key of everything the next decode step of `seq` launches besides device tensors (for a
+        method whose decode reads positions from batch.decode_positions / decode_page_tables and whose shapes
+        depend only on batch.decode_capacity). None: this step cannot be replayed from a graph."""
+        return None
+
+    def host_counters(self, state: Any) -> Any:
+        """A copy of the host-side bookkeeping that one decode step advances (restored after a capture)."""
+        return None
+
+    def set_host_counters(self, state: Any, counters: Any) -> None:
+        """Put back what host_counters returned."""
+
+    def advance_host_counters(self, state: Any, key: Hashable) -> None:
+        """Advance the host bookkeeping as a decode step with this graph key does (after a replay)."""
 
     @property
     def kv_token_limit(self) -> int | None:

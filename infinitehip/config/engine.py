@@ -22,6 +22,9 @@ class EngineConfig:
     prefill_chunk_size: int = 4096  # tokens per prefill step (shared with the decode tokens of that step)
     max_num_seqs: int = 16  # sequences running at once
     show_progress: bool = True  # progress bar with tokens/s during long prefill
+    # Decode steps of a single running sequence replay CUDA graphs of the whole model when the attention method
+    # supports it (infinitehip); CUDA only, ignored on CPU.
+    cuda_graphs: bool = True
     generator_seed: int = 0  # seeds the shared generator used by requests that carry no seed of their own
 
     def __post_init__(self) -> None:

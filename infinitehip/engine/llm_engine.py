@@ -14,6 +14,7 @@ import torch
 from infinitehip.attention.registry import create_method
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.sampling import SamplingParams
+from infinitehip.engine.graph_decode import GraphDecoder
 from infinitehip.engine.runner import ModelRunner
 from infinitehip.engine.sampler import sample_token
 from infinitehip.engine.scheduler import Scheduler
@@ -67,7 +68,10 @@ class LLMEngine:
         self.scheduler = Scheduler(
             PageAllocator(num_pages, config.page_size), config.max_num_seqs, config.prefill_chunk_size, limit, scratch
         )
-        self.runner = ModelRunner(loaded.model, self.cache, self.rope, self.method)
+        graphs = None
+        if config.cuda_graphs and self.device.type == "cuda":
+            graphs = GraphDecoder(loaded.model, self.cache, self.rope, self.method, self.max_context_tokens)
+        self.runner = ModelRunner(loaded.model, self.cache, self.rope, self.method, graphs)
         self.generator = torch.Generator().manual_seed(config.generator_seed)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_ids = set(mc.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else set())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
+from infinitehip.engine.graph_decode import GraphDecoder
 from infinitehip.engine.scheduler import StepPlan
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.paged_cache import PagedKVCache
@@ -13,9 +14,11 @@ from infinitehip.model.rope import RotaryEmbedding
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: PagedKVCache, rope: RotaryEmbedding, method: AttentionMethod):
+    def __init__(self, model: LlamaModel, cache: PagedKVCache, rope: RotaryEmbedding, method: AttentionMethod,
+                 graph_decoder: GraphDecoder | None = None):
         self.model, self.cache, self.rope, self.method = model, cache, rope, method
         self.device = cache.device
+        self.graph_decoder = graph_decoder  # decode-only steps of one sequence replay CUDA graphs (CUDA only)
         self._page_tables: dict[int, torch.Tensor] = {}
 
     def page_table(self, seq: Sequence) -> torch.Tensor:
@@ -27,6 +30,8 @@ class ModelRunner:
 
     def release(self, seq: Sequence) -> None:
         self._page_tables.pop(seq.seq_id, None)
+        if self.graph_decoder is not None:
+            self.graph_decoder.release(seq.seq_id)
 
     def _slice(self, seq: Sequence, offset: int, n: int, is_prefill: bool) -> SequenceSlice:
         return SequenceSlice(
@@ -42,6 +47,14 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> tuple[list[Sequence], torch.Tensor]:
         """Compute the step; return the sequences that sample a token now and their logits [N, vocab]."""
+        if self.graph_decoder is not None and not plan.prefill and len(plan.decode) == 1:
+            seq = plan.decode[0]
+            s = self._slice(seq, 0, 1, is_prefill=False)
+            key = self.graph_decoder.key(s)
+            if key is not None:
+                logits = self.graph_decoder.step(s, seq.token_ids(seq.num_computed, seq.num_computed + 1)[0], key)
+                self._advance(seq, s, None)
+                return [seq], logits
         slices, input_ids, sample_rows, samplers = [], [], [], []
         for seq, n in plan.prefill:
             slices.append(self._slice(seq, len(input_ids), n, is_prefill=True))
@@ -60,7 +73,7 @@ class ModelRunner:
             self._advance(seq, s, hidden)
         return samplers, logits
 
-    def _advance(self, seq: Sequence, s: SequenceSlice, hidden: torch.Tensor) -> None:
+    def _advance(self, seq: Sequence, s: SequenceSlice, hidden: torch.Tensor | None) -> None:
         """The step's tokens of `seq` went through the model: count them, then run the method's after_forward."""
         seq.advance(s.num_queries)
         hooks = ChunkHooks(

@@ -158,6 +158,28 @@ class InfiniteHiPAttention(AttentionMethod):
         uses = "dynamic" in (c.early_pruning_rope, c.late_pruning_rope, c.attention_rope)
         return group_size(context_len, self.trained_len) if uses else 1
 
+    def graph_key(self, seq: SequenceSlice) -> tuple | None:
+        state: InfiniteHiPState = seq.state
+        if not self.graph_capturable() or any(c is None for c in state.stage_cache):
+            return None  # the first decode step allocates the stage caches: it runs eagerly
+        patterns = {self.refresh_pattern(state, layer) for layer in range(self.model_config.num_layers)}
+        if len(patterns) != 1:
+            return None
+        return patterns.pop(), self.group(seq.context_len)
+
+    def host_counters(self, state: InfiniteHiPState) -> tuple:
+        return list(state.decode_steps), list(state.refreshes)
+
+    def set_host_counters(self, state: InfiniteHiPState, counters: tuple) -> None:
+        state.decode_steps[:], state.refreshes[:] = counters[0], counters[1]
+
+    def advance_host_counters(self, state: InfiniteHiPState, key: tuple) -> None:
+        pattern, _ = key
+        for layer in range(self.model_config.num_layers):
+            state.decode_steps[layer] += 1
+        for s, refreshed in enumerate(pattern):
+            state.refreshes[s] += self.model_config.num_layers * int(refreshed)
+
     def _stage_caches(self, state: InfiniteHiPState, layer: int, device: torch.device) -> list[StageCache]:
         if state.stage_cache[layer] is None:
             c = self.config
@@ -172,7 +194,7 @@ class InfiniteHiPAttention(AttentionMethod):
         c = self.config
         positions, page_tables = batch.decode_positions, batch.decode_page_tables
         capacity = batch.decode_capacity
-        group = self.group(capacity)
+        group = self.group(max(s.context_len for s in seqs))  # a graph key holds it: a host int is fine
         num_candidates = stage1_candidates(capacity, c.sink_tokens, c.chunk_sizes[0])
         # Positions every RoPE style may ask for, up to the capacity (a graph runner ensures this before capture).
         batch.rope.ensure(capacity + num_candidates + c.stream_tokens + 2)

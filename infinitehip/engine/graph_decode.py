@@ -1,0 +1,151 @@
+"""Decode steps of one sequence replayed from CUDA graphs: the whole model (every layer's projections, attention
+method and MLP, plus the logits) as one launch.
+
+A method opts in through `AttentionMethod.graph_key`: its decode reads the step's position and page table from
+device tensors (`ForwardBatch.decode_positions` / `decode_page_tables`) and its shapes depend only on
+`ForwardBatch.decode_capacity`, so a graph captured once replays at any later position. Graphs are kept per
+(sequence, capacity bucket, method key): capacity buckets double (a graph sized for 2^k tokens serves every
+context up to it) and the method key tells which of its stages refresh at this step (paper Alg. 4).
+
+The step whose graph is missing runs eagerly on the same static buffers (its real effects: cache write, stage
+refreshes, saliency), then the graph is captured without executing (host counters restored afterwards), so
+Triton kernels are compiled before capture and no step is computed twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.kv.paged_cache import PagedKVCache
+from infinitehip.model.llama import LlamaModel
+from infinitehip.model.rope import RotaryEmbedding
+
+
+def capacity_bucket(context_len: int, min_bucket: int, max_bucket: int) -> int:
+    """Smallest power of two >= context_len (and >= min_bucket), capped at max_bucket."""
+    bucket = max(min_bucket, 1 << max(0, context_len - 1).bit_length())
+    return min(bucket, max_bucket)
+
+
+class CudaGraphRecorder:
+    """Captures a step function into a CUDA graph; replay() re-launches it and returns its output buffer."""
+
+    def __init__(self, pool):
+        self.pool, self.graph, self.out = pool, None, None
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> None:
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            self.out = fn()
+
+    def replay(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.out
+
+
+class ClosureRecorder:
+    """CPU stand-in with a graph's semantics for tests: replay() re-runs the closure built at capture time, so
+    any host value captured then (positions, page-table sizes, refresh pattern) is reused, as a graph would."""
+
+    def __init__(self, pool=None):
+        self.fn = None
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> None:
+        self.fn = fn
+
+    def replay(self) -> torch.Tensor:
+        return self.fn()
+
+
+@dataclass
+class _CapturedStep:
+    recorder: CudaGraphRecorder | ClosureRecorder
+    counters: Any  # the method's host counters when captured (what the captured Python saw)
+
+
+class GraphDecoder:
+    """One decode token of one sequence per step, replayed from a CUDA graph when the method allows it."""
+
+    def __init__(self, model: LlamaModel, cache: PagedKVCache, rope: RotaryEmbedding, method: AttentionMethod,
+                 max_context_tokens: int, min_bucket: int = 4096, recorder: type = CudaGraphRecorder):
+        self.model, self.cache, self.rope, self.method = model, cache, rope, method
+        self.max_bucket = max(min_bucket, -(-max_context_tokens // cache.page_size) * cache.page_size)
+        self.min_bucket = min(min_bucket, self.max_bucket)
+        device = cache.device
+        # Static inputs and output every graph reads / writes.
+        self.input_ids = torch.zeros(1, dtype=torch.long, device=device)
+        self.positions = torch.zeros(1, dtype=torch.long, device=device)
+        self.page_table = torch.zeros(1, -(-self.max_bucket // cache.page_size), dtype=torch.int32, device=device)
+        self.recorder = recorder
+        self.pool = torch.cuda.graph_pool_handle() if recorder is CudaGraphRecorder else None
+        self._seqs: dict[int, dict[tuple, _CapturedStep]] = {}
+        self._rope_ptr = None
+        self.captures = self.replays = 0
+
+    def key(self, seq: SequenceSlice) -> tuple | None:
+        method_key = self.method.graph_key(seq)
+        if method_key is None:
+            return None
+        return capacity_bucket(seq.context_len, self.min_bucket, self.max_bucket), method_key
+
+    def release(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
+
+    def _batch(self, seq: SequenceSlice, bucket: int) -> ForwardBatch:
+        batch = ForwardBatch([seq], self.cache, self.rope, 1)
+        pages = bucket // self.cache.page_size
+        # The graph's inputs: static buffers instead of tensors built from host ints (see ForwardBatch).
+        batch.__dict__.update(decode_positions=self.positions, decode_page_tables=self.page_table[:, :pages],
+                              decode_capacity=bucket)
+        return batch
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        ps = self.cache.page_size
+        table = batch.decode_page_tables[0]
+        batch.__dict__["new_slots"] = table[self.positions // ps].long() * ps + self.positions % ps
+        hidden = self.model(self.input_ids, lambda layer, q, k, v: self.method(layer, q, k, v, batch))
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def step(self, seq: SequenceSlice, token_id: int, key: tuple) -> torch.Tensor:
+        """Run the decode token `token_id` of `seq` (its slice for this step); -> logits [1, vocab]."""
+        bucket, method_key = key
+        self.input_ids.fill_(token_id)
+        self.positions.fill_(seq.start_pos)
+        n = seq.page_table.numel()
+        self.page_table[0, :n].copy_(seq.page_table)
+        if self._rope_ptr != self.rope.cos.data_ptr():  # tables regrown: every captured graph reads freed memory
+            self._seqs.clear()
+            self._rope_ptr = self.rope.cos.data_ptr()
+        graphs = self._seqs.setdefault(seq.seq_id, {})
+        captured = graphs.get(key)
+        state = seq.state
+        if captured is not None:
+            now = self.method.host_counters(state)
+            self.method.set_host_counters(state, captured.counters)
+            logits = captured.recorder.replay()
+            self.method.set_host_counters(state, now)
+            self.method.advance_host_counters(state, method_key)
+            self.replays += 1
+            return logits
+        # First step with this key: run it for real on the static buffers, then capture it for the next ones
+        # (a CUDA capture records without executing; the host counters its Python advances are put back).
+        before = self.method.host_counters(state)
+        logits = self._forward(self._batch(seq, bucket))
+        if self._rope_ptr != self.rope.cos.data_ptr():  # the eager step grew the tables to cover the bucket
+            self._seqs.clear()
+            self._rope_ptr = self.rope.cos.data_ptr()
+            graphs = self._seqs.setdefault(seq.seq_id, {})
+        after = self.method.host_counters(state)
+        self.method.set_host_counters(state, before)
+        recorder = self.recorder(self.pool)
+        recorder.capture(lambda: self._forward(self._batch(seq, bucket)))
+        self.method.set_host_counters(state, after)
+        graphs[key] = _CapturedStep(recorder, before)
+        self.captures += 1
+        return logits
