@@ -371,6 +371,27 @@ def stage_device_fn(method: InfiniteHiPAttention, spec, blocks, parent, seq: Seq
     return fn
 
 
+def engine_graph_decode(method, state, seq, batch, q, intervals, timer, errors, what: str) -> dict:
+    """Replay time of `method.decode` (the sync-free engine step) captured per refresh pattern; amortized over
+    a cycle of lcm(intervals) steps, plus the all-refresh ("AR") pattern."""
+    cycle = math.lcm(*intervals)
+    steps_of: dict[tuple, list[int]] = {}
+    for step in range(cycle):
+        steps_of.setdefault(tuple(step % r == 0 for r in intervals), []).append(step)
+    per_pattern = {}
+    for pattern, steps in steps_of.items():
+        def fn(step=steps[0]):
+            state.decode_steps[LAYER] = step
+            return method.decode(LAYER, q, [seq], batch)
+        per_pattern[pattern] = try_graph(timer, fn, f"{what} engine graph {pattern}", errors)
+    if any(t is None for t in per_pattern.values()):
+        return {"engine_graph_patterns": {str(p): t for p, t in per_pattern.items()}}
+    amortized = sum(per_pattern[p]["ms"] * len(s) for p, s in steps_of.items()) / cycle
+    return {"engine_graph_patterns": {str(p): t for p, t in per_pattern.items()},
+            "engine_graph_amortized_us": amortized * 1e3,
+            "engine_graph_ar_us": per_pattern[tuple(True for _ in intervals)]["ms"] * 1e3}
+
+
 def bench_ours_decode(ctx: Context, preset: str, q: torch.Tensor, args, timer: Timer, rope: RotaryEmbedding,
                       device: torch.device, errors: list[str]) -> dict:
     T = ctx.T
@@ -426,6 +447,11 @@ def bench_ours_decode(ctx: Context, preset: str, q: torch.Tensor, args, timer: T
         res["amortized_e2e_us"] = statistics.fmean(step_ms) * 1e3
         res["e2e_step_us_median"] = statistics.median(step_ms) * 1e3
         res["e2e_step_us_max"] = max(step_ms) * 1e3
+
+        # The engine's decode step itself (what GraphDecoder replays per layer): one CUDA graph per refresh
+        # pattern of the preset, timed by replay and averaged over one refresh cycle.
+        if device.type == "cuda" and not args.no_graphs:
+            res.update(engine_graph_decode(method, state, seq, batch, q, intervals, timer, errors, f"T={T} {preset}"))
 
         # GPU-only: device work captured in CUDA graphs (no eager overhead).
         if device.type == "cuda" and not args.no_graphs:
@@ -512,6 +538,9 @@ def print_context_tables(T: int, C: int, dense: dict, ours_p: dict | None, ours_
             row("amortized, formula (sum stage_i/r_i + BSA)", lambda r: fmt(r["amortized_formula_us"]))
             row("**amortized, end-to-end** (mean over steps)", lambda r: f"**{fmt(r['amortized_e2e_us'])}** ({r['e2e_steps']} steps)")
             row("&nbsp;&nbsp;e2e stage refreshes", lambda r: "/".join(map(str, r["e2e_refreshes"])))
+            if any("engine_graph_amortized_us" in r for r in ours_d.values()):
+                row("**engine decode step, CUDA graph, amortized**", lambda r: f"**{fmt(r.get('engine_graph_amortized_us'))}**")
+                row("engine decode step, CUDA graph, AR", lambda r: fmt(r.get("engine_graph_ar_us")))
             if any("stage_kernels" in r for r in ours_d.values()):
                 for i in range(n):
                     row(f"GPU-only stage {i + 1} (CUDA graph)", lambda r, i=i: fmt(r["stage_kernels"][i]["ms"] * 1e3))
@@ -522,28 +551,30 @@ def print_context_tables(T: int, C: int, dense: dict, ours_p: dict | None, ours_
                 d = dense["decode_us"]
                 row("speedup vs dense: e2e amortized", lambda r: f"{fx(ratio(d, r['amortized_e2e_us']))}")
                 row("speedup vs dense: AR", lambda r: f"{fx(ratio(d, r['ar_us']))}")
+                row("**speedup vs dense: engine graph amortized**", lambda r: f"**{fx(ratio(d, r.get('engine_graph_amortized_us')))}**")
+                row("speedup vs dense: engine graph AR", lambda r: f"{fx(ratio(d, r.get('engine_graph_ar_us')))}")
                 if any("gpu_only_amortized_us" in r for r in ours_d.values()):
                     row("speedup vs dense: GPU-only amortized", lambda r: f"{fx(ratio(d, r.get('gpu_only_amortized_us')))}")
 
 
 def summarize(results: list[dict], fast: str, targets: tuple[float, float]) -> None:
     log("\n## Summary\n")
-    log(f"| T | dense prefill ms | ours prefill ms | speedup | dense decode us | ours decode ({fast} amortized e2e) us "
-        f"| speedup | ours decode AR us | ours GPU-only amortized us | speedup |")
-    log("| ---: |" + " ---: |" * 9)
+    log(f"| T | dense prefill ms | ours prefill ms | speedup | dense decode us | ours decode ({fast} amortized eager) us "
+        f"| speedup | ours decode ({fast}, engine CUDA graph, amortized) us | speedup | engine graph AR us | speedup |")
+    log("| ---: |" + " ---: |" * 10)
     for r in results:
         d, p, dec = r.get("dense", {}), r.get("ours_prefill"), r.get("ours_decode", {}).get(fast)
         dp, op = d.get("prefill_ms"), p["prefill_ms"] if p else None
         dd = d.get("decode_us")
         oe = dec["amortized_e2e_us"] if dec else None
-        og = dec.get("gpu_only_amortized_us") if dec else None
-        oar = dec["ar_us"] if dec else None
+        og = dec.get("engine_graph_amortized_us") if dec else None
+        oar = dec.get("engine_graph_ar_us") if dec else None
         log(f"| {r['T']:,} | {fmt(dp, 2)} | {fmt(op, 2)} | {fx(ratio(dp, op))} | {fmt(dd)} | {fmt(oe)} | "
-            f"{fx(ratio(dd, oe))} | {fmt(oar)} | {fmt(og)} | {fx(ratio(dd, og))} |")
+            f"{fx(ratio(dd, oe))} | {fmt(og)} | {fx(ratio(dd, og))} | {fmt(oar)} | {fx(ratio(dd, oar))} |")
     log(f"\nours prefill = one InfiniteHiPAttention.prefill call; dense prefill = {DENSE} prefix (non-causal) + causal "
         "square, summed. Decode 'amortized e2e' and 'AR' run the method's eager code (Python glue, host syncs, "
-        "kernel launches: what the engine runs today); 'GPU-only' = the same device work replayed from CUDA graphs "
-        "(what a graph-captured / sync-free implementation could reach).")
+        "kernel launches); 'engine CUDA graph' = the same InfiniteHiPAttention.decode captured once per refresh "
+        "pattern and replayed (what the engine's GraphDecoder runs), amortized over a refresh cycle.")
     last = results[-1] if results else None
     if last is None:
         return
@@ -557,10 +588,10 @@ def summarize(results: list[dict], fast: str, targets: tuple[float, float]) -> N
         se = ratio(d["decode_us"], dec["amortized_e2e_us"])
         log(f"- decode speedup >= {dec_target:g}x ({fast}, amortized end-to-end, eager method code): {se:.2f}x -> "
             f"{'MET' if se >= dec_target else 'NOT met'}")
-        sg = ratio(d["decode_us"], dec.get("gpu_only_amortized_us"))
+        sg = ratio(d["decode_us"], dec.get("engine_graph_amortized_us"))
         if sg is not None:
-            log(f"- decode speedup >= {dec_target:g}x ({fast}, GPU-only amortized, CUDA-graph kernels): {sg:.2f}x -> "
-                f"{'MET' if sg >= dec_target else 'NOT met'}")
+            log(f"- decode speedup >= {dec_target:g}x ({fast}, engine decode step replayed from CUDA graphs, amortized): "
+                f"{sg:.2f}x -> {'MET' if sg >= dec_target else 'NOT met'}")
 
 
 # ---- main -------------------------------------------------------------------------------------------------

@@ -3,7 +3,11 @@
 The bound: every decode step reads all weights once, so tokens/s <= HBM bandwidth / weight bytes.
 Bandwidth is measured in the same run (device-to-device copy, bytes read + written).
 
-    python bench/decode_gpu.py --context 4096 --steps 64
+    python bench/decode_gpu.py --contexts 4096 --steps 64
+    python bench/decode_gpu.py --contexts 131072 262144 --methods dense infinitehip:3k-fast infinitehip:3k-flash --no-graphs
+
+Decode steps of infinitehip replay CUDA graphs of the whole model (engine/graph_decode.py) unless --no-graphs adds
+the eager rows; dense decode is always eager. The mean over the timed steps includes the mask refreshes.
 """
 
 from __future__ import annotations
@@ -45,53 +49,85 @@ def hbm_bandwidth(gib: int = 4) -> float:
     return 2 * (gib << 30) / seconds
 
 
+def run_method(loaded: LoadedModel, method: str, preset: str | None, context: int, steps: int, warmup_steps: int,
+               cuda_graphs: bool, chunk: int) -> dict:
+    """Prefill `context` random tokens, decode warmup_steps (graph captures happen there), then time `steps`."""
+    config = None
+    if method == "infinitehip":
+        from infinitehip.config.infinitehip import infinitehip_preset
+
+        config = infinitehip_preset(preset)
+    engine = LLMEngine(
+        EngineConfig(method=method, device="cuda", dtype="bfloat16", max_context_tokens=context + steps + warmup_steps + 8,
+                     prefill_chunk_size=chunk, show_progress=False, cuda_graphs=cuda_graphs),
+        loaded, config,
+    )
+    ids = torch.randint(0, loaded.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=steps + warmup_steps + 1, ignore_eos=True))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while seq.in_prefill or not seq.output_ids:
+        engine.step()  # prefill chunks; the last one samples the first token
+    torch.cuda.synchronize()
+    prefill_s = time.perf_counter() - t0
+    step_s = []
+    while not seq.is_finished:
+        t = time.perf_counter()
+        engine.step()  # sampling reads the token back: the step is complete when it returns
+        step_s.append(time.perf_counter() - t)
+    timed = step_s[warmup_steps:]
+    graphs = engine.runner.graph_decoder
+    out = dict(method=method if method != "infinitehip" else f"infinitehip {preset}", context=context,
+               cuda_graphs=graphs is not None, prefill_s=prefill_s, step_ms_mean=statistics.fmean(timed) * 1e3,
+               step_ms_median=statistics.median(timed) * 1e3, steps=len(timed),
+               captures=graphs.captures if graphs else 0, replays=graphs.replays if graphs else 0,
+               kv_gb=engine.cache.bytes_per_token * context / 1e9, peak_gb=torch.cuda.max_memory_allocated() / 1e9)
+    del engine, seq
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--context", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=64)
-    parser.add_argument("--method", default="dense")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[4096])
+    parser.add_argument("--steps", type=int, default=64, help="timed decode steps (mean over them: refresh steps included)")
+    parser.add_argument("--warmup-steps", type=int, default=40, help="decode steps before timing (graph captures)")
+    parser.add_argument("--methods", nargs="+", default=["dense"], help="dense, infinitehip:PRESET (e.g. infinitehip:3k-fast)")
+    parser.add_argument("--no-graphs", action="store_true", help="also run every infinitehip method without CUDA graphs")
+    parser.add_argument("--chunk", type=int, default=32768, help="prefill chunk")
     args = parser.parse_args()
 
     bandwidth = hbm_bandwidth()
     model = random_model(LLAMA_31_8B, torch.device("cuda"), torch.bfloat16)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     loaded = LoadedModel(LLAMA_31_8B, model, None, "random Llama-3.1-8B-shaped weights", Path("."))
-    engine = LLMEngine(
-        EngineConfig(method=args.method, device="cuda", dtype="bfloat16", max_context_tokens=args.context + args.steps + 8,
-                     prefill_chunk_size=args.context, show_progress=False),
-        loaded,
-    )
-    kv_bytes = engine.cache.bytes_per_token * args.context
-    ids = torch.randint(0, LLAMA_31_8B.vocab_size, (args.context,), generator=torch.Generator().manual_seed(0)).tolist()
-    params = SamplingParams(temperature=0.0, max_tokens=args.steps, ignore_eos=True)
-
-    for _ in range(2):  # the first run warms up kernels and allocator
-        seq = engine.add_request(ids, params)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        engine.step()  # prefill (one chunk) + first token
-        torch.cuda.synchronize()
-        prefill_s = time.perf_counter() - t0
-        step_s = []
-        while not seq.is_finished:
-            t = time.perf_counter()
-            engine.step()  # sampling reads the token back: the step is complete when it returns
-            step_s.append(time.perf_counter() - t)
-
-    step = statistics.median(step_s)
     bound = weight_bytes / bandwidth
-    bound_kv = (weight_bytes + kv_bytes) / bandwidth
+    rows = []
+    for context in args.contexts:
+        for spec in args.methods:
+            method, _, preset = spec.partition(":")
+            variants = [True, False] if (method == "infinitehip" and args.no_graphs) else [True]
+            for graphs in variants:
+                try:
+                    r = run_method(loaded, method, preset or "3k", context, args.steps, args.warmup_steps, graphs, args.chunk)
+                except torch.OutOfMemoryError as e:
+                    print(f"{spec} at {context}: out of GPU memory ({str(e).splitlines()[0][:120]})", flush=True)
+                    torch.cuda.empty_cache()
+                    continue
+                rows.append(r)
+                print(r, flush=True)
+
     print(f"\ndevice: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("model: Llama-3.1-8B shape, RANDOM bf16 weights; method", args.method)
-    print(f"measured HBM bandwidth: {bandwidth / 1e12:.2f} TB/s; weights {weight_bytes / 1e9:.2f} GB; "
-          f"KV at {args.context} tokens {kv_bytes / 1e9:.2f} GB\n")
-    print("| metric | value |\n| --- | --- |")
-    print(f"| prefill {args.context} tokens | {prefill_s * 1e3:.0f} ms ({args.context / prefill_s:.0f} tok/s) |")
-    print(f"| decode step (median of {len(step_s)}) | {step * 1e3:.2f} ms |")
-    print(f"| decode tokens/s | {1 / step:.1f} |")
-    print(f"| weight-bandwidth bound | {1 / bound:.1f} tok/s ({bound * 1e3:.2f} ms/step) |")
-    print(f"| weights+KV bound | {1 / bound_kv:.1f} tok/s |")
-    print(f"| achieved / weight bound | {bound / step:.1%} |")
+    print("model: Llama-3.1-8B shape, RANDOM bf16 weights (16.06 GB); KV resident in GPU memory")
+    print(f"measured HBM bandwidth: {bandwidth / 1e12:.2f} TB/s; weight-bandwidth bound {1 / bound:.1f} tok/s "
+          f"({bound * 1e3:.2f} ms/step)\n")
+    print("| context | method | CUDA graphs | prefill s | decode ms/step (mean) | tok/s | graphs captured / replays | KV GB | peak GPU GB |")
+    print("| ---: | --- | :-: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['context']:,} | {r['method']} | {'yes' if r['cuda_graphs'] else 'no'} | {r['prefill_s']:.1f} | "
+              f"{r['step_ms_mean']:.2f} | {1e3 / r['step_ms_mean']:.1f} | {r['captures']} / {r['replays']} | "
+              f"{r['kv_gb']:.1f} | {r['peak_gb']:.1f} |")
 
 
 if __name__ == "__main__":
