@@ -82,8 +82,9 @@ class GraphDecoder:
         self.positions = torch.zeros(1, dtype=torch.long, device=device)
         self.page_table = torch.zeros(1, -(-self.max_bucket // cache.page_size), dtype=torch.int32, device=device)
         self.recorder = recorder
-        self.pool = torch.cuda.graph_pool_handle() if recorder is CudaGraphRecorder else None
+        # Per sequence: its graphs and their memory pool (a pool dies with its last graph, so it is not reused).
         self._seqs: dict[int, dict[tuple, _CapturedStep]] = {}
+        self._pools: dict[int, Any] = {}
         self._rope_ptr = None
         self.captures = self.replays = 0
 
@@ -95,6 +96,7 @@ class GraphDecoder:
 
     def release(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)
+        self._pools.pop(seq_id, None)
 
     def _batch(self, seq: SequenceSlice, bucket: int) -> ForwardBatch:
         batch = ForwardBatch([seq], self.cache, self.rope, 1)
@@ -121,6 +123,7 @@ class GraphDecoder:
         self.page_table[0, :n].copy_(seq.page_table)
         if self._rope_ptr != self.rope.cos.data_ptr():  # tables regrown: every captured graph reads freed memory
             self._seqs.clear()
+            self._pools.clear()
             self._rope_ptr = self.rope.cos.data_ptr()
         graphs = self._seqs.setdefault(seq.seq_id, {})
         captured = graphs.get(key)
@@ -139,11 +142,14 @@ class GraphDecoder:
         logits = self._forward(self._batch(seq, bucket))
         if self._rope_ptr != self.rope.cos.data_ptr():  # the eager step grew the tables to cover the bucket
             self._seqs.clear()
+            self._pools.clear()
             self._rope_ptr = self.rope.cos.data_ptr()
             graphs = self._seqs.setdefault(seq.seq_id, {})
         after = self.method.host_counters(state)
         self.method.set_host_counters(state, before)
-        recorder = self.recorder(self.pool)
+        if seq.seq_id not in self._pools:
+            self._pools[seq.seq_id] = torch.cuda.graph_pool_handle() if self.recorder is CudaGraphRecorder else None
+        recorder = self.recorder(self._pools[seq.seq_id])
         recorder.capture(lambda: self._forward(self._batch(seq, bucket)))
         self.method.set_host_counters(state, after)
         graphs[key] = _CapturedStep(recorder, before)

@@ -117,9 +117,12 @@ def decode_key_list(
     win_tok = window_start[:, None] + torch.arange(width, device=device)
     tokens = torch.cat([sink_tok, sel_tok, win_tok], dim=1)
     ok = torch.cat([sink_tok <= e, sel_ok, win_tok <= e], dim=1)
-    big = torch.iinfo(torch.int64).max
-    tokens = torch.where(ok, tokens, big).sort(dim=1).values
-    return torch.where(tokens == big, 0, tokens), ok.sum(1)
+    # Sink < selected (chunks in position order, disjoint) < window: the valid entries are already ascending, so
+    # compacting them (rank = running count) sorts the list; invalid ones go to a scratch column, then dropped.
+    K = tokens.shape[1]
+    rank = torch.where(ok, ok.cumsum(1) - 1, K)
+    out = torch.zeros(tokens.shape[0], K + 1, dtype=tokens.dtype, device=device).scatter_(1, rank, tokens)
+    return out[:, :K], ok.sum(1)
 
 
 def attend_positions(style: str, key_tokens: torch.Tensor, key_counts: torch.Tensor, window_start: torch.Tensor,

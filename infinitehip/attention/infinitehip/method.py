@@ -31,6 +31,10 @@ class InfiniteHiPState:
 
     stage_cache: list[list[StageCache] | None]
     decode_steps: list[int]
+    # Landmark saliency of decode queries is applied at the next refresh (see decode): per layer, the queries
+    # not applied yet [P, H, d] and their positions [P] (-1: empty), P = min(refresh_intervals).
+    pending_q: list[torch.Tensor | None] = field(default_factory=list)
+    pending_pos: list[torch.Tensor | None] = field(default_factory=list)
     refreshes: list[int] = field(default_factory=list)  # stage recomputations in decode, per stage
 
 
@@ -73,7 +77,8 @@ class InfiniteHiPAttention(AttentionMethod):
 
     def new_state(self) -> InfiniteHiPState:
         L, S = self.model_config.num_layers, self.config.num_stages
-        return InfiniteHiPState([None] * L, [0] * L, [0] * S)
+        return InfiniteHiPState(stage_cache=[None] * L, decode_steps=[0] * L, refreshes=[0] * S,
+                                pending_q=[None] * L, pending_pos=[None] * L)
 
     def _impl(self, x: torch.Tensor) -> str:
         if self.config.impl == "auto":
@@ -189,6 +194,27 @@ class InfiniteHiPAttention(AttentionMethod):
             ]
         return state.stage_cache[layer]
 
+    def _apply_saliency(self, layer: int, q: torch.Tensor, position: torch.Tensor, page_table: torch.Tensor,
+                        refresh: bool, state: InfiniteHiPState, batch: ForwardBatch) -> None:
+        """Queue this decode query q [1, H, d] for the landmark saliency; at a refresh apply every queued one.
+
+        Deferring is exact: a key is a candidate only once it is stream_tokens behind the query, and every query
+        of its landmark window (the next landmark_window <= stream_tokens tokens) is then queued or applied. A
+        refresh happens at least every min(refresh_intervals) steps, so P slots indexed by position % P hold
+        every query in between. Queries of the non-refresh steps cost two small copies."""
+        if state.pending_q[layer] is None:
+            P = min(self.config.refresh_intervals)
+            state.pending_q[layer] = torch.zeros(P, *q.shape[1:], dtype=q.dtype, device=q.device)
+            state.pending_pos[layer] = torch.full((P,), -1, dtype=torch.long, device=q.device)
+        pending_q, pending_pos = state.pending_q[layer], state.pending_pos[layer]
+        slot = position % pending_pos.shape[0]
+        pending_q.index_copy_(0, slot, q)
+        pending_pos.index_copy_(0, slot, position)
+        if refresh:
+            self.saliency.update_decode(layer, pending_q, pending_pos, page_table[None].expand(pending_pos.shape[0], -1),
+                                        batch.cache, batch.rope)
+            pending_pos.fill_(-1)
+
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         """Sync-free decode (decode.py): fixed shapes, positions from batch.decode_positions; CUDA-graph capturable."""
         c = self.config
@@ -198,12 +224,12 @@ class InfiniteHiPAttention(AttentionMethod):
         num_candidates = stage1_candidates(capacity, c.sink_tokens, c.chunk_sizes[0])
         # Positions every RoPE style may ask for, up to the capacity (a graph runner ensures this before capture).
         batch.rope.ensure(capacity + num_candidates + c.stream_tokens + 2)
-        if self.saliency is not None:
-            self.saliency.update_decode(layer, q, positions, page_tables, seqs[0].cache, batch.rope)
         finals, window_starts = [], []
         for i, seq in enumerate(seqs):
             state: InfiniteHiPState = seq.state
             pattern = self.refresh_pattern(state, layer)
+            if self.saliency is not None:
+                self._apply_saliency(layer, q[i : i + 1], positions[i : i + 1], page_tables[i], any(pattern), state, batch)
             caches = self._stage_caches(state, layer, q.device)
             parent = None
             for s, spec in enumerate(self._specs(layer, decode=True)):

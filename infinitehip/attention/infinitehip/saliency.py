@@ -26,14 +26,15 @@ class KeySaliency:
 
     def __init__(self, window: int):
         self.window = window
-        self._sum: dict[int, torch.Tensor] = {}  # layer -> [slots, H] fp32
-        self._count: dict[int, torch.Tensor] = {}  # layer -> [slots] fp32
+        # Row `slots` (one past the cache) is scratch: masked-out updates land there instead of changing shape.
+        self._sum: dict[int, torch.Tensor] = {}  # layer -> [slots + 1, H] fp32
+        self._count: dict[int, torch.Tensor] = {}  # layer -> [slots + 1] fp32
 
     def _buffers(self, layer: int, cache: PagedKVCache, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-        slots = cache.flat_k(layer).shape[0]
-        if layer not in self._sum or self._sum[layer].shape[0] != slots:
-            self._sum[layer] = torch.zeros(slots, num_heads, dtype=torch.float32, device=cache.device)
-            self._count[layer] = torch.zeros(slots, dtype=torch.float32, device=cache.device)
+        rows = cache.flat_k(layer).shape[0] + 1
+        if layer not in self._sum or self._sum[layer].shape[0] != rows:
+            self._sum[layer] = torch.zeros(rows, num_heads, dtype=torch.float32, device=cache.device)
+            self._count[layer] = torch.zeros(rows, dtype=torch.float32, device=cache.device)
         return self._sum[layer], self._count[layer]
 
     def update(self, layer: int, q: torch.Tensor, start_pos: int, page_table: torch.Tensor, cache: PagedKVCache,
@@ -69,22 +70,27 @@ class KeySaliency:
 
     def update_decode(self, layer: int, q: torch.Tensor, positions: torch.Tensor, page_tables: torch.Tensor,
                       cache: PagedKVCache, rope: RotaryEmbedding) -> None:
-        """Decode: query b (q [B, H, d] pre-RoPE, at positions[b]) adds its logits to the `window` keys up to and
-        including its own (whose sums it resets first). Sync-free, static shapes; rope must cover the positions."""
+        """Decode: query b (q [B, H, d] pre-RoPE, at positions[b]; < 0 = no query) adds its logits to the `window`
+        keys up to and including its own (whose sums it resets first). Sync-free, static shapes; rope must cover
+        the positions."""
         B, H, _ = q.shape
         total, count = self._buffers(layer, cache, H)
+        scratch = total.shape[0] - 1
         ps, W = cache.page_size, self.window
+        valid = positions >= 0
         key_pos = positions[:, None] - (W - 1) + torch.arange(W, device=q.device)  # [B, W]
-        reach = key_pos >= 0
+        reach = (key_pos >= 0) & valid[:, None]
         key_pos = key_pos.clamp(min=0)
         slots = page_tables.long().gather(1, key_pos // ps) * ps + key_pos % ps  # [B, W]
-        new_slots = slots[:, -1]
-        total.index_fill_(0, new_slots, 0)
-        count.index_fill_(0, new_slots, 0)
-        k = apply_rotary(cache.flat_k(layer)[slots].float(), rope.cos[key_pos][:, :, None], rope.sin[key_pos][:, :, None])
+        slots = torch.where(reach, slots, scratch)
+        total.index_fill_(0, slots[:, -1], 0)  # the query's own key is new: its sums start now
+        count.index_fill_(0, slots[:, -1], 0)
+        k = apply_rotary(cache.flat_k(layer)[slots.clamp(max=scratch - 1)].float(),
+                         rope.cos[key_pos][:, :, None], rope.sin[key_pos][:, :, None])
         k = k.repeat_interleave(H // k.shape[2], dim=2)  # [B, W, H, d]
-        q_rot = apply_rotary(q.float(), rope.cos[positions][:, None], rope.sin[positions][:, None])
-        logits = torch.einsum("bhd,bwhd->bwh", q_rot, k) * reach[..., None]  # unreached: +0 to token 0
+        q_pos = positions.clamp(min=0)
+        q_rot = apply_rotary(q.float(), rope.cos[q_pos][:, None], rope.sin[q_pos][:, None])
+        logits = torch.einsum("bhd,bwhd->bwh", q_rot, k)
         total.index_add_(0, slots.flatten(), logits.flatten(0, 1))
         count.index_add_(0, slots.flatten(), reach.flatten().float())
 
