@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from infinitehip.attention.infinitehip.positions import attention_positions, scoring_positions
+from infinitehip.attention.infinitehip.positions import scoring_positions
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, sparse_limit, subdivide
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
@@ -30,13 +30,19 @@ class StageCache:
 
     starts: torch.Tensor  # [C] int64
     lens: torch.Tensor  # [C] int64, 0 = padding
-    limit: torch.Tensor  # [1] int64, exclusive end of the candidates when the stage was last refreshed
+    limits: torch.Tensor  # [S] int64 the layer's stage limits, shared by its stages (the key list reads the row)
+    stage: int
     chunk_size: int
 
     @classmethod
-    def empty(cls, width: int, chunk_size: int, device: torch.device) -> "StageCache":
-        zeros = lambda n: torch.zeros(n, dtype=torch.long, device=device)
-        return cls(zeros(width), zeros(width), zeros(1), chunk_size)
+    def empty(cls, width: int, chunk_size: int, limits: torch.Tensor, stage: int) -> "StageCache":
+        zeros = lambda n: torch.zeros(n, dtype=torch.long, device=limits.device)
+        return cls(zeros(width), zeros(width), limits, stage, chunk_size)
+
+    @property
+    def limit(self) -> torch.Tensor:
+        """[1] exclusive end of the candidates when the stage was last refreshed (a view)."""
+        return self.limits[self.stage : self.stage + 1]
 
     def as_output(self) -> StageOutput:
         return StageOutput(self.starts[None], self.lens[None], self.chunk_size, 1, self.limit)
@@ -96,38 +102,3 @@ def refresh_stage(
     out.starts.copy_(starts.gather(1, order)[0])
     out.lens.copy_(lens.gather(1, order)[0])
     out.limit.copy_(limit)
-
-
-def decode_key_list(
-    final: list[StageCache], window_start: torch.Tensor, position: torch.Tensor, sink: int, width: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted key tokens per sequence: sink + selected chunks (below window_start) + window [window_start, e].
-
-    final: the last stage's cache per sequence; window_start, position [B].
-    -> (key_tokens [B, K] int64 with K static and padding at the end (token 0), key_counts [B] int64)."""
-    device = position.device
-    e = position[:, None]
-    starts = torch.stack([f.starts for f in final])  # [B, C]
-    lens = torch.stack([f.lens for f in final])
-    chunk = final[0].chunk_size
-    sink_tok = torch.arange(sink, device=device)[None, :].expand(e.shape[0], -1)
-    offsets = torch.arange(chunk, device=device)
-    sel_tok = (starts[:, :, None] + offsets).flatten(1)
-    sel_ok = (offsets < lens[:, :, None]).flatten(1) & (sel_tok < window_start[:, None])
-    win_tok = window_start[:, None] + torch.arange(width, device=device)
-    tokens = torch.cat([sink_tok, sel_tok, win_tok], dim=1)
-    ok = torch.cat([sink_tok <= e, sel_ok, win_tok <= e], dim=1)
-    # Sink < selected (chunks in position order, disjoint) < window: the valid entries are already ascending, so
-    # compacting them (rank = running count) sorts the list; invalid ones go to a scratch column, then dropped.
-    K = tokens.shape[1]
-    rank = torch.where(ok, ok.cumsum(1) - 1, K)
-    out = torch.zeros(tokens.shape[0], K + 1, dtype=tokens.dtype, device=device).scatter_(1, rank, tokens)
-    return out[:, :K], ok.sum(1)
-
-
-def attend_positions(style: str, key_tokens: torch.Tensor, key_counts: torch.Tensor, window_start: torch.Tensor,
-                     position: torch.Tensor, group: int, trained_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE positions of the decode keys [B, K] and queries [B] (see positions.attention_positions)."""
-    B = position.shape[0]
-    return attention_positions(style, key_tokens, key_counts, window_start, position,
-                               torch.arange(B, device=position.device), group * trained_len, trained_len)

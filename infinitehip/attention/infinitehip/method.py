@@ -15,8 +15,8 @@ import torch
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
 from infinitehip.attention.dense import causal_sdpa
-from infinitehip.attention.infinitehip.decode import (StageCache, attend_positions, decode_key_list, refresh_stage,
-                                                      stage1_candidates, window_width)
+from infinitehip.attention.infinitehip.decode import StageCache, refresh_stage, stage1_candidates, window_width
+from infinitehip.attention.infinitehip.keylist import decode_key_list
 from infinitehip.attention.infinitehip.positions import attention_positions, group_size
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, query_blocks, run_stage, sparse_limit
 from infinitehip.attention.infinitehip.saliency import KeySaliency
@@ -188,8 +188,9 @@ class InfiniteHiPAttention(AttentionMethod):
     def _stage_caches(self, state: InfiniteHiPState, layer: int, device: torch.device) -> list[StageCache]:
         if state.stage_cache[layer] is None:
             c = self.config
+            limits = torch.zeros(c.num_stages, dtype=torch.long, device=device)
             state.stage_cache[layer] = [
-                StageCache.empty(c.keep_tokens_for(layer, i) // c.chunk_sizes[i], c.chunk_sizes[i], device)
+                StageCache.empty(c.keep_tokens_for(layer, i) // c.chunk_sizes[i], c.chunk_sizes[i], limits, i)
                 for i in range(c.num_stages)
             ]
         return state.stage_cache[layer]
@@ -211,8 +212,7 @@ class InfiniteHiPAttention(AttentionMethod):
         pending_q.index_copy_(0, slot, q)
         pending_pos.index_copy_(0, slot, position)
         if refresh:
-            self.saliency.update_decode(layer, pending_q, pending_pos, page_table[None].expand(pending_pos.shape[0], -1),
-                                        batch.cache, batch.rope)
+            self.saliency.update_decode(layer, pending_q, pending_pos, page_table, batch.cache, batch.rope)
             pending_pos.fill_(-1)
 
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
@@ -224,7 +224,7 @@ class InfiniteHiPAttention(AttentionMethod):
         num_candidates = stage1_candidates(capacity, c.sink_tokens, c.chunk_sizes[0])
         # Positions every RoPE style may ask for, up to the capacity (a graph runner ensures this before capture).
         batch.rope.ensure(capacity + num_candidates + c.stream_tokens + 2)
-        finals, window_starts = [], []
+        finals = []
         for i, seq in enumerate(seqs):
             state: InfiniteHiPState = seq.state
             pattern = self.refresh_pattern(state, layer)
@@ -241,16 +241,21 @@ class InfiniteHiPAttention(AttentionMethod):
                     state.refreshes[s] += 1
                 parent = caches[s]
             state.decode_steps[layer] += 1
-            finals.append(caches[-1])
-            # The oldest cached stage bounds what was selectable; the window reaches back to it.
-            window_starts.append(torch.cat([o.limit for o in caches]).amin(0, keepdim=True))
-        window_start = torch.cat(window_starts)
-        key_tokens, key_counts = decode_key_list(finals, window_start, positions, c.sink_tokens,
-                                                 window_width(c.stream_tokens, c.refresh_intervals))
-        key_rope, query_rope = attend_positions(c.attention_rope, key_tokens, key_counts, window_start, positions, group,
-                                                self.trained_len)
+            finals.append(caches)
+        # The oldest cached stage bounds what was selectable: the window reaches back to it (the key list op takes
+        # the minimum of the stage limits).
+        if len(finals) == 1:  # views, no copies
+            last = finals[0][-1]
+            starts, lens, limits = last.starts[None], last.lens[None], last.limits[None]
+        else:
+            starts = torch.stack([f[-1].starts for f in finals])
+            lens = torch.stack([f[-1].lens for f in finals])
+            limits = torch.stack([f[-1].limits for f in finals])
+        key_tokens, key_counts, key_rope, query_rope = decode_key_list(
+            starts, lens, c.chunk_sizes[-1], limits, positions, c.sink_tokens,
+            window_width(c.stream_tokens, c.refresh_intervals), c.attention_rope, group, impl=self._impl(q))
         return sparse_attention_decode(
             q, seqs[0].cache.flat_k(layer), seqs[0].cache.flat_v(layer), page_tables, seqs[0].cache.page_size,
-            key_tokens.int(), key_counts.int(), key_rope, query_rope, batch.rope.cos, batch.rope.sin,
+            key_tokens, key_counts, key_rope, query_rope, batch.rope.cos, batch.rope.sin,
             self.sm_scale, impl=self._attention_impl(q),
         )

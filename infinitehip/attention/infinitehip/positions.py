@@ -26,6 +26,9 @@ from dataclasses import dataclass
 import torch
 
 
+ATTENTION_ROPE_STYLES_DECODE = ("streaming", "none", "dynamic", "infllm")
+
+
 @dataclass(frozen=True)
 class ScoringPositions:
     """Arguments of the chunk-scoring op for one stage and layer."""

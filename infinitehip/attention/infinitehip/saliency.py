@@ -68,31 +68,35 @@ class KeySaliency:
             total.index_add_(0, key_slots[k_lo - lo : k_hi - lo], logits.sum(1).T)
             count.index_add_(0, key_slots[k_lo - lo : k_hi - lo], reach.sum(0).float())
 
-    def update_decode(self, layer: int, q: torch.Tensor, positions: torch.Tensor, page_tables: torch.Tensor,
+    def update_decode(self, layer: int, q: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor,
                       cache: PagedKVCache, rope: RotaryEmbedding) -> None:
-        """Decode: query b (q [B, H, d] pre-RoPE, at positions[b]; < 0 = no query) adds its logits to the `window`
-        keys up to and including its own (whose sums it resets first). Sync-free, static shapes; rope must cover
-        the positions."""
-        B, H, _ = q.shape
+        """Decode queries of one sequence, q [P, H, d] pre-RoPE at distinct positions [P] within the last P tokens
+        (< 0: no query), add their logits to the `window` keys up to and including their own (whose sums are reset
+        first). Sync-free and static: the P windows overlap, so the union of W + P - 1 keys is gathered and rotated
+        once and each query's logits over it are masked to its own window. Rope must cover the positions."""
+        P, H, d = q.shape
         total, count = self._buffers(layer, cache, H)
         scratch = total.shape[0] - 1
         ps, W = cache.page_size, self.window
         valid = positions >= 0
-        key_pos = positions[:, None] - (W - 1) + torch.arange(W, device=q.device)  # [B, W]
-        reach = (key_pos >= 0) & valid[:, None]
+        last = positions.max()
+        key_pos = last - (W + P - 2) + torch.arange(W + P - 1, device=q.device)  # [Wp] the union of the windows
+        dist = positions[:, None] - key_pos[None, :]  # [P, Wp]
+        reach = (dist >= 0) & (dist < W) & valid[:, None] & (key_pos >= 0)[None, :]
         key_pos = key_pos.clamp(min=0)
-        slots = page_tables.long().gather(1, key_pos // ps) * ps + key_pos % ps  # [B, W]
-        slots = torch.where(reach, slots, scratch)
-        total.index_fill_(0, slots[:, -1], 0)  # the query's own key is new: its sums start now
-        count.index_fill_(0, slots[:, -1], 0)
-        k = apply_rotary(cache.flat_k(layer)[slots.clamp(max=scratch - 1)].float(),
-                         rope.cos[key_pos][:, :, None], rope.sin[key_pos][:, :, None])
-        k = k.repeat_interleave(H // k.shape[2], dim=2)  # [B, W, H, d]
-        q_pos = positions.clamp(min=0)
-        q_rot = apply_rotary(q.float(), rope.cos[q_pos][:, None], rope.sin[q_pos][:, None])
-        logits = torch.einsum("bhd,bwhd->bwh", q_rot, k)
-        total.index_add_(0, slots.flatten(), logits.flatten(0, 1))
-        count.index_add_(0, slots.flatten(), reach.flatten().float())
+        slots = page_table.long()[key_pos // ps] * ps + key_pos % ps  # [Wp]
+        own = torch.where(valid, page_table.long()[positions.clamp(min=0) // ps] * ps + positions.clamp(min=0) % ps, scratch)
+        total.index_fill_(0, own, 0)  # each query's own key is new: its sums start now
+        count.index_fill_(0, own, 0)
+        k = apply_rotary(cache.flat_k(layer)[slots].float(), rope.cos[key_pos][:, None], rope.sin[key_pos][:, None])
+        Hkv = k.shape[1]
+        q_rot = apply_rotary(q.float(), rope.cos[positions.clamp(min=0)][:, None], rope.sin[positions.clamp(min=0)][:, None])
+        logits = torch.einsum("pkgd,wkd->pwkg", q_rot.view(P, Hkv, H // Hkv, d), k).reshape(P, -1, H)  # [P, Wp, H]
+        logits = (logits * reach[..., None]).sum(0)  # [Wp, H]
+        hits = reach.sum(0)  # [Wp]
+        target = torch.where(hits > 0, slots, scratch)
+        total.index_add_(0, target, logits)
+        count.index_add_(0, target, hits.float())
 
     def representatives(self, layer: int, starts: torch.Tensor, lens: torch.Tensor, page_table: torch.Tensor,
                         page_size: int, chunk_size: int, impl: str = "reference") -> torch.Tensor:
