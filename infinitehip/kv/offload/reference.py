@@ -16,4 +16,5 @@ def copy_rows_reference(src: torch.Tensor, src_rows: torch.Tensor, dst: torch.Te
     active = (src_rows >= 0) & (dst_rows >= 0)
     s = src_rows[active].to(src.device)
     d = dst_rows[active].to(dst.device)
-    dst.index_copy_(0, d, src.index_select(0, s).to(dst.device))
+    # As raw bytes: bit-exact for every storage dtype (torch has no index_copy_ for FP8 on CPU).
+    dst.view(torch.uint8).index_copy_(0, d, src.view(torch.uint8).index_select(0, s).to(dst.device))
