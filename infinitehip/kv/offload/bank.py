@@ -92,7 +92,7 @@ class KVBank:
         """Device memory of a bank with these sizes (rows, table, reverse map, stamps), before allocating it."""
         rows = (2 if with_values else 1) * (bank_tokens + 1) * num_kv_heads * head_dim * element_size
         maps = (bank_tokens + 1) * 16 + (num_slots + 1) * 4
-        return num_layers * (rows + maps + 24)
+        return num_layers * (rows + maps + 32)  # + clock, hits, misses, overflows
 
     def flat_k(self, layer: int) -> torch.Tensor:
         """[B + 1, Hkv, d] rows of `layer`: index them with resolve's output (page_size 1)."""
