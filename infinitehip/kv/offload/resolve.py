@@ -36,6 +36,11 @@ from infinitehip.kv.offload.host_store import HostKVStore
 _MAX = torch.iinfo(torch.int64).max
 
 
+def _scalar(value: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A device scalar made by a fill kernel (torch.tensor(...) would copy from the host: not capturable)."""
+    return torch.full((), value, dtype=dtype, device=device)
+
+
 def resolve(bank: KVBank, store: HostKVStore, layer: int, slots: torch.Tensor, impl: str = "reference") -> torch.Tensor:
     """slots [N] (or any shape) store slots on the bank's device, < 0 = padding -> bank indices, same shape, int32."""
     shape = slots.shape
@@ -73,7 +78,7 @@ def resolve(bank: KVBank, store: HostKVStore, layer: int, slots: torch.Tensor, i
 
     # 4. bookkeeping (masked rows write to the trash entries S / B)
     evicted = owner[torch.where(miss, victim, B)]
-    table.index_put_((torch.where(miss & (evicted >= 0), evicted, S),), torch.tensor(-1, dtype=torch.int32, device=device))
+    table.index_put_((torch.where(miss & (evicted >= 0), evicted, S),), _scalar(-1, torch.int32, device))
     table.index_put_((torch.where(miss, s_sorted, S),), victim.to(torch.int32))
     owner.index_put_((torch.where(miss, victim, B),), s_sorted)
     last_used.index_put_((torch.where(first, resolved, B),), stamp.expand(n))
@@ -110,6 +115,6 @@ def invalidate(bank: KVBank, layer: int, slots: torch.Tensor) -> None:
     current = table[slots].long()
     resident = (slots < S) & (current >= 0)
     entry = torch.where(resident, current, B)
-    owner.index_put_((entry,), torch.tensor(-1, dtype=torch.int64, device=bank.device))
-    last_used.index_put_((entry,), torch.tensor(0, dtype=torch.int64, device=bank.device))
-    table.index_put_((torch.where(resident, slots, S),), torch.tensor(-1, dtype=torch.int32, device=bank.device))
+    owner.index_put_((entry,), _scalar(-1, torch.int64, bank.device))
+    last_used.index_put_((entry,), _scalar(0, torch.int64, bank.device))
+    table.index_put_((torch.where(resident, slots, S),), _scalar(-1, torch.int32, bank.device))
