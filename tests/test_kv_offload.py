@@ -273,3 +273,9 @@ def test_triton_row_copy_matches_reference_for_every_storage_dtype():
         assert torch.equal(raw(outs[0]), raw(outs[1])), dtype
         assert torch.equal(raw(outs[1][[0, 6, 2]]), raw(src[[4, 0, 7]])), dtype
         assert torch.equal(raw(outs[1][5]), raw(torch.full(row, -3.0).to(dtype))), dtype
+
+
+def test_resolve_rejects_slots_on_another_device():
+    kv, _, _ = make_kv("reference", attention_bank=4)
+    with pytest.raises(ValueError, match="attention bank"):
+        kv.resolve_attention(0, torch.tensor([1], device="meta"))

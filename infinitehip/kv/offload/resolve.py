@@ -43,6 +43,8 @@ def _scalar(value: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
 
 def resolve(bank: KVBank, store: HostKVStore, layer: int, slots: torch.Tensor, impl: str = "reference") -> torch.Tensor:
     """slots [N] (or any shape) store slots on the bank's device, < 0 = padding -> bank indices, same shape, int32."""
+    if slots.device != bank.device:
+        raise ValueError(f"resolve: slots are on {slots.device} but the {bank.name} bank is on {bank.device}")
     shape = slots.shape
     slots = slots.reshape(-1).long()
     n = slots.numel()
