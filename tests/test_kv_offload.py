@@ -99,6 +99,20 @@ def test_offload_config_rejects_bad_values_naming_the_field(field, value):
         OffloadConfig(**{field: value})
 
 
+def test_offload_config_cli_flags_are_kebab_case_field_names():
+    import argparse
+
+    from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+
+    parser = argparse.ArgumentParser()
+    add_dataclass_flags(parser, OffloadConfig)
+    args = parser.parse_args(["--enabled", "true", "--mask-bank-tokens", "1024", "--kv-dtype", "fp8_e5m2",
+                              "--host-memory-fraction", "0.5"])
+    cfg = dataclass_from_args(OffloadConfig, args)
+    assert (cfg.enabled, cfg.mask_bank_tokens, cfg.kv_dtype, cfg.host_memory_fraction) == (True, 1024, "fp8_e5m2", 0.5)
+    assert cfg.attention_bank_tokens == OffloadConfig().attention_bank_tokens
+
+
 def test_offload_config_dtype_resolution():
     assert OffloadConfig().torch_kv_dtype(torch.bfloat16) == torch.bfloat16
     assert OffloadConfig(kv_dtype="fp8_e4m3").torch_kv_dtype(torch.bfloat16) == torch.float8_e4m3fn
