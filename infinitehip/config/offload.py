@@ -1,0 +1,57 @@
+"""KV offloading configuration: every token's K/V in host memory, two GPU banks caching hot rows (paper Sec. 3.3).
+
+The mask bank holds keys only (read by the pruning stages, one representative key per chunk and head);
+the attention bank holds keys and values (read by block-sparse attention). Both are token-granular LRU
+caches over the host store; their sizes are in tokens (one token = the rows of every KV head of one layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+KV_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+OFFLOAD_IMPLS = ("auto", "triton", "reference")
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    enabled: bool = False
+    mask_bank_tokens: int = 65536  # GPU mask bank (keys only), tokens per layer
+    attention_bank_tokens: int = 65536  # GPU attention bank (keys and values), tokens per layer
+    kv_dtype: str = "auto"  # storage dtype of the host store and both banks; "auto": the model's dtype
+    host_memory_fraction: float = 0.9  # share of the available host memory the store may take
+    gpu_memory_fraction: float = 0.9  # share of the free GPU memory the banks and their tables may take
+    impl: str = "auto"  # host->bank row copy: "auto" (triton on CUDA, reference elsewhere), "triton", "reference"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"enabled must be a bool, got {self.enabled!r}")
+        for name in ("mask_bank_tokens", "attention_bank_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int (tokens per layer), got {value!r}")
+        if self.kv_dtype != "auto" and self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be 'auto' or one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
+        for name in ("host_memory_fraction", "gpu_memory_fraction"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+        if self.impl not in OFFLOAD_IMPLS:
+            raise ValueError(f"impl must be one of {OFFLOAD_IMPLS}, got {self.impl!r}")
+
+    def torch_kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The storage dtype: kv_dtype, or the model's dtype for "auto"."""
+        return model_dtype if self.kv_dtype == "auto" else KV_DTYPES[self.kv_dtype]
+
+    def copy_impl(self, device: torch.device) -> str:
+        if self.impl == "auto":
+            return "triton" if device.type == "cuda" else "reference"
+        return self.impl

@@ -1,0 +1,54 @@
+"""KV offloading (paper Sec. 3.3, Alg. 4): host-memory KV store + GPU mask / attention banks with LRU resolve.
+
+Modules: `host_store` (all K/V, pinned, flat slots like PagedKVCache), `bank` (one GPU bank: rows, slot
+table, reverse map, LRU stamps, counters), `resolve` (the sync-free resolve / invalidate ops),
+`reference` / `triton` (host<->bank row copy, eager oracle and UVA kernel), `offloaded` (store + both
+banks from an OffloadConfig), `compose` (bank indices as page tables for the unchanged kernels),
+`planner` (capacity before allocation), `bank_sizing` (worst-case requests per call), `validate`.
+
+Design note: wiring into the engine and the infinitehip method (not done yet)
+------------------------------------------------------------------------------
+Engine (`LLMEngine.__init__`, when `OffloadConfig.enabled`):
+  1. plan = plan_capacity(L, Hkv, d, offload.torch_kv_dtype(model dtype), offload, gpu_free_bytes() after
+     the model is loaded, host_available_bytes(), page_size); plan.check(kv tokens) refuses before any
+     allocation; log plan.summary.
+  2. check_bank_requests(offload, decode_bank_requests(method config, max_context_tokens, num_heads,
+     sequences per resolve call)) refuses banks that one call could overflow.
+  3. Build OffloadedKV(offload, L, num_pages * page_size, Hkv, d, dtype, device) instead of the full-size
+     GPU PagedKVCache; the page allocator and page tables are unchanged (store slots = cache slots).
+Write path (`AttentionMethod.__call__`): `kv.write(layer, batch.new_slots, k, v)` scatters the new rows into
+  the pinned store with the Triton kernel (no sync) and drops stale bank copies of those slots (slots are
+  reused across sequences). The new tokens come back as misses of the same step (one row per sequence).
+Decode, per layer (Alg. 4), in the method:
+  - Mask bank, before representative scoring of each refreshed stage: reps [M, N, H] token positions ->
+    slots = token_slots(page_table, reps, page_size) -> idx = kv.resolve_mask(layer, slots). The scoring
+    kernels find a key's row as page_table[tok // page_size] * page_size + tok % page_size, so either
+    (a) pass page_size 1 and a per-sequence token -> bank-index table: seq_table = full([context], -1);
+    seq_table.scatter_(0, reps.flatten(), idx.flatten()) (static shape, O(context) int32 fill per call), or
+    (b) give the kernels an explicit row tensor (a small kernel change, no O(context) fill).
+    Landmark representatives come from the saliency buffers (no key reads); only the scored reps are read.
+    Stage 0 at 1M tokens reads chunks * H reps (131K for 3k with 32 heads): size the mask bank for it, or
+    run stage 0 in groups of chunks (resolve + score per group; top-k after), which the scores allow.
+  - Attention bank, before block-sparse attention: slots = compose.list_slots(page_tables, page_size,
+    key_tokens, key_counts) (padding -> -1); idx = kv.resolve_attention(layer, slots.view(-1)).view(B, K);
+    tables, tokens, 1 = compose.decode_tables(idx); sparse_attention_decode(q, bank.flat_k(layer),
+    bank.flat_v(layer), tables, 1, tokens, key_counts, key_rope, query_rope, ...): decode attends every
+    listed key, so list positions 0..K-1 replace the token positions (RoPE positions are separate).
+    The landmark saliency update reads the stream window's keys: they are in the same list (resident).
+  - Statistics: kv.stats() (hit ratio per bank and layer) between steps, e.g. in the server metrics.
+Prefill: the same two calls per group of query blocks, with groups sized so the union of their requests
+  fits each bank (per block: sink + keep + stream + the chunk's own keys); the prefill kernel's causal mask
+  needs token positions, so it uses option (a) (a token -> bank-index table per sequence).
+CUDA graphs: resolve and the row copy are sync-free with static shapes (pad key lists to the bank_sizing
+  worst case; padding slots are -1); the stamps come from a device-side clock, so replays advance LRU.
+  An index returned by resolve is valid until the next resolve of the same bank and layer.
+Validation mode: validate.validate_against_paged compares every row read through the banks with a
+  resident PagedKVCache (debug runs at small contexts; it syncs every step).
+"""
+
+from infinitehip.kv.offload.bank import BankStats, KVBank
+from infinitehip.kv.offload.host_store import HostKVStore
+from infinitehip.kv.offload.offloaded import OffloadedKV
+from infinitehip.kv.offload.resolve import invalidate, resolve
+
+__all__ = ["BankStats", "HostKVStore", "KVBank", "OffloadedKV", "invalidate", "resolve"]

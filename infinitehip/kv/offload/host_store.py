@@ -1,0 +1,91 @@
+"""Host-memory KV store: every token's K and V of every layer, as flat slots [layers, slots, Hkv, d].
+
+Slot numbering is `PagedKVCache`'s (slot = page * page_size + offset), so a sequence's page table maps
+its tokens to store slots unchanged. The store is pinned when CUDA is available: pinned host memory is
+addressable from GPU kernels (UVA), which is how the Triton row copy reads and writes it without a host
+sync. FP8 storage (e4m3 / e5m2) saturates values to the format's finite range when writing (a plain cast
+would turn out-of-range values into NaN / inf); readers upcast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infinitehip.kv.offload.copy_rows import copy_rows
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def to_storage_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in the storage dtype; FP8 saturates to the largest finite value instead of overflowing."""
+    if x.dtype == dtype:
+        return x
+    if dtype in FP8_DTYPES:
+        limit = torch.finfo(dtype).max
+        return x.float().clamp(-limit, limit).to(dtype)
+    return x.to(dtype)
+
+
+def dtype_label(dtype: torch.dtype) -> str:
+    """Short name for summaries: FP8 (e4m3/e5m2), BF16, FP16, FP32."""
+    labels = {torch.float8_e4m3fn: "FP8 e4m3", torch.float8_e5m2: "FP8 e5m2", torch.bfloat16: "BF16",
+              torch.float16: "FP16", torch.float32: "FP32"}
+    if dtype not in labels:
+        raise ValueError(f"unsupported KV storage dtype {dtype}")
+    return labels[dtype]
+
+
+class HostKVStore:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        pin_memory: bool | None = None,
+    ):
+        for name, value in (("num_layers", num_layers), ("num_slots", num_slots), ("num_kv_heads", num_kv_heads),
+                            ("head_dim", head_dim)):
+            if value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+        dtype_label(dtype)  # validates the dtype
+        if pin_memory is None:
+            pin_memory = torch.cuda.is_available()
+        self.num_layers, self.num_slots = num_layers, num_slots
+        self.dtype = dtype
+        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        # Uninitialised like PagedKVCache: a slot is written before any bank reads it.
+        self.k = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
+        self.v = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
+
+    @property
+    def is_pinned(self) -> bool:
+        return self.k.is_pinned()
+
+    @property
+    def row_shape(self) -> tuple[int, int]:
+        return tuple(self.k.shape[-2:])
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Host bytes of one token: K and V of every layer."""
+        return 2 * self.num_layers * self.k.shape[-2] * self.k.shape[-1] * self.k.element_size()
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "reference") -> None:
+        """k/v [T, Hkv, d] (any device, any float dtype) into slots [T] of `layer`.
+
+        impl "triton" scatters device rows straight into the pinned store (no host sync); "reference" copies
+        through torch (syncs when k is on the GPU)."""
+        rows = torch.arange(slots.numel(), device=k.device)
+        dst = slots.reshape(-1).to(k.device)
+        copy_rows(to_storage_dtype(k, self.dtype), rows, self.k[layer], dst, impl)
+        copy_rows(to_storage_dtype(v, self.dtype), rows, self.v[layer], dst, impl)
+
+    def read(self, layer: int, slots: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [N, Hkv, d] of slots [N] (on the host), upcast to `dtype` if given."""
+        idx = slots.reshape(-1).cpu()
+        k, v = self.k[layer].index_select(0, idx), self.v[layer].index_select(0, idx)
+        if dtype is not None:
+            k, v = k.to(dtype), v.to(dtype)
+        return k, v

@@ -1,0 +1,70 @@
+"""OffloadedKV: the host store and its two GPU banks, built from an `OffloadConfig`.
+
+- `write(layer, slots, k, v)`: new tokens go to the host store; any bank copy of those slots is dropped
+  (slots are reused when the page allocator hands freed pages to a new sequence);
+- `resolve_mask(layer, slots)`: keys for the pruning stages, through the mask bank (keys only);
+- `resolve_attention(layer, slots)`: keys and values for block-sparse attention, through the attention bank.
+
+Both resolve calls return bank indices [N] int32 to read `mask_bank.flat_k(layer)` or
+`attention_bank.flat_k/flat_v(layer)` with page_size 1 (see `resolve.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infinitehip.config.offload import OffloadConfig
+from infinitehip.kv.offload.bank import BankStats, KVBank
+from infinitehip.kv.offload.host_store import HostKVStore
+from infinitehip.kv.offload.resolve import invalidate, resolve
+
+
+class OffloadedKV:
+    def __init__(
+        self,
+        config: OffloadConfig,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        model_dtype: torch.dtype,
+        device: torch.device | str,
+        pin_memory: bool | None = None,
+    ):
+        device = torch.device(device)
+        dtype = config.torch_kv_dtype(model_dtype)
+        self.config = config
+        self.impl = config.copy_impl(device)
+        self.store = HostKVStore(num_layers, num_slots, num_kv_heads, head_dim, dtype, pin_memory)
+        shape = (num_layers, num_slots)
+        rows = (num_kv_heads, head_dim, dtype, device)
+        self.mask_bank = KVBank("mask", *shape, config.mask_bank_tokens, *rows, with_values=False)
+        self.attention_bank = KVBank("attention", *shape, config.attention_bank_tokens, *rows, with_values=True)
+
+    @property
+    def banks(self) -> tuple[KVBank, KVBank]:
+        return self.mask_bank, self.attention_bank
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.store.dtype
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k/v [T, Hkv, d] of new tokens into store slots [T]; bank copies of those slots are dropped."""
+        self.store.write(layer, slots, k, v, impl=self.impl)
+        for bank in self.banks:
+            invalidate(bank, layer, slots)
+
+    def resolve_mask(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        return resolve(self.mask_bank, self.store, layer, slots, impl=self.impl)
+
+    def resolve_attention(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        return resolve(self.attention_bank, self.store, layer, slots, impl=self.impl)
+
+    def stats(self) -> tuple[BankStats, BankStats]:
+        """(mask bank, attention bank) hit / miss counters (reads device tensors: between steps only)."""
+        return self.mask_bank.stats(), self.attention_bank.stats()
+
+    def reset_stats(self) -> None:
+        for bank in self.banks:
+            bank.reset_stats()

@@ -1,0 +1,295 @@
+"""KV offloading: host store + GPU banks, the sync-free LRU resolve, its eager and Triton row copies.
+
+Without a CUDA device the Triton row copy runs under the interpreter (set before triton is imported, and
+the kernel module re-imported if something imported it earlier), so stores and traces are kept small.
+"""
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import importlib  # noqa: E402
+import random  # noqa: E402
+from collections import OrderedDict  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from infinitehip.config.offload import OffloadConfig  # noqa: E402
+from infinitehip.kv.offload import OffloadedKV  # noqa: E402
+
+if "infinitehip.kv.offload.triton" in sys.modules:  # decorated before TRITON_INTERPRET was set
+    importlib.reload(sys.modules["infinitehip.kv.offload.triton"])
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+IMPLS = ("reference", "triton")
+LAYERS, HKV, D = 2, 2, 8
+
+
+def make_kv(impl, slots=96, mask_bank=8, attention_bank=8, kv_dtype="float32", seed=0):
+    """An offloaded KV with fresh random rows in every slot of every layer; returns (kv, k rows, v rows)."""
+    cfg = OffloadConfig(enabled=True, mask_bank_tokens=mask_bank, attention_bank_tokens=attention_bank,
+                        kv_dtype=kv_dtype, impl=impl)
+    kv = OffloadedKV(cfg, LAYERS, slots, HKV, D, torch.float32, DEVICE)
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(LAYERS, slots, HKV, D, generator=g)
+    v = torch.randn(LAYERS, slots, HKV, D, generator=g)
+    for layer in range(LAYERS):
+        kv.write(layer, torch.arange(slots, device=DEVICE), k[layer].to(DEVICE), v[layer].to(DEVICE))
+    return kv, k, v
+
+
+class LRUModel:
+    """The LRU the banks implement, as a plain OrderedDict: a call's distinct slots are appended in sorted order."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.entries = capacity, OrderedDict()
+
+    def request(self, slots: list[int]) -> tuple[int, int]:
+        distinct = sorted({s for s in slots if s >= 0})
+        misses = [s for s in distinct if s not in self.entries]
+        need = len(misses) - (self.capacity - len(self.entries))
+        for s in [s for s in self.entries if s not in set(distinct)][: max(0, need)]:
+            del self.entries[s]
+        for s in distinct:
+            self.entries[s] = True
+            self.entries.move_to_end(s)
+        return len(distinct) - len(misses), len(misses)
+
+
+def random_trace(rng: random.Random, steps: int, slots: int, per_call: int, hot: int):
+    """Calls of `per_call` slots: mostly from a drifting hot set, some cold, duplicates and -1 padding."""
+    base = 0
+    for _ in range(steps):
+        base = (base + rng.randrange(3)) % slots
+        call = []
+        for _ in range(per_call):
+            r = rng.random()
+            if r < 0.1:
+                call.append(-1)
+            elif r < 0.75:
+                call.append((base + rng.randrange(hot)) % slots)
+            else:
+                call.append(rng.randrange(slots))
+        yield call
+
+
+def as_tensor(call):
+    return torch.tensor(call, dtype=torch.int64, device=DEVICE)
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """Bit pattern of a tensor (compares NaN and FP8 rows exactly)."""
+    return t.contiguous().view(torch.uint8).cpu()
+
+
+# ---- config ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("field,value", [
+    ("mask_bank_tokens", 0), ("attention_bank_tokens", -4), ("attention_bank_tokens", 2.5),
+    ("kv_dtype", "int8"), ("host_memory_fraction", 0.0), ("gpu_memory_fraction", 1.5), ("impl", "cuda"),
+    ("enabled", "yes"),
+])
+def test_offload_config_rejects_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        OffloadConfig(**{field: value})
+
+
+def test_offload_config_cli_flags_are_kebab_case_field_names():
+    import argparse
+
+    from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+
+    parser = argparse.ArgumentParser()
+    add_dataclass_flags(parser, OffloadConfig)
+    args = parser.parse_args(["--enabled", "true", "--mask-bank-tokens", "1024", "--kv-dtype", "fp8_e5m2",
+                              "--host-memory-fraction", "0.5"])
+    cfg = dataclass_from_args(OffloadConfig, args)
+    assert (cfg.enabled, cfg.mask_bank_tokens, cfg.kv_dtype, cfg.host_memory_fraction) == (True, 1024, "fp8_e5m2", 0.5)
+    assert cfg.attention_bank_tokens == OffloadConfig().attention_bank_tokens
+
+
+def test_offload_config_dtype_resolution():
+    assert OffloadConfig().torch_kv_dtype(torch.bfloat16) == torch.bfloat16
+    assert OffloadConfig(kv_dtype="fp8_e4m3").torch_kv_dtype(torch.bfloat16) == torch.float8_e4m3fn
+    assert OffloadConfig(kv_dtype="fp8_e5m2").torch_kv_dtype(torch.float32) == torch.float8_e5m2
+
+
+# ---- LRU policy -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("impl", IMPLS)
+def test_lru_evicts_the_least_recently_used(impl):
+    kv, _, _ = make_kv(impl, attention_bank=4)
+    bank = kv.attention_bank
+    for call in ([0, 1], [2, 3], [0], [5]):  # 1 is the least recently used when 5 arrives
+        kv.resolve_attention(0, as_tensor(call))
+    assert bank.resident_slots(0).tolist() == [0, 2, 3, 5]
+    kv.resolve_attention(0, as_tensor([7]))  # then 2 (same call as 3, smaller slot first)
+    assert bank.resident_slots(0).tolist() == [0, 3, 5, 7]
+    assert bank.resident_slots(1).tolist() == []  # layers are independent
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_never_evicts_a_slot_requested_in_the_call(impl):
+    kv, k, _ = make_kv(impl, attention_bank=4)
+    kv.resolve_attention(0, as_tensor([10, 11]))
+    kv.resolve_attention(0, as_tensor([12, 13]))
+    # 10 and 11 are the LRU entries but requested again: 12 and 13 must make room for 20 and 21.
+    idx = kv.resolve_attention(0, as_tensor([20, 10, 21, 11]))
+    assert kv.attention_bank.resident_slots(0).tolist() == [10, 11, 20, 21]
+    assert len(set(idx.tolist())) == 4
+    assert torch.equal(kv.attention_bank.flat_k(0)[idx.long()].cpu(), k[0][[20, 10, 21, 11]])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("bank_tokens,per_call,hot", [(8, 6, 10), (16, 12, 24), (32, 20, 30)])
+def test_matches_an_ordered_dict_lru_on_random_traces(impl, bank_tokens, per_call, hot):
+    slots = 96
+    kv, _, _ = make_kv(impl, slots=slots, mask_bank=bank_tokens, attention_bank=bank_tokens)
+    models = {(name, layer): LRUModel(bank_tokens) for name in ("mask", "attention") for layer in range(LAYERS)}
+    expected = {key: [0, 0] for key in models}
+    rng = random.Random(bank_tokens * 1000 + per_call)
+    for i, call in enumerate(random_trace(rng, 40, slots, per_call, hot)):
+        layer, name = i % LAYERS, ("mask", "attention")[(i // LAYERS) % 2]
+        bank = kv.mask_bank if name == "mask" else kv.attention_bank
+        (kv.resolve_mask if name == "mask" else kv.resolve_attention)(layer, as_tensor(call))
+        h, m = models[name, layer].request(call)
+        expected[name, layer][0] += h
+        expected[name, layer][1] += m
+        assert bank.resident_slots(layer).tolist() == sorted(models[name, layer].entries), f"call {i}"
+        stats = bank.stats()
+        assert [stats.hits[layer], stats.misses[layer]] == expected[name, layer], f"call {i}"
+    for bank in kv.banks:
+        stats = bank.stats()
+        assert stats.overflows == [0] * LAYERS
+        assert 0 < stats.hit_ratio < 1
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_duplicates_share_one_entry_and_padding_maps_to_minus_one(impl):
+    kv, k, _ = make_kv(impl, attention_bank=4)
+    idx = kv.resolve_attention(1, as_tensor([[5, -1, 5], [9, 5, -1]])).cpu()
+    assert idx.shape == (2, 3) and idx.dtype == torch.int32
+    assert idx[0, 1] == -1 and idx[1, 2] == -1
+    assert idx[0, 0] == idx[0, 2] == idx[1, 1] != idx[1, 0]
+    stats = kv.attention_bank.stats()
+    assert (stats.hits[1], stats.misses[1]) == (0, 2)
+    assert torch.equal(kv.attention_bank.flat_k(1)[idx[1, 0].long()].cpu(), k[1, 9])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_overflowing_call_is_counted(impl):
+    kv, _, _ = make_kv(impl, attention_bank=4)
+    kv.resolve_attention(0, as_tensor([1, 2, 3, 4]))
+    assert kv.attention_bank.stats().overflows == [0, 0]
+    kv.resolve_attention(0, as_tensor([1, 2, 3, 4, 5]))
+    assert kv.attention_bank.stats().overflows == [1, 0]
+
+
+# ---- data ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "fp8_e4m3", "fp8_e5m2"])
+def test_rows_read_through_returned_indices_equal_the_host_store(impl, kv_dtype):
+    kv, _, _ = make_kv(impl, slots=64, mask_bank=12, attention_bank=10, kv_dtype=kv_dtype, seed=3)
+    for bank in kv.banks:  # poison: a row the resolve forgot to write shows
+        for t in (bank.k, bank.v):
+            if t is not None:
+                t.view(torch.uint8).fill_(0x7F)
+    rng = random.Random(7)
+    for i, call in enumerate(random_trace(rng, 24, 64, 9, 14)):
+        layer = i % LAYERS
+        slots = as_tensor(call)
+        keep = slots >= 0
+        want = slots[keep].cpu()
+        mask_idx = kv.resolve_mask(layer, slots)
+        att_idx = kv.resolve_attention(layer, slots)
+        assert (mask_idx[~keep] == -1).all() and (att_idx[~keep] == -1).all()
+        assert torch.equal(raw(kv.mask_bank.flat_k(layer)[mask_idx[keep].long()]), raw(kv.store.k[layer][want]))
+        assert torch.equal(raw(kv.attention_bank.flat_k(layer)[att_idx[keep].long()]), raw(kv.store.k[layer][want]))
+        assert torch.equal(raw(kv.attention_bank.flat_v(layer)[att_idx[keep].long()]), raw(kv.store.v[layer][want]))
+    with pytest.raises(ValueError, match="keys only"):
+        kv.mask_bank.flat_v(0)
+
+
+@pytest.mark.parametrize("kv_dtype,rtol", [("fp8_e4m3", 2.0 ** -4), ("fp8_e5m2", 2.0 ** -3)])
+def test_fp8_round_trip_within_format_precision(kv_dtype, rtol):
+    kv, k, v = make_kv("reference", slots=64, attention_bank=16, kv_dtype=kv_dtype, seed=5)
+    assert kv.dtype == OffloadConfig(kv_dtype=kv_dtype).torch_kv_dtype(torch.float32)
+    slots = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:16]
+    idx = kv.resolve_attention(1, slots.to(DEVICE)).long()
+    got_k = kv.attention_bank.flat_k(1)[idx].float().cpu()
+    got_v = kv.attention_bank.flat_v(1)[idx].float().cpu()
+    # Rounding to nearest with m mantissa bits: relative error <= 2^-(m+1); subnormals need an absolute bound.
+    atol = torch.finfo(kv.dtype).smallest_normal
+    torch.testing.assert_close(got_k, k[1][slots], rtol=rtol, atol=atol)
+    torch.testing.assert_close(got_v, v[1][slots], rtol=rtol, atol=atol)
+    assert not torch.equal(got_k, k[1][slots])  # it really was stored in FP8
+    big = torch.full((1, HKV, D), 1e9)  # saturates to the largest finite value instead of NaN / inf
+    kv.write(0, torch.tensor([3], device=DEVICE), big.to(DEVICE), -big.to(DEVICE))
+    stored_k, stored_v = kv.store.read(0, torch.tensor([3]), dtype=torch.float32)
+    assert (stored_k == torch.finfo(kv.dtype).max).all() and (stored_v == -torch.finfo(kv.dtype).max).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_writing_a_resident_slot_drops_its_bank_copy(impl):
+    kv, _, _ = make_kv(impl, attention_bank=4)
+    kv.resolve_attention(0, as_tensor([3, 4]))
+    new_k, new_v = torch.full((1, HKV, D), 7.0, device=DEVICE), torch.full((1, HKV, D), -7.0, device=DEVICE)
+    kv.write(0, as_tensor([3]), new_k, new_v)  # slot 3 reused by another sequence
+    assert kv.attention_bank.resident_slots(0).tolist() == [4]
+    idx = kv.resolve_attention(0, as_tensor([3, 4])).long()
+    assert torch.equal(kv.attention_bank.flat_k(0)[idx[0]], new_k[0])
+    assert torch.equal(kv.attention_bank.flat_v(0)[idx[0]], new_v[0])
+    stats = kv.attention_bank.stats()
+    assert (stats.hits[0], stats.misses[0]) == (1, 3)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_triton_and_reference_give_identical_banks_tables_and_stats(seed):
+    systems = {impl: make_kv(impl, slots=80, mask_bank=10, attention_bank=14, seed=seed)[0] for impl in IMPLS}
+    rng = random.Random(seed)
+    for i, call in enumerate(random_trace(rng, 30, 80, 11, 20)):
+        layer = rng.randrange(LAYERS)
+        out = {impl: (kv.resolve_mask(layer, as_tensor(call)), kv.resolve_attention(layer, as_tensor(call)))
+               for impl, kv in systems.items()}
+        assert all(torch.equal(a, b) for a, b in zip(out["reference"], out["triton"])), f"call {i}"
+    ref, tri = systems["reference"], systems["triton"]
+    for b_ref, b_tri in zip(ref.banks, tri.banks):
+        S, B = b_ref.num_slots, b_ref.bank_tokens
+        assert torch.equal(b_ref.table[:, :S], b_tri.table[:, :S])
+        for name in ("owner", "last_used"):
+            assert torch.equal(getattr(b_ref, name)[:, :B], getattr(b_tri, name)[:, :B])
+        for name in ("k", "v", "clock", "hits", "misses", "overflows"):
+            a, b = getattr(b_ref, name), getattr(b_tri, name)
+            assert (a is None and b is None) or torch.equal(a, b), name
+        assert b_ref.stats() == b_tri.stats()
+    assert torch.equal(ref.store.k, tri.store.k) and torch.equal(ref.store.v, tri.store.v)
+
+
+def test_triton_row_copy_matches_reference_for_every_storage_dtype():
+    from infinitehip.kv.offload.reference import copy_rows_reference
+    from infinitehip.kv.offload.triton import copy_rows_triton
+
+    g = torch.Generator().manual_seed(0)
+    for dtype, row in ((torch.float32, (3, 5)), (torch.bfloat16, (2, 3)), (torch.float8_e4m3fn, (1, 3)),
+                       (torch.float8_e5m2, (2, 4))):
+        src = torch.randn(20, *row, generator=g).to(dtype).to(DEVICE)
+        src_rows = torch.tensor([4, -1, 0, 19, 7, 3], device=DEVICE)
+        dst_rows = torch.tensor([0, 5, 6, -1, 2, 9], device=DEVICE)
+        outs = []
+        for fn in (copy_rows_reference, copy_rows_triton):
+            dst = torch.full((10, *row), -3.0).to(dtype).to(DEVICE)
+            fn(src, src_rows, dst, dst_rows)
+            outs.append(dst)
+        assert torch.equal(raw(outs[0]), raw(outs[1])), dtype
+        assert torch.equal(raw(outs[1][[0, 6, 2]]), raw(src[[4, 0, 7]])), dtype
+        assert torch.equal(raw(outs[1][5]), raw(torch.full(row, -3.0).to(dtype))), dtype
+
+
+def test_resolve_rejects_slots_on_another_device():
+    kv, _, _ = make_kv("reference", attention_bank=4)
+    with pytest.raises(ValueError, match="attention bank"):
+        kv.resolve_attention(0, torch.tensor([1], device="meta"))

@@ -1,0 +1,101 @@
+"""Offload capacity planner and bank sizing, with fixed memory numbers (nothing is allocated)."""
+
+import pytest
+import torch
+
+from infinitehip.config.infinitehip import PRESETS, infinitehip_preset
+from infinitehip.config.offload import OffloadConfig
+from infinitehip.kv.offload.bank import KVBank
+from infinitehip.kv.offload.bank_sizing import check_bank_requests, decode_bank_requests
+from infinitehip.kv.offload.planner import CapacityError, gpu_free_bytes, host_available_bytes, plan_capacity
+
+GIB = 1 << 30
+SMALL = OffloadConfig(mask_bank_tokens=3, attention_bank_tokens=3, host_memory_fraction=1.0, gpu_memory_fraction=1.0)
+
+
+def test_small_plan_by_hand_limited_by_gpu_tables():
+    # 2 layers, 1 kv head, d = 4, fp32: host 2*2*1*4*4 = 64 B/token; tables 2 banks * 2 layers * 4 B = 16 B/token.
+    # Banks per layer: mask rows 4*16 + maps 4*16 + 4 + 32 counters = 164, attention 2*4*16 + 68 + 32 = 228 -> 784 B.
+    plan = plan_capacity(2, 1, 4, torch.float32, SMALL, gpu_free=10_000, host_available=64_000, page_size=64)
+    assert plan.gpu_bank_bytes == 784
+    assert (plan.host_bytes_per_token, plan.gpu_bytes_per_token) == (64, 16)
+    assert plan.max_tokens == (10_000 - 784) // 16 // 64 * 64 == 576
+    assert plan.limited_by == "gpu"
+    assert plan.gpu_bytes <= 10_000 and plan.host_bytes == 576 * 64
+
+
+def test_small_plan_by_hand_limited_by_host():
+    plan = plan_capacity(2, 1, 4, torch.float32, SMALL, gpu_free=10**9, host_available=64_000, page_size=64)
+    assert plan.max_tokens == 960 and plan.limited_by == "host"
+
+
+def test_bank_bytes_match_a_real_allocation():
+    bank = KVBank("attention", 2, 50, 7, 3, 8, torch.bfloat16, "cpu", with_values=True)
+    allocated = sum(t.numel() * t.element_size() for t in (bank.k, bank.v, bank.table, bank.owner, bank.last_used,
+                                                           bank.clock, bank.hits, bank.misses, bank.overflows))
+    assert KVBank.device_bytes(2, 50, 7, 3, 8, 2, with_values=True) == allocated
+
+
+def test_llama8b_fp8_summary_and_refusal():
+    cfg = OffloadConfig(kv_dtype="fp8_e4m3")
+    plan = plan_capacity(32, 8, 128, cfg.torch_kv_dtype(torch.bfloat16), cfg, gpu_free=40 * GIB,
+                         host_available=100 * GIB, page_size=64)
+    # host: 0.9 * 100 GiB / (2 * 32 * 8 * 128 B) = 1,474,560 tokens; the GPU tables would allow far more
+    assert plan.max_tokens == 1_474_560 and plan.limited_by == "host"
+    assert plan.summary == "KV capacity: 1,474,560 tokens: GPU bank 65,536 tokens, host 90.0 GiB, FP8 e4m3"
+    plan.check(1_474_560)
+    with pytest.raises(CapacityError, match=r"2,000,000 KV tokens.*1,474,560 tokens"):
+        plan.check(2_000_000)
+
+
+def test_bf16_summary_label():
+    plan = plan_capacity(32, 8, 128, torch.bfloat16, OffloadConfig(), gpu_free=40 * GIB, host_available=100 * GIB)
+    assert plan.summary.endswith(", BF16") and plan.max_tokens == 737_280
+
+
+def test_banks_that_do_not_fit_the_gpu_are_refused_naming_the_fields():
+    cfg = OffloadConfig(mask_bank_tokens=1 << 20, attention_bank_tokens=1 << 20)
+    with pytest.raises(CapacityError, match=r"mask_bank_tokens=1,048,576 and attention_bank_tokens=1,048,576 need"):
+        plan_capacity(32, 8, 128, torch.bfloat16, cfg, gpu_free=8 * GIB, host_available=100 * GIB)
+
+
+@pytest.mark.parametrize("field,value", [("num_layers", 0), ("page_size", 0), ("gpu_free", -1), ("host_available", -5)])
+def test_plan_rejects_bad_arguments(field, value):
+    args = dict(num_layers=2, num_kv_heads=1, head_dim=4, kv_dtype=torch.float32, config=SMALL, gpu_free=1 << 20,
+                host_available=1 << 20, page_size=1)
+    args[field] = value
+    with pytest.raises(ValueError, match=field):
+        plan_capacity(**args)
+
+
+def test_machine_memory_readers():
+    assert host_available_bytes() > 0
+    if not torch.cuda.is_available():
+        assert gpu_free_bytes() == 0
+
+
+def test_worst_case_requests_3k_at_1m_landmark():
+    req = decode_bank_requests(PRESETS["3k"], 1 << 20, num_heads=32)
+    # stage 0: 4,091 chunks of 256 over [256, 1M - 1024), one representative per chunk and query head
+    assert (req.mask_tokens, req.mask_stage) == (4091 * 32, 0)
+    # sink 256 + early-layer keep 4096 + stream 1024 + the window's reach back (max refresh interval 16)
+    assert req.attention_tokens == 256 + 4096 + 1024 + 16
+    with pytest.raises(CapacityError, match=r"mask_bank_tokens=65,536 .*130,912"):
+        check_bank_requests(OffloadConfig(), req)
+    check_bank_requests(OffloadConfig(mask_bank_tokens=131072, attention_bank_tokens=8192), req)
+    with pytest.raises(CapacityError, match="attention_bank_tokens=4,096"):
+        check_bank_requests(OffloadConfig(mask_bank_tokens=131072, attention_bank_tokens=4096), req)
+
+
+def test_worst_case_requests_bisection_short_context_and_batches():
+    method = infinitehip_preset("3k", representative="bisection")
+    req = decode_bank_requests(method, 1 << 20, num_heads=32)
+    assert req.mask_tokens == (1 << 20) - 256 - 1024  # bisection may touch every candidate of stage 0
+    short = decode_bank_requests(PRESETS["3k"], 2000, num_heads=32)
+    # 720 candidates: stage 0 reads 3 chunks * 32 heads = 96 keys, stage 1 all 720 (23 chunks * 32 > 720)
+    assert (short.mask_tokens, short.mask_stage) == (720, 1)
+    assert short.attention_tokens == 2000  # never more than the context
+    batched = decode_bank_requests(PRESETS["3k"], 2000, num_heads=32, num_seqs=4)
+    assert (batched.mask_tokens, batched.attention_tokens) == (4 * 720, 4 * 2000)
+    with pytest.raises(ValueError, match="num_seqs"):
+        decode_bank_requests(PRESETS["3k"], 2000, num_heads=32, num_seqs=0)
