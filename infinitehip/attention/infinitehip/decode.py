@@ -89,16 +89,13 @@ def refresh_stage(
                                        pos.key_pos_base, pos.token_pos_group, pos.rep_offset, rope.cos, rope.sin,
                                        impl=impl)
     width = out.starts.numel()
-    if scores.shape[1] < width:  # fewer candidates than kept chunks: pad with empty ones
-        pad = width - scores.shape[1]
-        scores = torch.nn.functional.pad(scores, (0, pad), value=float("-inf"))
-        starts = torch.nn.functional.pad(starts, (0, pad))
-        lens = torch.nn.functional.pad(lens, (0, pad))
-    # Padding chunks score -inf, so a stage with fewer real chunks than it keeps keeps all of them.
-    idx = torch.topk(scores, width, dim=1).indices
-    starts, lens = starts.gather(1, idx), lens.gather(1, idx)
-    # In position order, empty chunks last: chunk-indexed RoPE numbers the next stage's chunks by rank.
-    order = torch.argsort(torch.where(lens > 0, starts, torch.iinfo(torch.int64).max), dim=1)
-    out.starts.copy_(starts.gather(1, order)[0])
-    out.lens.copy_(lens.gather(1, order)[0])
+    N = scores.shape[1]
+    # Keep the top `width` chunks in position order without sorting: candidates are already in position order
+    # (stage 1 by construction, later stages subdivide an ordered parent), so mark the kept ones and compact
+    # them by running count. Empty chunks (padding, past the limit) score -inf and are never marked.
+    idx = torch.topk(scores, min(width, N), dim=1).indices
+    kept = torch.zeros(1, N, dtype=torch.bool, device=q.device).scatter_(1, idx, True) & (lens > 0)
+    dest = torch.where(kept, kept.cumsum(1) - 1, width)
+    out.starts.copy_(torch.zeros(1, width + 1, dtype=torch.long, device=q.device).scatter_(1, dest, starts)[0, :width])
+    out.lens.copy_(torch.zeros(1, width + 1, dtype=torch.long, device=q.device).scatter_(1, dest, lens)[0, :width])
     out.limit.copy_(limit)
