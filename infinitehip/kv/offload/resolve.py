@@ -70,7 +70,7 @@ def resolve(bank: KVBank, store: HostKVStore, layer: int, slots: torch.Tensor, i
     stamp = bank.clock[layer]
     entries = torch.arange(B + 1, device=device)
     key = torch.where(owner >= 0, last_used * (S + 1) + owner, entries - (B + 1))
-    key[B] = _MAX  # the trash entry is never a victim
+    key[B:].fill_(_MAX)  # the trash entry is never a victim (fill_: no host->device copy, capturable)
     key.scatter_reduce_(0, torch.where(hit, current, B), torch.full_like(current, _MAX), reduce="amax")
     num_victims = min(n, B)
     victims = torch.topk(key, num_victims, largest=False, sorted=True).indices
