@@ -178,3 +178,15 @@ def test_graph_decoder_replays_equal_eager_decode(llama3_dir):
     # Refresh intervals (4, 2, 1): patterns (T,T,T), (F,F,T), (F,T,T) -> three graphs in one 1024 bucket (700 + 20
     # tokens); the first decode step allocates the stage caches eagerly.
     assert decoder.captures == 3 and decoder.replays == steps - 1 - 1 - 3
+
+
+def test_static_decode_triton_kernels_equal_oracle(llama3_dir):
+    """The same step through the Triton kernels (interpreted on CPU: salient tokens, representative scores,
+    top chunks, key list, sparse decode) against the oracle with the eager references."""
+    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
+    prompt = _ids(700, seed=16)
+    ours, rec = _run(llama3_dir, InfiniteHiPAttention, InfiniteHiPConfig(**{**config.__dict__, "impl": "triton"}), [prompt], 6)
+    ref, rec_ref = _run(llama3_dir, OracleDecode, InfiniteHiPConfig(**{**config.__dict__, "impl": "reference"}), [prompt], 6)
+    assert ours == ref
+    for key in rec_ref:
+        torch.testing.assert_close(rec[key], rec_ref[key], rtol=1e-4, atol=1e-4)

@@ -21,6 +21,7 @@ from infinitehip.attention.infinitehip.positions import scoring_positions
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, sparse_limit, subdivide
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
+from infinitehip.attention.infinitehip.topchunks import keep_top_chunks
 from infinitehip.model.rope import apply_rotary
 
 
@@ -88,14 +89,7 @@ def refresh_stage(
         scores = representative_scores(q_rot, blocks.valid, k_flat, page_table, page_size, reps, lens,
                                        pos.key_pos_base, pos.token_pos_group, pos.rep_offset, rope.cos, rope.sin,
                                        impl=impl)
-    width = out.starts.numel()
-    N = scores.shape[1]
-    # Keep the top `width` chunks in position order without sorting: candidates are already in position order
-    # (stage 1 by construction, later stages subdivide an ordered parent), so mark the kept ones and compact
-    # them by running count. Empty chunks (padding, past the limit) score -inf and are never marked.
-    idx = torch.topk(scores, min(width, N), dim=1).indices
-    kept = torch.zeros(1, N, dtype=torch.bool, device=q.device).scatter_(1, idx, True) & (lens > 0)
-    dest = torch.where(kept, kept.cumsum(1) - 1, width)
-    out.starts.copy_(torch.zeros(1, width + 1, dtype=torch.long, device=q.device).scatter_(1, dest, starts)[0, :width])
-    out.lens.copy_(torch.zeros(1, width + 1, dtype=torch.long, device=q.device).scatter_(1, dest, lens)[0, :width])
+    # The top chunks (ties: the earlier one), in position order: candidates are already in position order (stage 1
+    # by construction, later stages subdivide an ordered parent); empty chunks are never kept.
+    keep_top_chunks(scores[0], starts[0], lens[0], out.starts, out.lens, impl=impl)
     out.limit.copy_(limit)

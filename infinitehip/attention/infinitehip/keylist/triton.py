@@ -43,13 +43,13 @@ def _rope_of(idx, tok, ws, group, STYLE: tl.constexpr):
 def _key_list_kernel(
     Starts, Lens, Limits, Positions, Tokens, Counts, KeyRope, QueryRope,
     C, S, sink, window, K, group, stride_sb, stride_lb, stride_limb, stride_tb, stride_rb,
-    CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, STYLE: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, STYLE: tl.constexpr,
 ):
     b = tl.program_id(0)
     e = tl.load(Positions + b).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    limits = tl.load(Limits + b * stride_limb + offs_s, mask=offs_s < S, other=2**62).to(tl.int64)
-    ws = tl.min(limits, axis=0)
+    ws = tl.load(Limits + b * stride_limb).to(tl.int64)
+    for s in range(1, S):
+        ws = tl.minimum(ws, tl.load(Limits + b * stride_limb + s).to(tl.int64))
     tok_base = Tokens + b * stride_tb
     rope_base = KeyRope + b * stride_rb
 
@@ -125,6 +125,6 @@ def decode_key_list_triton(
         C, S, sink, window, K, group, starts.stride(0), lens.stride(0), limits.stride(0), tokens.stride(0),
         key_rope.stride(0),
         CHUNK=triton.next_power_of_2(chunk_size), BLOCK_C=min(128, triton.next_power_of_2(max(C, 1))),
-        BLOCK_S=triton.next_power_of_2(max(S, 1)), BLOCK_K=1024, STYLE=_STYLE_IDS[style],
+        BLOCK_K=1024, STYLE=_STYLE_IDS[style],
     )
     return tokens, counts, key_rope, query_rope

@@ -1,0 +1,32 @@
+"""Keep a decode stage's top chunks, in position order (the end of a pruning stage in the sync-free decode step).
+
+- `reference`: eager PyTorch, the oracle.
+- `triton`: one Triton kernel (a single program: sort-based top-k and compaction), imported on first use.
+
+`keep_top_chunks(..., impl=...)` dispatches; see `reference.py` for the arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from infinitehip.attention.infinitehip.topchunks.reference import keep_top_chunks_reference
+
+IMPLS = ("triton", "reference")
+
+
+def keep_top_chunks(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, out_starts: torch.Tensor,
+                    out_lens: torch.Tensor, impl: str = "triton") -> None:
+    """Writes out_starts / out_lens [W] in place (see reference.py)."""
+    if impl == "reference":
+        fn = keep_top_chunks_reference
+    elif impl == "triton":
+        fn = importlib.import_module("infinitehip.attention.infinitehip.topchunks.triton").keep_top_chunks_triton
+    else:
+        raise ValueError(f"unknown top-chunks impl {impl!r}; expected one of {IMPLS}")
+    fn(scores, starts, lens, out_starts, out_lens)
+
+
+__all__ = ["IMPLS", "keep_top_chunks"]

@@ -1,0 +1,63 @@
+"""keep_top_chunks as one Triton kernel (same semantics as `reference.py`).
+
+Kernel design (`_keep_top_chunks_kernel`): a single program holds every candidate (N <= a few thousand per decode
+stage: stage 1 at 1M tokens has 4,096). Each score becomes an order-preserving int32 (IEEE bits, magnitude bits
+flipped for negatives) packed above the reversed index into an int64, so one descending `tl.sort` orders by
+score with ties to the earlier chunk; the W-th packed value is the threshold, the kept chunks are those at or
+above it (non-empty only), and a `tl.cumsum` compacts them in position order. Replaces torch's topk + mark +
+scatter chain (~15 launches) by one.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infinitehip.attention.triton_interpreter import fix_interpreter_if_active
+
+fix_interpreter_if_active()
+
+
+@triton.jit
+def _keep_top_chunks_kernel(Scores, Starts, Lens, OutStarts, OutLens, N, W, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    offs = tl.arange(0, BLOCK_N)
+    inside = offs < N
+    length = tl.load(Lens + offs, mask=inside, other=0).to(tl.int64)
+    real = length > 0
+    s = tl.load(Scores + offs, mask=inside, other=float("-inf")).to(tl.float32)
+    s = tl.where(real, s, float("-inf"))
+    bits = s.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+    packed = (key << 32) | (BLOCK_N - 1 - offs).to(tl.int64)  # unique; ties: the smaller index is larger
+    ranked = tl.sort(packed, descending=True)
+    take = tl.minimum(W, N)
+    threshold = tl.sum(tl.where(offs == take - 1, ranked, 0), axis=0)
+    kept = (packed >= threshold) & real & inside
+    dest = tl.cumsum(kept.to(tl.int32), axis=0) - 1
+    start = tl.load(Starts + offs, mask=inside, other=0)
+    tl.store(OutStarts + dest, start, mask=kept)
+    tl.store(OutLens + dest, length, mask=kept)
+    count = tl.sum(kept.to(tl.int32), axis=0)
+    for w0 in range(0, W, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        pad = (w >= count) & (w < W)
+        tl.store(OutStarts + w, tl.zeros([BLOCK_W], tl.int64), mask=pad)
+        tl.store(OutLens + w, tl.zeros([BLOCK_W], tl.int64), mask=pad)
+
+
+def keep_top_chunks_triton(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, out_starts: torch.Tensor,
+                           out_lens: torch.Tensor) -> None:
+    N, W = scores.shape[0], out_starts.shape[0]
+    for name, t in (("scores", scores), ("starts", starts), ("lens", lens), ("out_starts", out_starts), ("out_lens", out_lens)):
+        if t.dim() != 1 or t.stride(0) != 1:
+            raise ValueError(f"{name} must be a contiguous vector, got shape {tuple(t.shape)}")
+    if starts.dtype != torch.int64 or out_starts.dtype != torch.int64 or out_lens.dtype != torch.int64:
+        raise ValueError("starts and outputs must be int64")
+    if N == 0 or W == 0:
+        out_starts.zero_()
+        out_lens.zero_()
+        return
+    block_n = triton.next_power_of_2(N)
+    _keep_top_chunks_kernel[(1,)](scores, starts, lens, out_starts, out_lens, N, W, BLOCK_N=block_n,
+                                  BLOCK_W=min(1024, triton.next_power_of_2(W)), num_warps=8 if block_n >= 2048 else 4)

@@ -1,0 +1,54 @@
+"""keep_top_chunks (end of a decode pruning stage): Triton kernel vs the eager oracle, and the oracle vs its
+definition (the W best non-empty chunks, ties to the earlier one, in position order)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from infinitehip.attention.infinitehip.topchunks import keep_top_chunks  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _case(seed, N, empty_share, ties):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(N, generator=g) * 10
+    if ties:
+        scores = scores.round()  # many equal scores: the tie rule decides
+    lens = torch.randint(1, 9, (N,), generator=g)
+    lens[torch.rand(N, generator=g) < empty_share] = 0
+    scores[lens == 0] = torch.where(torch.rand(int((lens == 0).sum()), generator=g) < 0.5, float("-inf"), 50.0)
+    starts = torch.arange(N) * 8 + 16
+    return scores.to(DEVICE), starts.to(DEVICE), lens.to(DEVICE)
+
+
+@pytest.mark.parametrize("N,W", [(1, 4), (7, 3), (100, 32), (1000, 128), (4096, 128), (300, 300), (50, 64)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_triton_matches_reference(N, W, ties):
+    scores, starts, lens = _case(N + W, N, 0.2, ties)
+    outs = []
+    for impl in ("reference", "triton"):
+        out_s = torch.full((W,), -7, dtype=torch.long, device=DEVICE)  # poisoned: every entry must be written
+        out_l = torch.full((W,), -7, dtype=torch.long, device=DEVICE)
+        keep_top_chunks(scores, starts, lens, out_s, out_l, impl=impl)
+        outs.append((out_s, out_l))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_reference_keeps_the_best_nonempty_chunks_in_order():
+    scores, starts, lens = _case(3, 200, 0.3, True)
+    W = 40
+    out_s = torch.empty(W, dtype=torch.long, device=DEVICE)
+    out_l = torch.empty(W, dtype=torch.long, device=DEVICE)
+    keep_top_chunks(scores, starts, lens, out_s, out_l, impl="reference")
+    real = [i for i in range(200) if lens[i] > 0]
+    best = sorted(real, key=lambda i: (-float(scores[i]), i))[:W]
+    expect = sorted(best)
+    assert out_s.tolist() == [int(starts[i]) for i in expect]
+    assert out_l.tolist() == [int(lens[i]) for i in expect]
