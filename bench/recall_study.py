@@ -11,7 +11,8 @@ Unlike `topk_recall.py` the q/k are a dense run's (the true activations), so onl
 
     python bench/recall_study.py --length 4096 --rows 256 \
         --variant base: --variant none:late_pruning_rope=none,early_pruning_rope=none
-Overrides: FIELD=VALUE separated by ',' ... tuples with '/': keep_tokens=2048/512/256.
+Overrides: FIELD=VALUE separated by ',' ... tuples with '/': keep_tokens=2048/512/256. A variant name containing
+'+exact', '+mass' or '+recent' scores chunks with that oracle (`recall_oracles.py`; landmark representative mode only).
 """
 
 from __future__ import annotations
@@ -159,6 +160,11 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for text in args.variant or ["base:"]:
         name, over = parse_variant(text)
+        oracle = next((t for t in name.split("+") if t in ("exact", "mass", "recent")), None)
+        if oracle or "recall_oracles" in sys.modules:  # a name with +exact / +mass scores with that oracle
+            import recall_oracles
+
+            recall_oracles.install(oracle)
         cfg = infinitehip_preset("3k", impl="reference", **{**base, **over})
         t = time.perf_counter()
         res = evaluate(cfg, engine, qs, page_table, L, args.rows, args.chunk, args.sample_rows, layers)
