@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's infinitehip, not an installed one
 from topk_recall import build_prompt, selection_recall  # noqa: E402
 
 from infinitehip import EngineConfig, SamplingParams  # noqa: E402
