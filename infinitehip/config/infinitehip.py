@@ -10,9 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-# RoPE styles used while scoring chunks in the pruning stages (paper Table 8 rows, plus `none` and `clamped`:
-# original positions with distances capped at the trained length; attention/infinitehip/positions.py).
-PRUNING_ROPE_STYLES = ("chunk_indexed", "relative", "dynamic", "infllm", "none", "clamped")
+# RoPE styles used while scoring chunks in the pruning stages (paper Table 8 rows, plus `none`).
+PRUNING_ROPE_STYLES = ("chunk_indexed", "relative", "dynamic", "infllm", "none")
 # RoPE styles inside the block-sparse attention (Table 8 columns, plus `none`).
 ATTENTION_ROPE_STYLES = ("streaming", "dynamic", "infllm", "none")
 IMPLEMENTATIONS = ("auto", "reference", "triton")

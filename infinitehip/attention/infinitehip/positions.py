@@ -10,9 +10,6 @@ Pruning (chunk scoring), per style:
   dynamic        SelfExtend-style grouping: keys and queries at position // g, g = ceil(context / trained)
   infllm         all keys at 0, queries at n_stream (InfLLM's context memory at the window's distance)
   none           original positions (for inputs inside the trained length)
-  clamped        original positions, but a chunk farther than trained_len - 1 from the block's last query is
-                 moved to exactly that distance (its tokens keep their offsets): `none` inside the trained
-                 length, so the distance (recency) prior of real attention is kept, and never an unseen distance
 
 Block-sparse attention, per style:
   streaming      keys numbered 0.. in original order over sink + selected + window; a query gets the
@@ -47,10 +44,9 @@ def group_size(context_len: int, trained_len: int) -> int:
 
 def scoring_positions(
     style: str, query_orig_pos: torch.Tensor, chunk_lens: torch.Tensor, stream_tokens: int,
-    context_len: int, trained_len: int, chunk_starts: torch.Tensor | None = None,
+    context_len: int, trained_len: int,
 ) -> ScoringPositions:
-    """query_orig_pos [M, b] original positions of each block's queries; chunk_lens [M, N] (0 = padding);
-    chunk_starts [M, N] first token of each chunk (needed by `clamped` only)."""
+    """query_orig_pos [M, b] original positions of each block's queries; chunk_lens [M, N] (0 = padding)."""
     M, b = query_orig_pos.shape
     zeros = torch.zeros_like(chunk_lens)
     const = lambda p: torch.full((M, b), p, dtype=torch.long, device=query_orig_pos.device)
@@ -68,13 +64,6 @@ def scoring_positions(
         return ScoringPositions(const(stream_tokens), zeros, None, 0, 0, 0)
     if style == "none":
         return ScoringPositions(query_orig_pos.clone(), zeros, 1, 0, 0, 0)
-    if style == "clamped":
-        if chunk_starts is None:
-            raise ValueError("the clamped pruning RoPE style needs chunk_starts")
-        # key pos = base + token: a chunk starting at distance D from the block's last query e sits at min(D, cap)
-        cap = max(1, trained_len - 1)
-        base = (query_orig_pos[:, -1:] - cap - chunk_starts).clamp(min=0)  # [M, N]
-        return ScoringPositions(query_orig_pos.clone(), base, 1, 0, 0, 0)
     raise ValueError(f"unknown pruning RoPE style {style!r}")
 
 

@@ -120,7 +120,7 @@ def run_stage(
     scores = None
     most_chunks = int((lens > 0).sum(1).max()) if lens.numel() else 0
     if most_chunks > keep:
-        pos = scoring_positions(spec.rope_style, blocks.positions, lens, stream, context_len, trained_len, starts)
+        pos = scoring_positions(spec.rope_style, blocks.positions, lens, stream, context_len, trained_len)
         rope.ensure(int(pos.query_pos.max()) + 1)
         q_rot = apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
         max_key_pos = int(pos.key_pos_base.max()) + (context_len // pos.token_pos_group if pos.token_pos_group else 0) + 2
