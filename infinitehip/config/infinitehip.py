@@ -16,6 +16,7 @@ PRUNING_ROPE_STYLES = ("chunk_indexed", "relative", "dynamic", "infllm", "none")
 ATTENTION_ROPE_STYLES = ("streaming", "dynamic", "infllm", "none")
 IMPLEMENTATIONS = ("auto", "reference", "triton")
 REPRESENTATIVES = ("bisection", "landmark")
+HEAD_AGGREGATIONS = ("max", "softmax", "zscore")  # see attention/infinitehip/scoring/aggregate.py
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,10 @@ class InfiniteHiPConfig:
     # the needle 1/5 at 64K and 128K, landmark 4/5 and 5/5 (docs/benchmarks.md).
     representative: str = "landmark"
     landmark_window: int = 512
+    # How the heads' chunk scores combine into a block's chunk ranking: "max" over heads of raw logits (the
+    # paper, Alg. 2 line 11), "softmax" (sum over heads of each head's softmax over the chunks) or "zscore"
+    # (max over heads of per-head standardised scores); docs/results/recall_study_cpu.md.
+    head_aggregation: str = "max"
     # Prefill chunks whose every query keeps every key (context <= sink + stream + last stage's keep) run as
     # dense causal SDPA: the same keys and, for the streaming/none attention RoPE, the same positions.
     dense_when_unpruned: bool = True
@@ -90,6 +95,8 @@ class InfiniteHiPConfig:
             # Candidates end stream_tokens before a block's last query, so their saliency then comes only from
             # queries up to that block: selection stays causal at block granularity.
             raise ValueError(f"landmark_window must be in [1, stream_tokens = {self.stream_tokens}], got {self.landmark_window}")
+        if self.head_aggregation not in HEAD_AGGREGATIONS:
+            raise ValueError(f"head_aggregation must be one of {HEAD_AGGREGATIONS}, got {self.head_aggregation!r}")
         if self.impl not in IMPLEMENTATIONS:
             raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {self.impl!r}")
 

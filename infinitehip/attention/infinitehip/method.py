@@ -94,7 +94,8 @@ class InfiniteHiPAttention(AttentionMethod):
     def _specs(self, layer: int, decode: bool) -> list[StageSpec]:
         c = self.config
         return [
-            StageSpec(1 if decode else c.query_block_sizes[i], c.chunk_sizes[i], c.keep_tokens_for(layer, i), c.pruning_rope_for(layer))
+            StageSpec(1 if decode else c.query_block_sizes[i], c.chunk_sizes[i], c.keep_tokens_for(layer, i), c.pruning_rope_for(layer),
+                      c.head_aggregation)
             for i in range(c.num_stages)
         ]
 

@@ -17,6 +17,7 @@ import torch
 from infinitehip.attention.infinitehip.positions import scoring_positions
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
+from infinitehip.attention.infinitehip.scoring.aggregate import aggregate_heads
 from infinitehip.model.rope import apply_rotary
 
 
@@ -99,6 +100,7 @@ class StageSpec:
     chunk_size: int
     keep_tokens: int
     rope_style: str
+    head_aggregation: str = "max"  # how the heads' chunk scores combine (scoring/aggregate.py)
 
 
 def run_stage(
@@ -123,17 +125,20 @@ def run_stage(
         q_rot = apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
         max_key_pos = int(pos.key_pos_base.max()) + (context_len // pos.token_pos_group if pos.token_pos_group else 0) + 2
         rope.ensure(max_key_pos)
+        per_head = spec.head_aggregation != "max"  # "max" is fused into the scoring kernels
         if saliency is None:
             scores, _ = chunk_scores(
                 q_rot, blocks.valid, k_flat, page_table, page_size, starts, lens, pos.key_pos_base, pos.token_pos_group,
-                pos.left_offset, pos.right_offset, pos.rep_offset, rope.cos, rope.sin, impl=impl,
+                pos.left_offset, pos.right_offset, pos.rep_offset, rope.cos, rope.sin, impl=impl, per_head=per_head,
             )
         else:
             store, layer = saliency
             reps = store.representatives(layer, starts, lens, page_table, page_size, spec.chunk_size, impl=impl)
             scores = representative_scores(
                 q_rot, blocks.valid, k_flat, page_table, page_size, reps, lens, pos.key_pos_base, pos.token_pos_group,
-                pos.rep_offset, rope.cos, rope.sin, impl=impl,
+                pos.rep_offset, rope.cos, rope.sin, impl=impl, per_head=per_head,
             )
+        if per_head:  # [M, N, H] -> [M, N]
+            scores = aggregate_heads(scores, lens, spec.head_aggregation, blocks.q.shape[-1] ** -0.5)
     starts, lens = keep_top_chunks(starts, lens, scores, keep)
     return StageOutput(starts, lens, spec.chunk_size, spec.query_block_size, limit)

@@ -12,7 +12,8 @@ implementations with identical signatures and outputs:
 - `triton`: one Triton kernel for every stage (stages differ only in the arguments).
 
 `chunk_scores(..., impl=...)` dispatches between them; see `reference.py` for the argument meanings. The
-Triton module is imported on first use.
+Triton module is imported on first use. `per_head=True` returns each query head's score [M, N, H] instead of
+the max over heads (one call per head on that head's slices; `aggregate.py` combines them).
 """
 
 from __future__ import annotations
@@ -42,8 +43,14 @@ def chunk_scores(
     cos: torch.Tensor,
     sin: torch.Tensor,
     impl: str = "triton",
+    per_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (scores [M, N] fp32, -inf for padding chunks; representatives [M, N, H] int64 token positions)."""
+    """-> (scores [M, N] fp32 ([M, N, H] if per_head), -inf for padding chunks; representatives [M, N, H] int64)."""
+    if per_head:
+        parts = [chunk_scores(q_h, q_valid, k_h, page_table, page_size, chunk_starts, chunk_lens, key_pos_base,
+                              token_pos_group, left_offset, right_offset, rep_offset, cos, sin, impl=impl)
+                 for q_h, k_h, _ in _head_slices(q_rot, k_flat)]
+        return torch.stack([s for s, _ in parts], -1), torch.cat([r for _, r in parts], -1)
     if impl == "reference":
         fn = chunk_scores_reference
     elif impl == "triton":
@@ -68,8 +75,14 @@ def representative_scores(
     cos: torch.Tensor,
     sin: torch.Tensor,
     impl: str = "triton",
+    per_head: bool = False,
 ) -> torch.Tensor:
-    """Landmark mode: reps [M, N, H] given -> scores [M, N] fp32, -inf for padding chunks."""
+    """Landmark mode: reps [M, N, H] given -> scores [M, N] fp32 ([M, N, H] if per_head), -inf for padding chunks."""
+    if per_head:
+        return torch.stack([
+            representative_scores(q_h, q_valid, k_h, page_table, page_size, reps[:, :, h : h + 1], chunk_lens,
+                                  key_pos_base, token_pos_group, rep_offset, cos, sin, impl=impl)
+            for q_h, k_h, h in _head_slices(q_rot, k_flat)], -1)
     if impl == "reference":
         fn = representative_scores_reference
     elif impl == "triton":
@@ -78,6 +91,13 @@ def representative_scores(
         raise ValueError(f"unknown chunk scoring impl {impl!r}; expected one of {IMPLS}")
     return fn(q_rot, q_valid, k_flat, page_table, page_size, reps, chunk_lens, key_pos_base, token_pos_group,
               rep_offset, cos, sin)
+
+
+def _head_slices(q_rot: torch.Tensor, k_flat: torch.Tensor):
+    """(q [M, b, 1, d], the head's kv head k [S, 1, d], h) for every query head h (GQA: h // group)."""
+    group = q_rot.shape[2] // k_flat.shape[1]
+    for h in range(q_rot.shape[2]):
+        yield q_rot[:, :, h : h + 1].contiguous(), k_flat[:, h // group : h // group + 1], h
 
 
 __all__ = ["IMPLS", "chunk_scores", "representative_scores"]
