@@ -77,15 +77,16 @@ def _run(path, method_cls, config, prompts, steps):
     return [s.output_ids for s in seqs], recorded
 
 
-@pytest.mark.parametrize("representative,refresh", [("landmark", (4, 2, 1)), ("landmark", (8, 4, 2)),
-                                                    ("landmark", (6, 3, 3)), ("bisection", (4, 2, 1))])
+@pytest.mark.parametrize("representative,refresh,aggregation", [
+    ("landmark", (4, 2, 1), "max"), ("landmark", (8, 4, 2), "max"), ("landmark", (6, 3, 3), "softmax"),
+    ("bisection", (4, 2, 1), "zscore")])
 @pytest.mark.parametrize("attention_rope", ["streaming", "infllm", "dynamic"])
-def test_static_decode_equals_oracle(llama3_dir, representative, refresh, attention_rope):
+def test_static_decode_equals_oracle(llama3_dir, representative, refresh, aggregation, attention_rope):
     """Prompt past every stage's keep (stage 1 prunes), 12 steps: every stage refreshes and is reused. With
     min(refresh) > 1 the landmark saliency of decode queries is applied late (at refreshes), which must not
     change anything: the oracle applies it at every step."""
     config = InfiniteHiPConfig(**{**SMALL, "representative": representative, "attention_rope": attention_rope,
-                                  "refresh_intervals": refresh,
+                                  "refresh_intervals": refresh, "head_aggregation": aggregation,
                                   "impl": "reference", "late_pruning_rope": "dynamic" if attention_rope == "dynamic" else "relative"})
     prompt = _ids(700, seed=11)
     ours, rec = _run(llama3_dir, InfiniteHiPAttention, config, [prompt], 12)

@@ -21,6 +21,7 @@ from infinitehip.attention.infinitehip.positions import scoring_positions
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, sparse_limit, subdivide
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
+from infinitehip.attention.infinitehip.scoring.aggregate import aggregate_heads
 from infinitehip.attention.infinitehip.topchunks import keep_top_chunks
 from infinitehip.model.rope import apply_rotary
 
@@ -79,16 +80,19 @@ def refresh_stage(
     # `dynamic` scoring groups positions by ceil(context / trained); the caller passes that group as `group`.
     pos = scoring_positions(spec.rope_style, blocks.positions, lens, stream, group * trained_len, trained_len)
     q_rot = apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
+    per_head = spec.head_aggregation != "max"  # "max" is fused into the scoring kernels
     if saliency is None:
         scores, _ = chunk_scores(q_rot, blocks.valid, k_flat, page_table, page_size, starts, lens, pos.key_pos_base,
                                  pos.token_pos_group, pos.left_offset, pos.right_offset, pos.rep_offset, rope.cos,
-                                 rope.sin, impl=impl)
+                                 rope.sin, impl=impl, per_head=per_head)
     else:
         store, layer = saliency
         reps = store.representatives(layer, starts, lens, page_table, page_size, c, impl=impl)
         scores = representative_scores(q_rot, blocks.valid, k_flat, page_table, page_size, reps, lens,
                                        pos.key_pos_base, pos.token_pos_group, pos.rep_offset, rope.cos, rope.sin,
-                                       impl=impl)
+                                       impl=impl, per_head=per_head)
+    if per_head:  # [1, N, H] -> [1, N]
+        scores = aggregate_heads(scores, lens, spec.head_aggregation, q.shape[-1] ** -0.5)
     # The top chunks (ties: the earlier one), in position order: candidates are already in position order (stage 1
     # by construction, later stages subdivide an ordered parent); empty chunks are never kept.
     keep_top_chunks(scores[0], starts[0], lens[0], out.starts, out.lens, impl=impl)
