@@ -17,6 +17,7 @@ from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSl
 from infinitehip.attention.dense import causal_sdpa
 from infinitehip.attention.infinitehip.decode import StageCache, refresh_stage, stage1_candidates, window_width
 from infinitehip.attention.infinitehip.keylist import decode_key_list
+from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_positions, group_size
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, query_blocks, run_stage, sparse_limit
 from infinitehip.attention.infinitehip.saliency import KeySaliency
@@ -209,9 +210,7 @@ class InfiniteHiPAttention(AttentionMethod):
             state.pending_q[layer] = torch.zeros(P, *q.shape[1:], dtype=q.dtype, device=q.device)
             state.pending_pos[layer] = torch.full((P,), -1, dtype=torch.long, device=q.device)
         pending_q, pending_pos = state.pending_q[layer], state.pending_pos[layer]
-        slot = position % pending_pos.shape[0]
-        pending_q.index_copy_(0, slot, q)
-        pending_pos.index_copy_(0, slot, position)
+        queue_query(q.contiguous(), position, pending_q, pending_pos, impl=self._impl(q))
         if refresh:
             self.saliency.update_decode(layer, pending_q, pending_pos, page_table, batch.cache, batch.rope)
             pending_pos.fill_(-1)
