@@ -8,13 +8,11 @@
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from infinitehip.attention.infinitehip.keylist.reference import decode_key_list_reference, key_list_width
-
-IMPLS = ("triton", "reference")
+from infinitehip.attention.kernel_impl import KERNEL_IMPLS as IMPLS
+from infinitehip.attention.kernel_impl import select_impl
 
 
 def decode_key_list(
@@ -22,12 +20,7 @@ def decode_key_list(
     sink: int, window: int, style: str, group: int, impl: str = "triton",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (key_tokens [B, K] int32, key_counts [B] int32, key_rope_pos [B, K] int32, query_rope_pos [B] int32)."""
-    if impl == "reference":
-        fn = decode_key_list_reference
-    elif impl == "triton":
-        fn = importlib.import_module("infinitehip.attention.infinitehip.keylist.triton").decode_key_list_triton
-    else:
-        raise ValueError(f"unknown key list impl {impl!r}; expected one of {IMPLS}")
+    fn = select_impl(impl, decode_key_list_reference, f"{__name__}.triton", "decode_key_list_triton", "key list")
     return fn(starts, lens, chunk_size, limits, positions, sink, window, style, group)
 
 

@@ -6,25 +6,17 @@
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from infinitehip.attention.infinitehip.pending.reference import queue_query_reference
-
-IMPLS = ("triton", "reference")
+from infinitehip.attention.kernel_impl import KERNEL_IMPLS as IMPLS
+from infinitehip.attention.kernel_impl import select_impl
 
 
 def queue_query(q: torch.Tensor, position: torch.Tensor, pending_q: torch.Tensor, pending_pos: torch.Tensor,
                 impl: str = "triton") -> None:
     """q [1, H, d] at position [1] -> pending_q[position % P] and pending_pos[position % P] (P = pending_pos rows)."""
-    if impl == "reference":
-        fn = queue_query_reference
-    elif impl == "triton":
-        fn = importlib.import_module("infinitehip.attention.infinitehip.pending.triton").queue_query_triton
-    else:
-        raise ValueError(f"unknown queue impl {impl!r}; expected one of {IMPLS}")
-    fn(q, position, pending_q, pending_pos)
+    select_impl(impl, queue_query_reference, f"{__name__}.triton", "queue_query_triton", "query queue")(q, position, pending_q, pending_pos)
 
 
 __all__ = ["IMPLS", "queue_query"]

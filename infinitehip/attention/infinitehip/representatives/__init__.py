@@ -8,13 +8,11 @@
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from infinitehip.attention.infinitehip.representatives.reference import salient_tokens_reference
-
-IMPLS = ("triton", "reference")
+from infinitehip.attention.kernel_impl import KERNEL_IMPLS as IMPLS
+from infinitehip.attention.kernel_impl import select_impl
 
 
 def salient_tokens(
@@ -28,12 +26,7 @@ def salient_tokens(
     impl: str = "triton",
 ) -> torch.Tensor:
     """-> [U, H] int64 most salient token per chunk and head."""
-    if impl == "reference":
-        fn = salient_tokens_reference
-    elif impl == "triton":
-        fn = importlib.import_module("infinitehip.attention.infinitehip.representatives.triton").salient_tokens_triton
-    else:
-        raise ValueError(f"unknown representatives impl {impl!r}; expected one of {IMPLS}")
+    fn = select_impl(impl, salient_tokens_reference, f"{__name__}.triton", "salient_tokens_triton", "representatives")
     return fn(total, count, page_table, page_size, starts, lens, chunk_size)
 
 

@@ -18,13 +18,11 @@ the max over heads (one call per head on that head's slices; `aggregate.py` comb
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from infinitehip.attention.infinitehip.scoring.reference import chunk_scores_reference, representative_scores_reference
-
-IMPLS = ("triton", "reference")
+from infinitehip.attention.kernel_impl import KERNEL_IMPLS as IMPLS
+from infinitehip.attention.kernel_impl import select_impl
 
 
 def chunk_scores(
@@ -51,12 +49,7 @@ def chunk_scores(
                               token_pos_group, left_offset, right_offset, rep_offset, cos, sin, impl=impl)
                  for q_h, k_h, _ in _head_slices(q_rot, k_flat)]
         return torch.stack([s for s, _ in parts], -1), torch.cat([r for _, r in parts], -1)
-    if impl == "reference":
-        fn = chunk_scores_reference
-    elif impl == "triton":
-        fn = importlib.import_module("infinitehip.attention.infinitehip.scoring.triton").chunk_scores_triton
-    else:
-        raise ValueError(f"unknown chunk scoring impl {impl!r}; expected one of {IMPLS}")
+    fn = select_impl(impl, chunk_scores_reference, f"{__name__}.triton", "chunk_scores_triton", "chunk scoring")
     return fn(q_rot, q_valid, k_flat, page_table, page_size, chunk_starts, chunk_lens, key_pos_base,
               token_pos_group, left_offset, right_offset, rep_offset, cos, sin)
 
@@ -83,12 +76,8 @@ def representative_scores(
             representative_scores(q_h, q_valid, k_h, page_table, page_size, reps[:, :, h : h + 1], chunk_lens,
                                   key_pos_base, token_pos_group, rep_offset, cos, sin, impl=impl)
             for q_h, k_h, h in _head_slices(q_rot, k_flat)], -1)
-    if impl == "reference":
-        fn = representative_scores_reference
-    elif impl == "triton":
-        fn = importlib.import_module("infinitehip.attention.infinitehip.scoring.representative_triton").representative_scores_triton
-    else:
-        raise ValueError(f"unknown chunk scoring impl {impl!r}; expected one of {IMPLS}")
+    fn = select_impl(impl, representative_scores_reference, f"{__name__}.representative_triton",
+                     "representative_scores_triton", "chunk scoring")
     return fn(q_rot, q_valid, k_flat, page_table, page_size, reps, chunk_lens, key_pos_base, token_pos_group,
               rep_offset, cos, sin)
 

@@ -8,25 +8,17 @@
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from infinitehip.attention.infinitehip.topchunks.reference import keep_top_chunks_reference
-
-IMPLS = ("triton", "reference")
+from infinitehip.attention.kernel_impl import KERNEL_IMPLS as IMPLS
+from infinitehip.attention.kernel_impl import select_impl
 
 
 def keep_top_chunks(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, out_starts: torch.Tensor,
                     out_lens: torch.Tensor, impl: str = "triton") -> None:
     """Writes out_starts / out_lens [W] in place (see reference.py)."""
-    if impl == "reference":
-        fn = keep_top_chunks_reference
-    elif impl == "triton":
-        fn = importlib.import_module("infinitehip.attention.infinitehip.topchunks.triton").keep_top_chunks_triton
-    else:
-        raise ValueError(f"unknown top-chunks impl {impl!r}; expected one of {IMPLS}")
-    fn(scores, starts, lens, out_starts, out_lens)
+    select_impl(impl, keep_top_chunks_reference, f"{__name__}.triton", "keep_top_chunks_triton", "top-chunks")(scores, starts, lens, out_starts, out_lens)
 
 
 __all__ = ["IMPLS", "keep_top_chunks"]
