@@ -63,12 +63,17 @@ def window_width(stream_tokens: int, refresh_intervals: tuple[int, ...]) -> int:
 def refresh_stage(
     spec: StageSpec, q: torch.Tensor, position: torch.Tensor, parent: StageCache | None, out: StageCache,
     k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int, stream: int, rope, num_candidates: int,
-    group: int, trained_len: int, impl: str, saliency: tuple[KeySaliency, int] | None,
+    group: int, trained_len: int, impl: str, saliency: tuple[KeySaliency, int] | None, shared: dict | None = None,
 ) -> None:
     """Recompute one stage for one sequence's decode query q [H, d] at position [1]; write `out` in place.
 
-    num_candidates: stage-1 chunk count (static; chunks past the limit get length 0)."""
-    limit = sparse_limit(position, sink, stream)  # [1]
+    num_candidates: stage-1 chunk count (static; chunks past the limit get length 0). shared: a dict that lives
+    for this sequence's step, so the stages refreshed together compute their common inputs once (the limit, and
+    the rotated query of every RoPE style whose query position does not depend on the stage's chunks)."""
+    shared = {} if shared is None else shared
+    if "limit" not in shared:
+        shared["limit"] = sparse_limit(position, sink, stream)  # [1]
+    limit = shared["limit"]
     c = spec.chunk_size
     if parent is None:
         starts = (sink + c * torch.arange(num_candidates, device=q.device))[None]
@@ -79,7 +84,13 @@ def refresh_stage(
     blocks = QueryBlocks(q[None, None], torch.ones(1, 1, dtype=torch.bool, device=q.device), position[:, None], 1)
     # `dynamic` scoring groups positions by ceil(context / trained); the caller passes that group as `group`.
     pos = scoring_positions(spec.rope_style, blocks.positions, lens, stream, group * trained_len, trained_len)
-    q_rot = apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
+    rotate = lambda: apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
+    if spec.rope_style == "chunk_indexed":  # the query's position depends on this stage's chunk count
+        q_rot = rotate()
+    else:
+        if ("q_rot", spec.rope_style) not in shared:
+            shared["q_rot", spec.rope_style] = rotate()
+        q_rot = shared["q_rot", spec.rope_style]
     per_head = spec.head_aggregation != "max"  # "max" is fused into the scoring kernels
     if saliency is None:
         scores, _ = chunk_scores(q_rot, blocks.valid, k_flat, page_table, page_size, starts, lens, pos.key_pos_base,

@@ -231,13 +231,13 @@ class InfiniteHiPAttention(AttentionMethod):
             if self.saliency is not None:
                 self._apply_saliency(layer, q[i : i + 1], positions[i : i + 1], page_tables[i], any(pattern), state, batch)
             caches = self._stage_caches(state, layer, q.device)
-            parent = None
+            parent, shared = None, {}
             for s, spec in enumerate(self._specs(layer, decode=True)):
                 if pattern[s]:
                     refresh_stage(spec, q[i], positions[i : i + 1], parent, caches[s], seq.cache.flat_k(layer),
                                   page_tables[i], seq.cache.page_size, c.sink_tokens, c.stream_tokens, batch.rope,
                                   num_candidates, group, self.trained_len, self._impl(q),
-                                  None if self.saliency is None else (self.saliency, layer))
+                                  None if self.saliency is None else (self.saliency, layer), shared)
                     state.refreshes[s] += 1
                 parent = caches[s]
             state.decode_steps[layer] += 1
