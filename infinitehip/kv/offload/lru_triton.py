@@ -31,7 +31,10 @@ from infinitehip.attention.triton_interpreter import fix_interpreter_if_active
 fix_interpreter_if_active()
 
 MAX_PROGRAMS = 128  # partition programs; all must be resident at once (the wait needs its predecessors)
-BLOCK_N = 1024
+# requests per loop step of the one-program kernels (fewer steps = a shorter chain of dependent loads):
+# largest blocks without register spills on sm_90 (bench/ptxas_report.py's offline compile)
+LOOKUP_BLOCK, LOOKUP_WARPS = 4096, 16
+FINISH_BLOCK, FINISH_WARPS = 2048, 8
 
 
 @triton.jit
@@ -189,15 +192,17 @@ def lru_resolve_triton(table, owner, last_used, order, clock, hits, misses, over
     meta = torch.empty(4, dtype=torch.int64, device=device)
     flags = torch.empty(MAX_PROGRAMS, dtype=torch.int32, device=device)
     victims = torch.empty(min(n, B), dtype=torch.int32, device=device)
+    fit = max(128, triton.next_power_of_2(n))
     _lookup_kernel[(1,)](s_sorted, table, last_used, clock, meta, flags, n, grid_b,
-                         BLOCK_N=BLOCK_N, FLAGS=MAX_PROGRAMS, num_warps=8)
+                         BLOCK_N=min(LOOKUP_BLOCK, fit), FLAGS=MAX_PROGRAMS, num_warps=LOOKUP_WARPS)
     _partition_kernel[(grid_b,)](order, last_used, meta, victims, flags, B,
                                  BLOCK_B=block_b, FLAGS=MAX_PROGRAMS, num_warps=8, num_stages=1)
     _finish_kernel[(1,)](s_sorted, perm, out, table, owner, last_used, order, meta, victims, src_rows, dst_rows,
-                         hits, misses, overflows, n, B, BLOCK_N=BLOCK_N, num_warps=8, num_stages=1)
+                         hits, misses, overflows, n, B, BLOCK_N=min(FINISH_BLOCK, fit), num_warps=FINISH_WARPS, num_stages=1)
 
 
 def lru_invalidate_triton(table, owner, last_used, order, slots, S: int, B: int) -> None:
     n = slots.numel()
     _invalidate_kernel[(1,)](slots, table, owner, last_used, order, n, S, B,
-                             BLOCK_N=BLOCK_N, BLOCK_B=4096, num_warps=8, num_stages=1)
+                             BLOCK_N=min(FINISH_BLOCK, max(128, triton.next_power_of_2(n))), BLOCK_B=4096,
+                             num_warps=8, num_stages=1)
