@@ -196,7 +196,7 @@ def lru_resolve_triton(table, owner, last_used, order, clock, hits, misses, over
     _lookup_kernel[(1,)](s_sorted, table, last_used, clock, meta, flags, n, grid_b,
                          BLOCK_N=min(LOOKUP_BLOCK, fit), FLAGS=MAX_PROGRAMS, num_warps=LOOKUP_WARPS)
     _partition_kernel[(grid_b,)](order, last_used, meta, victims, flags, B,
-                                 BLOCK_B=block_b, FLAGS=MAX_PROGRAMS, num_warps=8, num_stages=1)
+                                 BLOCK_B=block_b, FLAGS=MAX_PROGRAMS, num_warps=8 if block_b <= 4096 else 16, num_stages=1)
     _finish_kernel[(1,)](s_sorted, perm, out, table, owner, last_used, order, meta, victims, src_rows, dst_rows,
                          hits, misses, overflows, n, B, BLOCK_N=min(FINISH_BLOCK, fit), num_warps=FINISH_WARPS, num_stages=1)
 
