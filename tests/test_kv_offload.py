@@ -293,3 +293,138 @@ def test_resolve_rejects_slots_on_another_device():
     kv, _, _ = make_kv("reference", attention_bank=4)
     with pytest.raises(ValueError, match="attention bank"):
         kv.resolve_attention(0, torch.tensor([1], device="meta"))
+
+
+# ---- the explicit LRU order against the former top-k resolve --------------------------------------------
+class TopkOracle:
+    """The former resolve (LRU key = last_used * (S + 1) + owner, free entries by index first, top-k victims)
+    on plain CPU tensors of one layer: the semantics the explicit LRU order must reproduce exactly."""
+
+    def __init__(self, S: int, B: int):
+        self.S, self.B = S, B
+        self.table = torch.full((S + 1,), -1, dtype=torch.int64)
+        self.owner = torch.full((B + 1,), -1, dtype=torch.int64)
+        self.last_used = torch.zeros(B + 1, dtype=torch.int64)
+        self.clock, self.hits, self.misses = 0, 0, 0
+
+    def keys(self) -> torch.Tensor:
+        entries = torch.arange(self.B + 1)
+        key = torch.where(self.owner >= 0, self.last_used * (self.S + 1) + self.owner, entries - (self.B + 1))
+        key[self.B] = torch.iinfo(torch.int64).max
+        return key
+
+    def lru_order(self) -> torch.Tensor:
+        return torch.sort(self.keys()[: self.B], stable=True).indices
+
+    def resolve(self, call: list[int]) -> list[int]:
+        S, B = self.S, self.B
+        slots = torch.tensor(call, dtype=torch.int64)
+        n = slots.numel()
+        s_sorted, order = torch.sort(torch.where(slots >= 0, slots, S))
+        valid = s_sorted < S
+        first = valid.clone()
+        first[1:] &= s_sorted[1:] != s_sorted[:-1]
+        current = self.table[s_sorted]
+        hit, miss = first & (current >= 0), first & (current < 0)
+        self.clock += 1
+        key = self.keys()
+        key[current[hit]] = torch.iinfo(torch.int64).max
+        victims = torch.topk(key, min(n, B), largest=False, sorted=True).indices
+        victim = victims[(torch.cumsum(miss, 0) - 1).clamp(0, min(n, B) - 1)]
+        resolved = torch.where(miss, victim, current)
+        evicted = self.owner[victim[miss]]
+        self.table[evicted[evicted >= 0]] = -1
+        self.table[s_sorted[miss]] = victim[miss]
+        self.owner[victim[miss]] = s_sorted[miss]
+        self.last_used[resolved[first]] = self.clock
+        self.hits += int(hit.sum())
+        self.misses += int(miss.sum())
+        run_first = torch.where(first, torch.arange(n), 0).cummax(0).values
+        out = torch.empty(n, dtype=torch.int64)
+        out[order] = torch.where(valid, resolved[run_first], -1)
+        return out.tolist()
+
+    def invalidate(self, slots: list[int]) -> None:
+        for s in slots:
+            if 0 <= s < self.S and self.table[s] >= 0:
+                e = int(self.table[s])
+                self.owner[e], self.last_used[e], self.table[s] = -1, 0, -1
+
+
+def assert_same_state(bank, layer, oracle, msg):
+    S, B = bank.num_slots, bank.bank_tokens
+    assert torch.equal(bank.table[layer, :S].long().cpu(), oracle.table[:S]), msg
+    assert torch.equal(bank.owner[layer, :B].long().cpu(), oracle.owner[:B]), msg
+    assert torch.equal(bank.last_used[layer, :B].cpu(), oracle.last_used[:B]), msg
+    assert torch.equal(bank.lru_order(layer).long().cpu(), oracle.lru_order()), msg
+    assert int(bank.clock[layer]) == oracle.clock, msg
+    stats = bank.stats()
+    assert (stats.hits[layer], stats.misses[layer], stats.overflows[layer]) == (oracle.hits, oracle.misses, 0), msg
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("slots,bank_tokens,per_call,hot,steps", [
+    (96, 8, 6, 10, 40),     # small bank, full after a few calls
+    (96, 16, 16, 12, 30),   # calls as large as the bank: every distinct slot list fits exactly or nearly
+    (512, 64, 48, 80, 40),  # larger trace
+    (300, 128, 40, 60, 30), # bank never full: free entries are taken by index
+])
+def test_explicit_lru_order_matches_the_topk_oracle_exactly(impl, slots, bank_tokens, per_call, hot, steps):
+    from infinitehip.kv.offload.resolve import invalidate
+
+    kv, k, _ = make_kv(impl, slots=slots, mask_bank=bank_tokens, attention_bank=bank_tokens, seed=4)
+    bank = kv.attention_bank
+    oracles = [TopkOracle(slots, bank_tokens) for _ in range(LAYERS)]
+    rng = random.Random(slots + bank_tokens + per_call)
+    for i, call in enumerate(random_trace(rng, steps, slots, per_call, hot)):
+        layer = rng.randrange(LAYERS)
+        if len({s for s in call if s >= 0}) > bank_tokens:
+            continue  # an overflowing call: checked separately
+        if rng.random() < 0.3:  # drop a few slots, resident or not (store rows rewritten)
+            dropped = [rng.randrange(-1, slots) for _ in range(rng.randrange(1, 6))]
+            if rng.random() < 0.5:
+                resident = bank.resident_slots(layer).tolist()
+                dropped += rng.sample(resident, min(len(resident), 3))
+            invalidate(bank, layer, as_tensor(dropped), impl=impl)
+            oracles[layer].invalidate(dropped)
+            assert_same_state(bank, layer, oracles[layer], f"invalidate before call {i}")
+        out = resolve_call(kv, layer, call)
+        assert out == oracles[layer].resolve(call), f"call {i}"
+        assert_same_state(bank, layer, oracles[layer], f"call {i}")
+        keep = [j for j, s in enumerate(call) if s >= 0]
+        rows = bank.flat_k(layer)[torch.tensor([out[j] for j in keep], dtype=torch.long, device=DEVICE)].cpu()
+        assert torch.equal(rows, k[layer][[call[j] for j in keep]]), f"call {i}"
+
+
+def resolve_call(kv, layer, call):
+    return kv.resolve_attention(layer, as_tensor(call)).tolist()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_invalidate_then_resolve_reuses_freed_entries_by_index(impl):
+    kv, k, _ = make_kv(impl, attention_bank=6)
+    bank = kv.attention_bank
+    kv.resolve_attention(0, as_tensor([10, 11, 12, 13, 14, 15]))  # full: entries 0..5 hold 10..15
+    kv.write(0, as_tensor([14, 11]), k[0][[14, 11]].to(DEVICE), k[0][[14, 11]].to(DEVICE))
+    assert bank.lru_order(0).tolist() == [1, 4, 0, 2, 3, 5]  # freed entries first, by index
+    idx = kv.resolve_attention(0, as_tensor([30, 12, 31])).tolist()
+    assert idx == [1, 2, 4]  # 30 -> entry 1, 31 -> entry 4 (the free ones, by index), 12 hit
+    assert bank.lru_order(0).tolist() == [0, 3, 5, 2, 1, 4]
+    idx = kv.resolve_attention(0, as_tensor([40])).tolist()
+    assert idx == [0]  # then the least recently used: slot 10 in entry 0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_overflowing_call_leaves_a_consistent_bank(impl):
+    kv, k, _ = make_kv(impl, attention_bank=4)
+    bank = kv.attention_bank
+    kv.resolve_attention(0, as_tensor([1, 2]))
+    idx = kv.resolve_attention(0, as_tensor([9, 2, 7, 8, 5])).tolist()  # 5 distinct slots, 4 entries
+    assert bank.stats().overflows == [1, 0]
+    # the hit (2) and the first misses in slot order that fit (5, 7, 8) are resident; 9 did not fit
+    assert bank.resident_slots(0).tolist() == [2, 5, 7, 8] and idx[0] == -1
+    owner, table = bank.owner[0, :4].long().cpu(), bank.table[0, :96].long().cpu()
+    assert sorted(bank.lru_order(0).tolist()) == [0, 1, 2, 3]
+    assert all(table[owner[e]] == e for e in range(4)) and int((table >= 0).sum()) == 4
+    idx = kv.resolve_attention(0, as_tensor([9, 2])).long()
+    assert torch.equal(bank.flat_k(0)[idx].cpu(), k[0][[9, 2]])

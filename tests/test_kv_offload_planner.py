@@ -31,7 +31,7 @@ def test_small_plan_by_hand_limited_by_host():
 
 def test_bank_bytes_match_a_real_allocation():
     bank = KVBank("attention", 2, 50, 7, 3, 8, torch.bfloat16, "cpu", with_values=True)
-    allocated = sum(t.numel() * t.element_size() for t in (bank.k, bank.v, bank.table, bank.owner, bank.last_used,
+    allocated = sum(t.numel() * t.element_size() for t in (bank.k, bank.v, bank.table, bank.owner, bank.last_used, bank.order,
                                                            bank.clock, bank.hits, bank.misses, bank.overflows))
     assert KVBank.device_bytes(2, 50, 7, 3, 8, 2, with_values=True) == allocated
 

@@ -1,9 +1,9 @@
 """KV offloading (paper Sec. 3.3, Alg. 4): host-memory KV store + GPU mask / attention banks with LRU resolve.
 
 Modules: `host_store` (all K/V, pinned, flat slots like PagedKVCache), `bank` (one GPU bank: rows, slot
-table, reverse map, LRU stamps, counters), `resolve` (the sync-free resolve / invalidate ops),
-`reference` / `triton` (host<->bank row copy, eager oracle and UVA kernel), `offloaded` (store + both
-banks from an OffloadConfig), `compose` (bank indices as page tables for the unchanged kernels),
+table, reverse map, LRU stamps and order, counters), `resolve` (the sync-free resolve / invalidate ops),
+`reference` / `triton` (host<->bank row copy, eager oracle and UVA kernel), `lru_triton` (resolve / invalidate
+kernels), `offloaded` (store + both banks from an OffloadConfig), `compose` (bank indices as page tables for the unchanged kernels),
 `planner` (capacity before allocation), `bank_sizing` (worst-case requests per call), `validate`.
 
 Design note: wiring into the engine and the infinitehip method (not done yet)

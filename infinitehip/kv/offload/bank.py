@@ -5,8 +5,11 @@ Per layer, on the bank's device:
   updates write to, so every per-step op has a static shape;
 - table [S + 1] int32: store slot -> bank index, -1 when not resident (entry S is trash). Kernels read it
   (or resolve's output) as a page table with page_size 1;
-- owner [B + 1] int64: bank index -> store slot, -1 when free (the reverse map);
-- last_used [B + 1] int64: the layer's clock value at the entry's last request (LRU stamps);
+- owner [B + 1] int32: bank index -> store slot, -1 when free (the reverse map);
+- last_used [B + 1] int64: the layer's clock value at the entry's last request, 0 when free (LRU stamps;
+  resolve uses "last_used == this call's stamp" as its "requested in this call" mark, no clearing needed);
+- order [B + 1] int32: the bank entries from least to most recently used, free entries first by index
+  (initially arange(B)); entry B of the array is trash (masked-off writes of the eager path);
 - clock: per-layer call counter, advanced on the device by every resolve (a Python step number would
   be frozen into a CUDA graph at capture; the device counter advances on every replay);
 - hits / misses: per-layer counters of distinct requested slots, device tensors read only by `stats()`;
@@ -71,8 +74,9 @@ class KVBank:
         self.k = torch.zeros((L, B + 1, num_kv_heads, head_dim), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k) if with_values else None
         self.table = torch.full((L, S + 1), -1, dtype=torch.int32, device=device)
-        self.owner = torch.full((L, B + 1), -1, dtype=torch.int64, device=device)
+        self.owner = torch.full((L, B + 1), -1, dtype=torch.int32, device=device)
         self.last_used = torch.zeros((L, B + 1), dtype=torch.int64, device=device)
+        self.order = torch.arange(B + 1, dtype=torch.int32, device=device).repeat(L, 1)
         self.clock = torch.zeros(L, dtype=torch.int64, device=device)
         self.hits = torch.zeros(L, dtype=torch.int64, device=device)
         self.misses = torch.zeros(L, dtype=torch.int64, device=device)
@@ -89,9 +93,9 @@ class KVBank:
     @staticmethod
     def device_bytes(num_layers: int, num_slots: int, bank_tokens: int, num_kv_heads: int, head_dim: int,
                      element_size: int, with_values: bool) -> int:
-        """Device memory of a bank with these sizes (rows, table, reverse map, stamps), before allocating it."""
+        """Device memory of a bank with these sizes (rows, table, reverse map, stamps, LRU order), before allocating it."""
         rows = (2 if with_values else 1) * (bank_tokens + 1) * num_kv_heads * head_dim * element_size
-        maps = (bank_tokens + 1) * 16 + (num_slots + 1) * 4
+        maps = (bank_tokens + 1) * (4 + 8 + 4) + (num_slots + 1) * 4  # owner int32, last_used int64, order int32
         return num_layers * (rows + maps + 32)  # + clock, hits, misses, overflows
 
     def flat_k(self, layer: int) -> torch.Tensor:
@@ -122,3 +126,8 @@ class KVBank:
         self.table.fill_(-1)
         self.owner.fill_(-1)
         self.last_used.zero_()
+        self.order.copy_(torch.arange(self.bank_tokens + 1, dtype=torch.int32, device=self.device).expand_as(self.order))
+
+    def lru_order(self, layer: int) -> torch.Tensor:
+        """[B] bank entries of `layer` from least to most recently used (free ones first, by index)."""
+        return self.order[layer, : self.bank_tokens]

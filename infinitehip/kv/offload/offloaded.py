@@ -53,7 +53,7 @@ class OffloadedKV:
         """k/v [T, Hkv, d] of new tokens into store slots [T]; bank copies of those slots are dropped."""
         self.store.write(layer, slots, k, v, impl=self.impl)
         for bank in self.banks:
-            invalidate(bank, layer, slots)
+            invalidate(bank, layer, slots, impl=self.impl)
 
     def resolve_mask(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         return resolve(self.mask_bank, self.store, layer, slots, impl=self.impl)
