@@ -14,6 +14,7 @@ cached stage's limit to the new token; at most sink + keep + stream + max(refres
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -64,10 +65,13 @@ def refresh_stage(
     spec: StageSpec, q: torch.Tensor, position: torch.Tensor, parent: StageCache | None, out: StageCache,
     k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int, stream: int, rope, num_candidates: int,
     group: int, trained_len: int, impl: str, saliency: tuple[KeySaliency, int] | None,
+    rep_keys: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, int]] | None = None,
 ) -> None:
     """Recompute one stage for one sequence's decode query q [H, d] at position [1]; write `out` in place.
 
-    num_candidates: stage-1 chunk count (static; chunks past the limit get length 0)."""
+    num_candidates: stage-1 chunk count (static; chunks past the limit get length 0).
+    rep_keys(reps, lens) -> (k_flat, page_table, page_size) the scoring kernel reads the representatives'
+    keys through (an offloaded cache's mask bank, `offload_access.py`); None: k_flat / page_table / page_size."""
     limit = sparse_limit(position, sink, stream)  # [1]
     c = spec.chunk_size
     if parent is None:
@@ -88,7 +92,8 @@ def refresh_stage(
     else:
         store, layer = saliency
         reps = store.representatives(layer, starts, lens, page_table, page_size, c, impl=impl)
-        scores = representative_scores(q_rot, blocks.valid, k_flat, page_table, page_size, reps, lens,
+        keys = (k_flat, page_table, page_size) if rep_keys is None else rep_keys(reps, lens)
+        scores = representative_scores(q_rot, blocks.valid, *keys, reps, lens,
                                        pos.key_pos_base, pos.token_pos_group, pos.rep_offset, rope.cos, rope.sin,
                                        impl=impl, per_head=per_head)
     if per_head:  # [1, N, H] -> [1, N]
