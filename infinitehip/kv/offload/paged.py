@@ -11,7 +11,7 @@ are unchanged (store slot = page * page_size + offset, as in the paged cache). W
   Offload-aware methods reach rows through `kv.resolve_mask` / `kv.resolve_attention` and the banks' flat
   rows (see `attention/infinitehip/offload_access.py`).
 
-`token_table(tokens, bank_index)` scatters bank indices into a persistent [num_slots + 1] int32 table indexed
+`token_table(tokens, bank_index, bank)` scatters bank indices into a persistent [num_slots + 1] int32 table (one per bank) indexed
 by token position, read by kernels as a page table with page_size 1 (design note option (a)): only the
 listed tokens' entries are written and read, so no O(context) fill is needed; every entry always holds a
 valid bank row (masked-off entries go to the spare last entry; -1 from resolve becomes the bank's trash row).
@@ -44,7 +44,9 @@ class OffloadedPagedCache:
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         self.kv = OffloadedKV(config, num_layers, num_pages * page_size, num_kv_heads, head_dim, model_dtype, device,
                               pin_memory)
-        self._table = torch.zeros(self.num_slots + 1, dtype=torch.int32, device=self.device)
+        # One token table per bank: an entry left by one bank's call must be a valid row of the bank read next.
+        self._tables = {b.name: torch.zeros(self.num_slots + 1, dtype=torch.int32, device=self.device)
+                        for b in self.kv.banks}
 
     @property
     def device(self) -> torch.device:
@@ -68,7 +70,7 @@ class OffloadedPagedCache:
         """Device memory of both banks (rows, tables, maps) and the token table."""
         banks = sum(t.numel() * t.element_size() for b in self.kv.banks for t in
                     (b.k, b.v, b.table, b.owner, b.last_used) if t is not None)
-        return banks + self._table.numel() * 4
+        return banks + sum(t.numel() * 4 for t in self._tables.values())
 
     def slots(self, page_table: torch.Tensor, start: int, end: int) -> torch.Tensor:
         return token_slots(page_table, torch.arange(start, end, device=page_table.device), self.page_size)
@@ -114,8 +116,9 @@ class OffloadedPagedCache:
         tokens = tokens.reshape(-1).long()
         if listed is not None:
             tokens = torch.where(listed.reshape(-1), tokens, self.num_slots)
-        self._table.scatter_(0, tokens, safe_rows(bank, bank_index.reshape(-1)))
-        return self._table
+        table = self._tables[bank.name]
+        table.scatter_(0, tokens, safe_rows(bank, bank_index.reshape(-1)))
+        return table
 
     def stats(self) -> tuple[BankStats, BankStats]:
         return self.kv.stats()
