@@ -193,8 +193,39 @@ def test_offloaded_prefill_logits_equal_resident_with_dense_shortcut(llama3_dir)
                               prefill_chunk_size=96, max_num_seqs=1).prompt_logits(ids)
     engine = engine_for_dir(llama3_dir, None, config, _smallest_banks(config, HEADS), method="infinitehip",
                             max_context_tokens=CONTEXT, prefill_chunk_size=96, max_num_seqs=1)
-    torch.testing.assert_close(engine.prompt_logits(ids), resident, rtol=1e-5, atol=1e-5)
+    from infinitehip.attention.infinitehip import offload_access
+
+    calls = {"stages": 0, "groups": 0, "attend": 0, "block_groups": 0}
+    inner_stage, inner_groups = offload_access.RepresentativeKeys.score_in_groups, offload_access.prefill_attention_in_groups
+
+    def stage(self, *args):
+        calls["stages"] += 1
+        return inner_stage(self, *args)
+
+    def groups(cache, layer, page_table, tokens, counts, block_size, n, attend):
+        calls["attend"] += 1
+
+        def counted(*args):
+            calls["block_groups"] += 1
+            return attend(*args)
+        return inner_groups(cache, layer, page_table, tokens, counts, block_size, n, counted)
+
+    inner_call = offload_access.RepresentativeKeys.__call__
+
+    def call(self, reps, lens):
+        calls["groups"] += 1
+        return inner_call(self, reps, lens)
+
+    import infinitehip.attention.infinitehip.method as method_module
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(offload_access.RepresentativeKeys, "score_in_groups", stage)
+        m.setattr(offload_access.RepresentativeKeys, "__call__", call)
+        m.setattr(method_module, "prefill_attention_in_groups", groups)
+        logits = engine.prompt_logits(ids)
+    torch.testing.assert_close(logits, resident, rtol=1e-5, atol=1e-5)
     assert engine.kv_stats()["attention"].total_misses > 0
+    # Some stages and some chunks' attention did not fit their bank at once: they ran in several groups.
+    assert calls["groups"] > calls["stages"] > 0 and calls["block_groups"] > calls["attend"] > 0
 
 
 def test_dense_offloaded_equals_resident(llama3_dir):

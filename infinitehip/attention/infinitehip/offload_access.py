@@ -47,18 +47,24 @@ class RepresentativeKeys:
         index = self.cache.kv.resolve_mask(self.layer, slots)
         return self.bank.flat_k(self.layer), self.cache.token_table(reps, index, self.bank, listed), 1
 
-    def score_in_groups(self, reps: torch.Tensor, lens: torch.Tensor, key_pos_base: torch.Tensor,
-                        score: Callable[..., torch.Tensor]) -> torch.Tensor:
+    def score_in_groups(self, reps: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, key_pos_base: torch.Tensor,
+                        chunk_size: int, score: Callable[..., torch.Tensor]) -> torch.Tensor:
         """Prefill: score(k_flat, table, page_size, reps, lens, key_pos_base) on groups of chunk columns whose
-        distinct representatives fit the mask bank; scores concatenated along the chunk axis (syncs)."""
+        representatives fit the mask bank; scores concatenated along the chunk axis (syncs to size the groups).
+
+        A column's distinct representatives are at most min(H, chunk_size) per distinct (start, len) chunk in
+        it (query blocks share chunks: in stage 1 every block has the same ones), summed over the group's
+        columns: an upper bound of the union that needs a sort of [N, M], not of the reps [N, M * H]."""
         M, N, H = reps.shape
-        column = torch.where((lens > 0)[..., None], reps, -1).transpose(0, 1).reshape(N, M * H).sort(1).values
-        distinct = ((column[:, 1:] != column[:, :-1]) & (column[:, 1:] >= 0)).sum(1) + (column[:, 0] >= 0)
+        pairs = torch.where(lens > 0, starts * (chunk_size + 1) + lens, -1).T.sort(1).values  # [N, M]
+        distinct = ((pairs[:, 1:] != pairs[:, :-1]) & (pairs[:, 1:] >= 0)).sum(1) + (pairs[:, 0] >= 0)
+        per_column = (distinct * min(H, chunk_size)).tolist()
         groups, start, size = [], 0, 0
-        for j, n in enumerate(distinct.tolist()):
+        for j, n in enumerate(per_column):
             if n > self.bank.bank_tokens:
-                raise CapacityError(f"mask_bank_tokens={self.bank.bank_tokens:,} is smaller than one chunk's "
-                                    f"representatives over a prefill chunk's query blocks ({n:,}); raise mask-bank-tokens")
+                raise CapacityError(f"mask_bank_tokens={self.bank.bank_tokens:,} is smaller than one chunk column's "
+                                    f"representatives over a prefill chunk's query blocks (up to {n:,}); raise "
+                                    "mask-bank-tokens or lower prefill-chunk-size")
             if size + n > self.bank.bank_tokens:
                 groups.append((start, j))
                 start, size = j, 0

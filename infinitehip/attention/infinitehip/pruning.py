@@ -143,7 +143,7 @@ def run_stage(
             if rep_keys is None:
                 scores = score(k_flat, page_table, page_size, reps, lens, pos.key_pos_base)
             else:
-                scores = rep_keys.score_in_groups(reps, lens, pos.key_pos_base, score)
+                scores = rep_keys.score_in_groups(reps, starts, lens, pos.key_pos_base, spec.chunk_size, score)
         if per_head:  # [M, N, H] -> [M, N]
             scores = aggregate_heads(scores, lens, spec.head_aggregation, blocks.q.shape[-1] ** -0.5)
     starts, lens = keep_top_chunks(starts, lens, scores, keep)
