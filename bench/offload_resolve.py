@@ -106,7 +106,7 @@ def timed(fn, steps: int, device) -> list[float]:
 
 
 def build(device, impl):
-    cfg = OffloadConfig(enabled=True, mask_bank_tokens=1, attention_bank_tokens=ARGS.bank, kv_dtype=ARGS.kv_dtype, impl=impl)
+    cfg = OffloadConfig(offload_enabled=True, mask_bank_tokens=1, attention_bank_tokens=ARGS.bank, kv_dtype=ARGS.kv_dtype, offload_impl=impl)
     kv = OffloadedKV(cfg, 1, ARGS.slots, ARGS.kv_heads, ARGS.head_dim, torch.bfloat16, device)
     return kv
 

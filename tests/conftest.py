@@ -52,9 +52,9 @@ def tokenizer():
     return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
 
 
-def engine_for_dir(path, tokenizer=None, method_config=None, **config) -> LLMEngine:
+def engine_for_dir(path, tokenizer=None, method_config=None, offload_config=None, **config) -> LLMEngine:
     model_config = ModelConfig.from_dir(path)
     model = empty_model(model_config, torch.device("cpu"), torch.float32)
     load_weights_from_dir(model, path)
     cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, **config)
-    return LLMEngine(cfg, LoadedModel(model_config, model, tokenizer, "test", path), method_config)
+    return LLMEngine(cfg, LoadedModel(model_config, model, tokenizer, "test", path), method_config, offload_config)

@@ -33,8 +33,8 @@ LAYERS, HKV, D = 2, 2, 8
 
 def make_kv(impl, slots=96, mask_bank=8, attention_bank=8, kv_dtype="float32", seed=0):
     """An offloaded KV with fresh random rows in every slot of every layer; returns (kv, k rows, v rows)."""
-    cfg = OffloadConfig(enabled=True, mask_bank_tokens=mask_bank, attention_bank_tokens=attention_bank,
-                        kv_dtype=kv_dtype, impl=impl)
+    cfg = OffloadConfig(offload_enabled=True, mask_bank_tokens=mask_bank, attention_bank_tokens=attention_bank,
+                        kv_dtype=kv_dtype, offload_impl=impl)
     kv = OffloadedKV(cfg, LAYERS, slots, HKV, D, torch.float32, DEVICE)
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(LAYERS, slots, HKV, D, generator=g)
@@ -91,8 +91,8 @@ def raw(t: torch.Tensor) -> torch.Tensor:
 # ---- config ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("field,value", [
     ("mask_bank_tokens", 0), ("attention_bank_tokens", -4), ("attention_bank_tokens", 2.5),
-    ("kv_dtype", "int8"), ("host_memory_fraction", 0.0), ("gpu_memory_fraction", 1.5), ("impl", "cuda"),
-    ("enabled", "yes"),
+    ("kv_dtype", "int8"), ("host_memory_fraction", 0.0), ("gpu_memory_fraction", 1.5), ("offload_impl", "cuda"),
+    ("offload_enabled", "yes"),
 ])
 def test_offload_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -106,10 +106,10 @@ def test_offload_config_cli_flags_are_kebab_case_field_names():
 
     parser = argparse.ArgumentParser()
     add_dataclass_flags(parser, OffloadConfig)
-    args = parser.parse_args(["--enabled", "true", "--mask-bank-tokens", "1024", "--kv-dtype", "fp8_e5m2",
+    args = parser.parse_args(["--offload-enabled", "true", "--mask-bank-tokens", "1024", "--kv-dtype", "fp8_e5m2",
                               "--host-memory-fraction", "0.5"])
     cfg = dataclass_from_args(OffloadConfig, args)
-    assert (cfg.enabled, cfg.mask_bank_tokens, cfg.kv_dtype, cfg.host_memory_fraction) == (True, 1024, "fp8_e5m2", 0.5)
+    assert (cfg.offload_enabled, cfg.mask_bank_tokens, cfg.kv_dtype, cfg.host_memory_fraction) == (True, 1024, "fp8_e5m2", 0.5)
     assert cfg.attention_bank_tokens == OffloadConfig().attention_bank_tokens
 
 

@@ -47,8 +47,8 @@ def filled_cache(dtype=torch.float32, seed=0):
 
 
 def offloaded(impl, mask_bank, attention_bank, kv_dtype="auto", model_dtype=torch.float32):
-    cfg = OffloadConfig(enabled=True, mask_bank_tokens=mask_bank, attention_bank_tokens=attention_bank,
-                        kv_dtype=kv_dtype, impl=impl)
+    cfg = OffloadConfig(offload_enabled=True, mask_bank_tokens=mask_bank, attention_bank_tokens=attention_bank,
+                        kv_dtype=kv_dtype, offload_impl=impl)
     return OffloadedKV(cfg, LAYERS, PAGES * PAGE, HKV, D, model_dtype, DEVICE)
 
 

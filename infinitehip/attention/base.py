@@ -175,6 +175,13 @@ class AttentionMethod(ABC):
     def advance_host_counters(self, state: Any, key: Hashable) -> None:
         """Advance the host bookkeeping as a decode step with this graph key does (after a replay)."""
 
+    def check_offload(self, offload: Any, max_context_tokens: int, max_num_seqs: int) -> None:
+        """Called by the engine when KV offloading is on (an OffloadConfig), before anything is allocated: raise a
+        ValueError naming the setting when this method cannot run with the KV in host memory behind GPU banks
+        (`kv/offload/paged.py`: flat rows are not resident). Default: refuse."""
+        raise ValueError(f"method {self.name!r} does not support KV offloading (offload-enabled); "
+                         "use method 'infinitehip' (or 'dense' for validation)")
+
     @property
     def kv_token_limit(self) -> int | None:
         """Most cache slots one sequence ever holds (methods that compact their cache); None: one per token."""

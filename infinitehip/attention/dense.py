@@ -29,6 +29,10 @@ def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int
 class DenseAttention(AttentionMethod):
     name = "dense"
 
+    def check_offload(self, offload, max_context_tokens: int, max_num_seqs: int) -> None:
+        """Dense reads every key with `cache.read`, which an offloaded cache serves through its attention bank in
+        pieces: correct at any size (slow at long contexts; meant for validating the offloaded path)."""
+
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         k, v = seq.cache.read(layer, seq.context_slots)
         k = batch.rope.apply_range(k, 0)

@@ -10,6 +10,7 @@ from infinitehip.cli import eval_compare
 from infinitehip.cli.method_options import add_method_flags, method_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.config.engine import EngineConfig
+from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine.llm import LLM
 from infinitehip.eval.runner import TASKS, EvalConfig, context_tokens_needed, run_eval
 
@@ -21,6 +22,7 @@ def register(subparsers) -> None:
         t = tasks.add_parser(task, help=f"{task} retrieval accuracy")
         add_dataclass_flags(t, EvalConfig)
         add_dataclass_flags(t, EngineConfig)
+        add_dataclass_flags(t, OffloadConfig)
         add_method_flags(t)
         t.set_defaults(func=run)
     eval_compare.register(tasks)
@@ -32,5 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if engine_config.max_context_tokens is None:
         needed = context_tokens_needed(args.task, eval_config.lengths)  # the user may still set it
         engine_config = dataclasses.replace(engine_config, max_context_tokens=needed)
-    run_eval(LLM(config=engine_config, method_config=method_config_from_args(engine_config, args)), args.task, eval_config)
+    llm = LLM(config=engine_config, method_config=method_config_from_args(engine_config, args),
+              offload_config=dataclass_from_args(OffloadConfig, args))
+    run_eval(llm, args.task, eval_config)
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from infinitehip.cli.method_options import add_method_flags, method_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.config.engine import EngineConfig
+from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.llm import LLM
 
@@ -20,6 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
     add_dataclass_flags(p, EngineConfig)
     add_dataclass_flags(p, SamplingParams)
+    add_dataclass_flags(p, OffloadConfig)
     add_method_flags(p)
     p.set_defaults(func=run)
 
@@ -28,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     params = dataclass_from_args(SamplingParams, args)
     engine_config = dataclass_from_args(EngineConfig, args)
-    llm = LLM(config=engine_config, method_config=method_config_from_args(engine_config, args))
+    llm = LLM(config=engine_config, method_config=method_config_from_args(engine_config, args),
+              offload_config=dataclass_from_args(OffloadConfig, args))
     if args.chat:
         (out,) = llm.chat([{"role": "user", "content": prompt}], params)
     else:

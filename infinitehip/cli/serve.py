@@ -14,6 +14,7 @@ from pathlib import Path
 from infinitehip.cli.method_options import add_method_flags, method_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.config.engine import EngineConfig
+from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.server import ServerConfig
 
 
@@ -22,6 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--api-key-file", type=Path, help="read the API key from this file (instead of --api-key)")
     add_dataclass_flags(p, EngineConfig)
     add_dataclass_flags(p, ServerConfig)
+    add_dataclass_flags(p, OffloadConfig)
     add_method_flags(p)
     p.set_defaults(func=run)
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from infinitehip.engine.llm_engine import LLMEngine
     from infinitehip.server.app import create_app
 
-    engine = LLMEngine(engine_config, method_config=method_config)
+    engine = LLMEngine(engine_config, method_config=method_config, offload_config=dataclass_from_args(OffloadConfig, args))
     app = create_app(engine, server_config)
     print(
         f"serving {app.state.model_name} (method {engine_config.method}, context {engine.max_context_tokens} tokens) "

@@ -3,6 +3,8 @@
 The mask bank holds keys only (read by the pruning stages, one representative key per chunk and head);
 the attention bank holds keys and values (read by block-sparse attention). Both are token-granular LRU
 caches over the host store; their sizes are in tokens (one token = the rows of every KV head of one layer).
+The engine takes it beside the method config (`LLMEngine(..., offload_config=...)`); its CLI flags are the
+field names (--offload-enabled, --mask-bank-tokens, ...), prefixed where a bare name would clash.
 """
 
 from __future__ import annotations
@@ -23,17 +25,17 @@ OFFLOAD_IMPLS = ("auto", "triton", "reference")
 
 @dataclass(frozen=True)
 class OffloadConfig:
-    enabled: bool = False
+    offload_enabled: bool = False  # keep every token's K/V in host memory, GPU banks for the hot rows
     mask_bank_tokens: int = 65536  # GPU mask bank (keys only), tokens per layer
     attention_bank_tokens: int = 65536  # GPU attention bank (keys and values), tokens per layer
     kv_dtype: str = "auto"  # storage dtype of the host store and both banks; "auto": the model's dtype
     host_memory_fraction: float = 0.9  # share of the available host memory the store may take
     gpu_memory_fraction: float = 0.9  # share of the free GPU memory the banks and their tables may take
-    impl: str = "auto"  # host->bank row copy: "auto" (triton on CUDA, reference elsewhere), "triton", "reference"
+    offload_impl: str = "auto"  # host->bank row copy: "auto" (triton on CUDA, reference elsewhere), "triton", "reference"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ValueError(f"enabled must be a bool, got {self.enabled!r}")
+        if not isinstance(self.offload_enabled, bool):
+            raise ValueError(f"offload_enabled must be a bool, got {self.offload_enabled!r}")
         for name in ("mask_bank_tokens", "attention_bank_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -44,14 +46,14 @@ class OffloadConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {value!r}")
-        if self.impl not in OFFLOAD_IMPLS:
-            raise ValueError(f"impl must be one of {OFFLOAD_IMPLS}, got {self.impl!r}")
+        if self.offload_impl not in OFFLOAD_IMPLS:
+            raise ValueError(f"offload_impl must be one of {OFFLOAD_IMPLS}, got {self.offload_impl!r}")
 
     def torch_kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The storage dtype: kv_dtype, or the model's dtype for "auto"."""
         return model_dtype if self.kv_dtype == "auto" else KV_DTYPES[self.kv_dtype]
 
     def copy_impl(self, device: torch.device) -> str:
-        if self.impl == "auto":
+        if self.offload_impl == "auto":
             return "triton" if device.type == "cuda" else "reference"
-        return self.impl
+        return self.offload_impl

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from infinitehip.config.engine import EngineConfig
+from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.llm_engine import LLMEngine
 
@@ -24,16 +25,17 @@ class RequestOutput:
 class LLM:
     def __init__(
         self, model: str | None = None, method: str | None = None, config: EngineConfig | None = None,
-        method_config: object | None = None, **overrides,
+        method_config: object | None = None, offload_config: OffloadConfig | None = None, **overrides,
     ):
         """`config` gives every engine field (default method: dense); `model`, `method` and keyword overrides
         replace its fields.
-        `method_config` is the method's own settings (e.g. an InfiniteHiPConfig; default: its default preset)."""
+        `method_config` is the method's own settings (e.g. an InfiniteHiPConfig; default: its default preset).
+        `offload_config` turns on KV offloading (host store + GPU banks) when its offload_enabled is set."""
         base = config or EngineConfig()
         self.config = dataclasses.replace(
             base, model=model if model is not None else base.model, method=method or base.method, **overrides
         )
-        self.engine = LLMEngine(self.config, method_config=method_config)
+        self.engine = LLMEngine(self.config, method_config=method_config, offload_config=offload_config)
         self.tokenizer = self.engine.tokenizer
 
     @classmethod

@@ -13,14 +13,16 @@ import torch
 
 from infinitehip.attention.registry import create_method
 from infinitehip.config.engine import EngineConfig
+from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.graph_decode import GraphDecoder
+from infinitehip.engine.kv_setup import build_kv
 from infinitehip.engine.runner import ModelRunner
 from infinitehip.engine.sampler import sample_token
 from infinitehip.engine.scheduler import Scheduler
 from infinitehip.engine.sequence import Sequence
+from infinitehip.kv.offload.bank import BankStats
 from infinitehip.kv.page_allocator import PageAllocator
-from infinitehip.kv.paged_cache import PagedKVCache
 from infinitehip.model.loading import LoadedModel, load_model
 from infinitehip.model.rope import RotaryEmbedding
 
@@ -47,8 +49,11 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, method_config: object | None = None):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, method_config: object | None = None,
+                 offload_config: OffloadConfig | None = None):
+        """offload_config: KV offloading (host store + GPU banks) when its offload_enabled is set; None: resident KV."""
         self.config = config
+        self.offload_config = offload_config
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
         self.loaded = loaded = loaded or load_engine_model(config)
         self.model_config = loaded.config
@@ -63,7 +68,9 @@ class LLMEngine:
         )
         num_pages = -(-kv_tokens // config.page_size)
         mc = self.model_config
-        self.cache = PagedKVCache(mc.num_layers, num_pages, config.page_size, mc.num_kv_heads, mc.head_dim, self.dtype, self.device)
+        # Offloading: the method's checks and the capacity plan run before anything is allocated.
+        self.cache, self.kv_plan = build_kv(offload_config, self.method, mc, self.dtype, self.device, config.page_size,
+                                            num_pages, self.max_context_tokens, config.max_num_seqs, config.show_progress)
         self.rope = RotaryEmbedding(mc, min(self.max_context_tokens, 1 << 16), self.device)
         self.scheduler = Scheduler(
             PageAllocator(num_pages, config.page_size), config.max_num_seqs, config.prefill_chunk_size, limit, scratch
@@ -119,6 +126,8 @@ class LLMEngine:
         kept = self.method.select_prompt(list(prompt_ids), max_tokens)
         budget = self.check_fits(len(kept), max_tokens)
         need = self.scheduler.cache_tokens(len(kept) + budget)
+        if self.kv_plan is not None:
+            self.kv_plan.check(need, f"the request (prompt {len(kept)} + max_tokens {budget})")
         allocator = self.scheduler.allocator
         if allocator.pages_for(need) > allocator.num_pages:
             raise ValueError(
@@ -163,6 +172,14 @@ class LLMEngine:
     def abort(self, seq: Sequence) -> None:
         if not seq.is_finished:
             self._finish(seq, "abort")
+
+    def kv_stats(self) -> dict[str, BankStats] | None:
+        """Hit / miss counters of the offloaded KV's banks ({"mask": ..., "attention": ...}); None when resident.
+        Reads device counters: call between steps."""
+        if self.kv_plan is None:
+            return None
+        mask, attention = self.cache.stats()
+        return {"mask": mask, "attention": attention}
 
     @property
     def has_work(self) -> bool:

@@ -38,6 +38,10 @@ class PagedKVCache:
         return self.k.device
 
     @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
     def bytes_per_token(self) -> int:
         return 2 * self.num_layers * self.k.shape[-2] * self.k.shape[-1] * self.k.element_size()
 
@@ -65,3 +69,7 @@ class PagedKVCache:
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather k/v [N, num_kv_heads, head_dim] of slots [N]."""
         return self.flat_k(layer).index_select(0, slots), self.flat_v(layer).index_select(0, slots)
+
+    def read_k(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """Gather the keys [*slots.shape, num_kv_heads, head_dim] of slots (any shape)."""
+        return self.flat_k(layer)[slots]

@@ -14,6 +14,7 @@ cached stage's limit to the new token; at most sink + keep + stream + max(refres
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -64,12 +65,15 @@ def refresh_stage(
     spec: StageSpec, q: torch.Tensor, position: torch.Tensor, parent: StageCache | None, out: StageCache,
     k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int, stream: int, rope, num_candidates: int,
     group: int, trained_len: int, impl: str, saliency: tuple[KeySaliency, int] | None, shared: dict | None = None,
+    rep_keys: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, int]] | None = None,
 ) -> None:
     """Recompute one stage for one sequence's decode query q [H, d] at position [1]; write `out` in place.
 
     num_candidates: stage-1 chunk count (static; chunks past the limit get length 0). shared: a dict that lives
     for this sequence's step, so the stages refreshed together compute their common inputs once (the limit, and
-    the rotated query of every RoPE style whose query position does not depend on the stage's chunks)."""
+    the rotated query of every RoPE style whose query position does not depend on the stage's chunks).
+    rep_keys(reps, lens) -> (k_flat, page_table, page_size) the scoring kernel reads the representatives'
+    keys through (an offloaded cache's mask bank, `offload_access.py`); None: k_flat / page_table / page_size."""
     shared = {} if shared is None else shared
     if "limit" not in shared:
         shared["limit"] = sparse_limit(position, sink, stream)  # [1]
@@ -99,7 +103,8 @@ def refresh_stage(
     else:
         store, layer = saliency
         reps = store.representatives(layer, starts, lens, page_table, page_size, c, impl=impl)
-        scores = representative_scores(q_rot, blocks.valid, k_flat, page_table, page_size, reps, lens,
+        keys = (k_flat, page_table, page_size) if rep_keys is None else rep_keys(reps, lens)
+        scores = representative_scores(q_rot, blocks.valid, *keys, reps, lens,
                                        pos.key_pos_base, pos.token_pos_group, pos.rep_offset, rope.cos, rope.sin,
                                        impl=impl, per_head=per_head)
     if per_head:  # [1, N, H] -> [1, N]

@@ -17,6 +17,8 @@ from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSl
 from infinitehip.attention.dense import causal_sdpa
 from infinitehip.attention.infinitehip.decode import StageCache, refresh_stage, stage1_candidates, window_width
 from infinitehip.attention.infinitehip.keylist import decode_key_list
+from infinitehip.attention.infinitehip.offload_access import (check_offload, decode_attention_rows, prefill_attention_in_groups,
+                                                              scoring_access)
 from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_positions, group_size
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, query_blocks, run_stage, sparse_limit
@@ -76,6 +78,9 @@ class InfiniteHiPAttention(AttentionMethod):
     def default_max_context_tokens(self) -> int:
         return 1 << 17
 
+    def check_offload(self, offload, max_context_tokens: int, max_num_seqs: int) -> None:
+        check_offload(self.config, offload, max_context_tokens, self.model_config.num_heads, max_num_seqs)
+
     def new_state(self) -> InfiniteHiPState:
         L, S = self.model_config.num_layers, self.config.num_stages
         return InfiniteHiPState(stage_cache=[None] * L, decode_steps=[0] * L, refreshes=[0] * S,
@@ -102,9 +107,10 @@ class InfiniteHiPAttention(AttentionMethod):
 
     def _stage(self, spec, blocks, parent, layer, seq: SequenceSlice, batch: ForwardBatch) -> StageOutput:
         c = self.config
-        return run_stage(spec, blocks, parent, seq.cache.flat_k(layer), seq.page_table, seq.cache.page_size,
+        k_flat, rep_keys = scoring_access(seq.cache, layer, seq.page_table)
+        return run_stage(spec, blocks, parent, k_flat, seq.page_table, seq.cache.page_size,
                          c.sink_tokens, c.stream_tokens, batch.rope, seq.context_len, self.trained_len, self._impl(blocks.q),
-                         None if self.saliency is None else (self.saliency, layer))
+                         None if self.saliency is None else (self.saliency, layer), rep_keys=rep_keys)
 
     def _update_saliency(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> None:
         if self.saliency is not None:
@@ -143,11 +149,17 @@ class InfiniteHiPAttention(AttentionMethod):
         key_rope, query_rope = attention_positions(self.config.attention_rope, key_tokens, key_counts, window_start,
                                                    query_pos, query_block, seq.context_len, self.trained_len)
         batch.rope.ensure(max(int(key_rope.max()), int(query_rope.max())) + 1)
-        return sparse_attention_prefill(
-            q, seq.cache.flat_k(layer), seq.cache.flat_v(layer), seq.page_table, seq.cache.page_size,
-            key_tokens.int(), key_counts.int(), key_rope, query_pos.int(), query_rope, blocks.size,
-            batch.rope.cos, batch.rope.sin, self.sm_scale, impl=self._attention_impl(q),
-        )
+        key_tokens, key_counts, query_pos = key_tokens.int(), key_counts.int(), query_pos.int()
+
+        def attend(k_flat, v_flat, page_table, page_size, m: slice, rows: slice) -> torch.Tensor:
+            return sparse_attention_prefill(
+                q[rows], k_flat, v_flat, page_table, page_size, key_tokens[m], key_counts[m], key_rope[m],
+                query_pos[rows], query_rope[rows], blocks.size, batch.rope.cos, batch.rope.sin, self.sm_scale,
+                impl=self._attention_impl(q),
+            )
+
+        return prefill_attention_in_groups(seq.cache, layer, seq.page_table, key_tokens, key_counts, blocks.size,
+                                           q.shape[0], attend)
 
     # ---- decode ----------------------------------------------------------------------------------------
     def refresh_pattern(self, state: InfiniteHiPState, layer: int) -> tuple[bool, ...]:
@@ -231,13 +243,14 @@ class InfiniteHiPAttention(AttentionMethod):
             if self.saliency is not None:
                 self._apply_saliency(layer, q[i : i + 1], positions[i : i + 1], page_tables[i], any(pattern), state, batch)
             caches = self._stage_caches(state, layer, q.device)
+            k_flat, rep_keys = scoring_access(seq.cache, layer, page_tables[i])
             parent, shared = None, {}
             for s, spec in enumerate(self._specs(layer, decode=True)):
                 if pattern[s]:
-                    refresh_stage(spec, q[i], positions[i : i + 1], parent, caches[s], seq.cache.flat_k(layer),
+                    refresh_stage(spec, q[i], positions[i : i + 1], parent, caches[s], k_flat,
                                   page_tables[i], seq.cache.page_size, c.sink_tokens, c.stream_tokens, batch.rope,
                                   num_candidates, group, self.trained_len, self._impl(q),
-                                  None if self.saliency is None else (self.saliency, layer), shared)
+                                  None if self.saliency is None else (self.saliency, layer), shared, rep_keys)
                     state.refreshes[s] += 1
                 parent = caches[s]
             state.decode_steps[layer] += 1
@@ -254,8 +267,10 @@ class InfiniteHiPAttention(AttentionMethod):
         key_tokens, key_counts, key_rope, query_rope = decode_key_list(
             starts, lens, c.chunk_sizes[-1], limits, positions, c.sink_tokens,
             window_width(c.stream_tokens, c.refresh_intervals), c.attention_rope, group, impl=self._impl(q))
+        k_flat, v_flat, tables, page_size, key_tokens = decode_attention_rows(seqs[0].cache, layer, page_tables,
+                                                                               key_tokens, key_counts)
         return sparse_attention_decode(
-            q, seqs[0].cache.flat_k(layer), seqs[0].cache.flat_v(layer), page_tables, seqs[0].cache.page_size,
+            q, k_flat, v_flat, tables, page_size,
             key_tokens, key_counts, key_rope, query_rope, batch.rope.cos, batch.rope.sin,
             self.sm_scale, impl=self._attention_impl(q),
         )

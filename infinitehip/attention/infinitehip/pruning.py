@@ -106,11 +106,13 @@ class StageSpec:
 def run_stage(
     spec: StageSpec, blocks: QueryBlocks, parent: StageOutput | None, k_flat: torch.Tensor, page_table: torch.Tensor,
     page_size: int, sink: int, stream: int, rope, context_len: int, trained_len: int, impl: str,
-    saliency: tuple[KeySaliency, int] | None = None,
+    saliency: tuple[KeySaliency, int] | None = None, rep_keys=None,
 ) -> StageOutput:
     """One pruning stage for all query blocks (parent None: the first stage, all chunks of [sink, limit)).
 
-    saliency (store, layer): representatives are the most salient keys (landmark mode), not SelectRep's."""
+    saliency (store, layer): representatives are the most salient keys (landmark mode), not SelectRep's.
+    rep_keys: an offloaded cache's representative-key reader (`offload_access.RepresentativeKeys`): the
+    representatives are scored through the mask bank, in groups of chunks that fit it."""
     limit = sparse_limit(blocks.last_position, sink, stream)
     if parent is None:
         starts, lens = initial_chunks(limit, sink, spec.chunk_size)
@@ -134,10 +136,14 @@ def run_stage(
         else:
             store, layer = saliency
             reps = store.representatives(layer, starts, lens, page_table, page_size, spec.chunk_size, impl=impl)
-            scores = representative_scores(
-                q_rot, blocks.valid, k_flat, page_table, page_size, reps, lens, pos.key_pos_base, pos.token_pos_group,
-                pos.rep_offset, rope.cos, rope.sin, impl=impl, per_head=per_head,
-            )
+            def score(kf, pt, ps, r, ln, kpb):
+                return representative_scores(q_rot, blocks.valid, kf, pt, ps, r, ln, kpb, pos.token_pos_group,
+                                             pos.rep_offset, rope.cos, rope.sin, impl=impl, per_head=per_head)
+
+            if rep_keys is None:
+                scores = score(k_flat, page_table, page_size, reps, lens, pos.key_pos_base)
+            else:
+                scores = rep_keys.score_in_groups(reps, starts, lens, pos.key_pos_base, spec.chunk_size, score)
         if per_head:  # [M, N, H] -> [M, N]
             scores = aggregate_heads(scores, lens, spec.head_aggregation, blocks.q.shape[-1] ** -0.5)
     starts, lens = keep_top_chunks(starts, lens, scores, keep)

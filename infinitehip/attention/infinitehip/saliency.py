@@ -22,7 +22,8 @@ from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 
 
 class KeySaliency:
-    """Per-layer saliency buffers over the whole paged cache (slots are unique per sequence)."""
+    """Per-layer saliency buffers over the whole paged cache (slots are unique per sequence). Keys are read with
+    `cache.read_k`, so an offloaded cache serves them through its attention bank."""
 
     def __init__(self, window: int):
         self.window = window
@@ -31,7 +32,7 @@ class KeySaliency:
         self._count: dict[int, torch.Tensor] = {}  # layer -> [slots + 1] fp32
 
     def _buffers(self, layer: int, cache: PagedKVCache, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = cache.flat_k(layer).shape[0] + 1
+        rows = cache.num_slots + 1
         if layer not in self._sum or self._sum[layer].shape[0] != rows:
             self._sum[layer] = torch.zeros(rows, num_heads, dtype=torch.float32, device=cache.device)
             self._count[layer] = torch.zeros(rows, dtype=torch.float32, device=cache.device)
@@ -53,7 +54,7 @@ class KeySaliency:
         key_pos = torch.arange(lo, start_pos + n, device=q.device)
         key_slots = token_slots(page_table, key_pos, cache.page_size)
         rope.ensure(start_pos + n)
-        k = apply_rotary(cache.flat_k(layer)[key_slots].float(), rope.cos[key_pos][:, None], rope.sin[key_pos][:, None])
+        k = apply_rotary(cache.read_k(layer, key_slots).float(), rope.cos[key_pos][:, None], rope.sin[key_pos][:, None])
         k = k.repeat_interleave(H // k.shape[1], dim=1)  # [L, H, d]
         q_pos = torch.arange(start_pos, start_pos + n, device=q.device)
         q_rot = apply_rotary(q.float(), rope.cos[q_pos][:, None], rope.sin[q_pos][:, None])
@@ -88,7 +89,7 @@ class KeySaliency:
         own = torch.where(valid, page_table.long()[positions.clamp(min=0) // ps] * ps + positions.clamp(min=0) % ps, scratch)
         total.index_fill_(0, own, 0)  # each query's own key is new: its sums start now
         count.index_fill_(0, own, 0)
-        k = apply_rotary(cache.flat_k(layer)[slots].float(), rope.cos[key_pos][:, None], rope.sin[key_pos][:, None])
+        k = apply_rotary(cache.read_k(layer, slots).float(), rope.cos[key_pos][:, None], rope.sin[key_pos][:, None])
         Hkv = k.shape[1]
         q_rot = apply_rotary(q.float(), rope.cos[positions.clamp(min=0)][:, None], rope.sin[positions.clamp(min=0)][:, None])
         logits = torch.einsum("pkgd,wkd->pwkg", q_rot.view(P, Hkv, H // Hkv, d), k).reshape(P, -1, H)  # [P, Wp, H]

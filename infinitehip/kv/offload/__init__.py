@@ -3,11 +3,20 @@
 Modules: `host_store` (all K/V, pinned, flat slots like PagedKVCache), `bank` (one GPU bank: rows, slot
 table, reverse map, LRU stamps and order, counters), `resolve` (the sync-free resolve / invalidate ops),
 `reference` / `triton` (host<->bank row copy, eager oracle and UVA kernel), `lru_triton` (resolve / invalidate
-kernels), `offloaded` (store + both banks from an OffloadConfig), `compose` (bank indices as page tables for the unchanged kernels),
-`planner` (capacity before allocation), `bank_sizing` (worst-case requests per call), `validate`.
+kernels), `offloaded` (store + both banks from an OffloadConfig), `compose` (bank indices as page tables for the
+unchanged kernels), `planner` (capacity before allocation), `bank_sizing` (worst-case requests per call),
+`validate`, `paged` (the offloaded KV behind the paged-cache surface the engine and methods use).
 
-Design note: wiring into the engine and the infinitehip method (not done yet)
-------------------------------------------------------------------------------
+Wiring (done): `paged.OffloadedPagedCache` is what the engine builds instead of PagedKVCache
+(`engine/kv_setup.py`: method check, planner, summary, refusal before allocation);
+`attention/infinitehip/offload_access.py` gives the infinitehip kernels their (k_flat, page_table, page_size)
+triples over the banks (decode: options (a) for scoring, compose.decode_tables for attention; prefill: groups
+of chunk columns / query blocks sized to the banks); `tests/test_offload_engine.py` is the validation mode
+(offloaded engine == resident engine, statistics, refusals). Not done: stage 0 in groups of chunks in decode
+(the mask bank must hold one stage's representatives), FP8 storage read by the kernels.
+
+Design note (as written before the wiring; the code above follows it)
+---------------------------------------------------------------------
 Engine (`LLMEngine.__init__`, when `OffloadConfig.enabled`):
   1. plan = plan_capacity(L, Hkv, d, offload.torch_kv_dtype(model dtype), offload, gpu_free_bytes() after
      the model is loaded, host_available_bytes(), page_size); plan.check(kv tokens) refuses before any
@@ -49,6 +58,7 @@ Validation mode: validate.validate_against_paged compares every row read through
 from infinitehip.kv.offload.bank import BankStats, KVBank
 from infinitehip.kv.offload.host_store import HostKVStore
 from infinitehip.kv.offload.offloaded import OffloadedKV
+from infinitehip.kv.offload.paged import OffloadedPagedCache
 from infinitehip.kv.offload.resolve import invalidate, resolve
 
-__all__ = ["BankStats", "HostKVStore", "KVBank", "OffloadedKV", "invalidate", "resolve"]
+__all__ = ["BankStats", "HostKVStore", "KVBank", "OffloadedKV", "OffloadedPagedCache", "invalidate", "resolve"]

@@ -1,0 +1,203 @@
+"""InfiniteHiP with the KV offloaded (host store + GPU mask / attention banks, paper Sec. 3.3): prefill L tokens,
+decode N tokens with CUDA graphs, report prefill s, decode tok/s, GPU memory vs what a resident KV would take,
+and the banks' hit ratios (prefill and decode separately).
+
+    python bench/offload_decode_gpu.py --contexts 131072 524288 --steps 64                 # random 8B-shaped bf16
+    python bench/offload_decode_gpu.py --model embedded --passkey --contexts 32768 --compare-resident
+    python bench/offload_decode_gpu.py --smoke                                              # CPU, tiny model
+
+--model random8b: Llama-3.1-8B shape with RANDOM bf16 weights (bench/decode_gpu.py's setup; tokens are noise).
+--model embedded: the embedded model; with --passkey the prompt is a passkey sample and the reply is checked.
+--compare-resident also runs the resident engine (same prompt) and checks the greedy tokens are identical.
+Bank sizes default to the worst case of one resolve call at the context (what the engine requires), the
+attention bank at least --min-attention-bank tokens; the planner's summary line is printed at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.decode_gpu import LLAMA_31_8B  # noqa: E402
+from infinitehip import EngineConfig, SamplingParams  # noqa: E402
+from infinitehip.attention.infinitehip.offload_access import check_offload  # noqa: E402
+from infinitehip.config.infinitehip import InfiniteHiPConfig, infinitehip_preset  # noqa: E402
+from infinitehip.config.model import ModelConfig  # noqa: E402
+from infinitehip.config.offload import OffloadConfig  # noqa: E402
+from infinitehip.engine.llm_engine import LLMEngine  # noqa: E402
+from infinitehip.model.loading import LoadedModel, random_model  # noqa: E402
+
+TINY = ModelConfig(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=4096)
+TINY_METHOD = InfiniteHiPConfig(sink_tokens=16, stream_tokens=64, query_block_sizes=(32, 16, 8), chunk_sizes=(64, 16, 4),
+                                keep_tokens=(512, 128, 32), early_last_keep_tokens=64, refresh_intervals=(4, 2, 1),
+                                early_layers=1, landmark_window=48)
+
+
+def banks_for(method: InfiniteHiPConfig, context: int, num_heads: int, args) -> OffloadConfig:
+    need = check_offload(method, OffloadConfig(mask_bank_tokens=1 << 40, attention_bank_tokens=1 << 40), context,
+                         num_heads, 1)
+    return OffloadConfig(offload_enabled=True,
+                         mask_bank_tokens=args.mask_bank_tokens or need.mask_tokens,
+                         attention_bank_tokens=args.attention_bank_tokens or max(need.attention_tokens, args.min_attention_bank))
+
+
+def prompt_for(engine: LLMEngine, args, context: int) -> tuple[list[int], object | None]:
+    if args.passkey:
+        from infinitehip.eval.passkey import make_passkey_sample
+
+        sample = make_passkey_sample(engine.tokenizer, context, args.depth, seed=context)
+        return engine.encode_chat(sample.messages), sample
+    ids = torch.randint(0, engine.model_config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
+    return ids.tolist(), None
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig | None, context: int, args) -> dict:
+    device = loaded.model.embed_tokens.weight.device if hasattr(loaded.model, "embed_tokens") else next(loaded.model.parameters()).device
+    engine = LLMEngine(EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype,
+                                    max_context_tokens=context + args.steps + args.warmup_steps + 64,
+                                    prefill_chunk_size=args.chunk, show_progress=True, max_num_seqs=1,
+                                    cuda_graphs=not args.no_graphs),
+                       loaded, method, offload)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    setup_bytes = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+    ids, sample = prompt_for(engine, args, context)
+    seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=args.steps + args.warmup_steps + 1,
+                                                 ignore_eos=True))
+    sync(device)
+    t0 = time.perf_counter()
+    while seq.in_prefill or not seq.output_ids:
+        engine.step()
+    sync(device)
+    prefill_s = time.perf_counter() - t0
+    prefill_stats = engine.kv_stats()
+    step_s = []
+    while not seq.is_finished:
+        if len(step_s) == args.warmup_steps and offload is not None:
+            engine.cache.reset_stats()  # decode hit ratios over the timed steps (graph replays included)
+        t = time.perf_counter()
+        engine.step()
+        step_s.append(time.perf_counter() - t)
+    timed = step_s[args.warmup_steps:] or step_s
+    decode_stats = engine.kv_stats()
+    graphs = engine.runner.graph_decoder
+    text = engine.tokenizer.decode(seq.output_ids, skip_special_tokens=True) if engine.tokenizer is not None else ""
+    out = dict(
+        mode="offloaded" if offload is not None else "resident", context=len(ids), prefill_s=prefill_s,
+        step_ms=statistics.fmean(timed) * 1e3, tokens=list(seq.output_ids),
+        passkey=sample.is_correct(text) if sample is not None else None,
+        resident_kv_gb=engine.cache.bytes_per_token * len(ids) / 1e9,
+        peak_gpu_gb=torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else 0.0,
+        setup_gpu_gb=setup_bytes / 1e9,
+        bank_gb=engine.cache.device_bytes / 1e9 if offload is not None else 0.0,
+        captures=graphs.captures if graphs else 0, replays=graphs.replays if graphs else 0,
+        plan=engine.kv_plan.summary if engine.kv_plan is not None else "",
+    )
+    for phase, stats in (("prefill", prefill_stats), ("decode", decode_stats)):
+        for bank in ("mask", "attention"):
+            out[f"{phase}_{bank}_hit"] = stats[bank].hit_ratio if stats else None
+            out[f"{phase}_{bank}_overflows"] = sum(stats[bank].overflows) if stats else 0
+    del engine, seq
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--contexts", type=int, nargs="+", default=[131072])
+    p.add_argument("--steps", type=int, default=64, help="timed decode steps")
+    p.add_argument("--warmup-steps", type=int, default=40, help="decode steps before timing (graph captures)")
+    p.add_argument("--preset", default="3k-fast")
+    p.add_argument("--model", choices=("random8b", "embedded"), default="random8b")
+    p.add_argument("--model-cache-dir", default=None)
+    p.add_argument("--passkey", action="store_true", help="passkey prompt (with --model embedded)")
+    p.add_argument("--depth", type=float, default=0.5)
+    p.add_argument("--mask-bank-tokens", type=int, default=None, help="default: one stage's worst case at the context")
+    p.add_argument("--attention-bank-tokens", type=int, default=None, help="default: max(worst case, --min-attention-bank)")
+    p.add_argument("--min-attention-bank", type=int, default=65536)
+    p.add_argument("--chunk", type=int, default=32768, help="prefill chunk")
+    p.add_argument("--compare-resident", action="store_true", help="also run with the KV resident; tokens must match")
+    p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny random model, 700 tokens, 8 steps, tokens checked")
+    args = p.parse_args()
+    if args.passkey and args.model != "embedded":
+        p.error("--passkey needs --model embedded (random weights cannot answer)")
+
+    if args.smoke:
+        args.contexts, args.steps, args.warmup_steps, args.chunk = [700], 8, 2, 128
+        args.dtype, args.compare_resident, args.no_graphs = "float32", True, True
+        args.min_attention_bank = 0  # banks at the worst case of one call: evictions every step
+        loaded = LoadedModel(TINY, random_model(TINY, torch.device("cpu"), torch.float32), None, "tiny random", Path("."))
+        method = TINY_METHOD
+    elif args.model == "random8b":
+        model = random_model(LLAMA_31_8B, torch.device("cuda"), torch.bfloat16)
+        loaded = LoadedModel(LLAMA_31_8B, model, None, "random Llama-3.1-8B-shaped weights", Path("."))
+        method = infinitehip_preset(args.preset)
+    else:
+        from infinitehip.engine.llm_engine import load_engine_model
+
+        loaded = load_engine_model(EngineConfig(model_cache_dir=args.model_cache_dir, device="cuda", dtype=args.dtype))
+        method = infinitehip_preset(args.preset)
+    weights_gb = sum(t.numel() * t.element_size() for t in loaded.model.parameters()) / 1e9
+
+    rows, failures = [], 0
+    for context in args.contexts:
+        offload = banks_for(method, context + args.steps + args.warmup_steps + 64, loaded.config.num_heads, args)
+        print(f"context {context:,}: {offload}", flush=True)
+        modes = [offload] + ([None] if args.compare_resident else [])
+        results = []
+        for mode in modes:
+            try:
+                results.append(run(loaded, method, mode, context, args))
+            except torch.OutOfMemoryError as e:
+                print(f"{'offloaded' if mode else 'resident'} at {context}: out of GPU memory ({str(e)[:160]})", flush=True)
+                torch.cuda.empty_cache()
+        for r in results:
+            print({k: v for k, v in r.items() if k != "tokens"}, flush=True)
+        if len(results) == 2:
+            same = results[0]["tokens"] == results[1]["tokens"]
+            failures += not same
+            print(f"context {context:,}: offloaded tokens == resident tokens: {same}", flush=True)
+        rows += results
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke else "cpu"
+    print(f"\ndevice: {device}, torch {torch.__version__}; model: {loaded.source} ({weights_gb:.2f} GB weights); "
+          f"preset {'tiny' if args.smoke else args.preset}; graphs {'off' if args.no_graphs else 'on'}\n")
+    print("| context | KV | prefill s | decode ms/step | tok/s | peak GPU GB | banks GB | resident KV GB | "
+          "mask hit (prefill/decode) | attention hit (prefill/decode) | graphs | passkey |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :-: |")
+    fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    for r in rows:
+        print(f"| {r['context']:,} | {r['mode']} | {r['prefill_s']:.1f} | {r['step_ms']:.2f} | {1e3 / r['step_ms']:.1f} | "
+              f"{r['peak_gpu_gb']:.1f} | {r['bank_gb']:.2f} | {r['resident_kv_gb']:.2f} | "
+              f"{fmt(r['prefill_mask_hit'])} / {fmt(r['decode_mask_hit'])} | "
+              f"{fmt(r['prefill_attention_hit'])} / {fmt(r['decode_attention_hit'])} | {r['captures']}/{r['replays']} | "
+              f"{r['passkey']} |")
+    overflows = sum(r[f"{ph}_{b}_overflows"] for r in rows for ph in ("prefill", "decode") for b in ("mask", "attention"))
+    if overflows:
+        print(f"ERROR: {overflows} resolve calls asked a bank for more rows than it holds")
+    sys.exit(1 if failures or overflows else 0)
+
+
+if __name__ == "__main__":
+    main()

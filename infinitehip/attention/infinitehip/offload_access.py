@@ -1,0 +1,149 @@
+"""How the infinitehip kernels reach a layer's keys and values: resident (the paged cache) or through the GPU banks.
+
+The kernels read a key `t` as k_flat[page_table[t // page_size] * page_size + t % page_size]. With an
+offloaded cache (`kv/offload/paged.py`), every read first resolves the needed store slots into a bank and the
+kernels get a different (k_flat, page_table, page_size) triple over the bank's rows:
+- representative scoring (mask bank, keys only): the scored representatives [M, N, H] are resolved, their
+  bank rows scattered into a token -> bank-row table, read with page_size 1 (`RepresentativeKeys`);
+- decode block-sparse attention (attention bank): each sequence's listed keys are resolved and the list
+  positions 0..K-1 replace the token positions (`decode_attention_rows`; the RoPE positions are separate);
+- prefill block-sparse attention: query blocks go in groups whose key lists fit the bank, through the token
+  table (its causal mask needs token positions) (`prefill_attention_in_groups`);
+- the landmark saliency update and the dense shortcut use the cache's `read_k` / `read` (attention bank).
+Decode paths are sync-free with static shapes (CUDA-graph capturable); prefill grouping syncs to size groups.
+A resident cache gets its own rows back unchanged, so the method has one code path.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.config.offload import OffloadConfig
+from infinitehip.kv.offload.bank_sizing import BankRequests, check_bank_requests, decode_bank_requests
+from infinitehip.kv.offload.compose import decode_tables, list_slots
+from infinitehip.kv.offload.paged import safe_rows
+from infinitehip.kv.offload.planner import CapacityError
+from infinitehip.kv.paged_cache import token_slots
+
+
+def is_offloaded(cache) -> bool:
+    return getattr(cache, "is_offloaded", False)
+
+
+class RepresentativeKeys:
+    """Representative keys of one layer and sequence through the mask bank (only built for an offloaded cache)."""
+
+    def __init__(self, cache, layer: int, page_table: torch.Tensor):
+        self.cache, self.layer, self.page_table = cache, layer, page_table
+        self.bank = cache.kv.mask_bank
+
+    def __call__(self, reps: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """reps [M, N, H] token positions, lens [M, N] (0: padding chunk, not read) -> (k_flat, table, 1). Sync-free."""
+        listed = (lens > 0)[..., None].expand_as(reps)
+        slots = torch.where(listed, token_slots(self.page_table, reps, self.cache.page_size), -1)
+        index = self.cache.kv.resolve_mask(self.layer, slots)
+        return self.bank.flat_k(self.layer), self.cache.token_table(reps, index, self.bank, listed), 1
+
+    def score_in_groups(self, reps: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, key_pos_base: torch.Tensor,
+                        chunk_size: int, score: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """Prefill: score(k_flat, table, page_size, reps, lens, key_pos_base) on groups of chunk columns whose
+        representatives fit the mask bank; scores concatenated along the chunk axis (syncs to size the groups).
+
+        A column's distinct representatives are at most min(H, chunk_size) per distinct (start, len) chunk in
+        it (query blocks share chunks: in stage 1 every block has the same ones), summed over the group's
+        columns: an upper bound of the union that needs a sort of [N, M], not of the reps [N, M * H]."""
+        M, N, H = reps.shape
+        pairs = torch.where(lens > 0, starts * (chunk_size + 1) + lens, -1).T.sort(1).values  # [N, M]
+        distinct = ((pairs[:, 1:] != pairs[:, :-1]) & (pairs[:, 1:] >= 0)).sum(1) + (pairs[:, 0] >= 0)
+        per_column = (distinct * min(H, chunk_size)).tolist()
+        groups, start, size = [], 0, 0
+        for j, n in enumerate(per_column):
+            if n > self.bank.bank_tokens:
+                raise CapacityError(f"mask_bank_tokens={self.bank.bank_tokens:,} is smaller than one chunk column's "
+                                    f"representatives over a prefill chunk's query blocks (up to {n:,}); raise "
+                                    "mask-bank-tokens or lower prefill-chunk-size")
+            if size + n > self.bank.bank_tokens:
+                groups.append((start, j))
+                start, size = j, 0
+            size += n
+        groups.append((start, N))
+        parts = []
+        for a, b in groups:
+            r, ln, kp = reps[:, a:b], lens[:, a:b], key_pos_base[:, a:b]
+            parts.append(score(*self(r, ln), r, ln, kp))
+        return torch.cat(parts, dim=1)
+
+
+def scoring_access(cache, layer: int, page_table: torch.Tensor) -> tuple[torch.Tensor, RepresentativeKeys | None]:
+    """(k_flat for the scoring kernels, representative-key reader or None when the cache is resident)."""
+    if not is_offloaded(cache):
+        return cache.flat_k(layer), None
+    return cache.kv.mask_bank.flat_k(layer), RepresentativeKeys(cache, layer, page_table)
+
+
+def decode_attention_rows(cache, layer: int, page_tables: torch.Tensor, key_tokens: torch.Tensor,
+                          key_counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """(k_flat, v_flat, page_tables, page_size, key_tokens) for `sparse_attention_decode`. Sync-free."""
+    if not is_offloaded(cache):
+        return cache.flat_k(layer), cache.flat_v(layer), page_tables, cache.page_size, key_tokens
+    bank = cache.kv.attention_bank
+    slots = list_slots(page_tables, cache.page_size, key_tokens, key_counts)
+    index = safe_rows(bank, cache.kv.resolve_attention(layer, slots))
+    tables, tokens, page_size = decode_tables(index)
+    return bank.flat_k(layer), bank.flat_v(layer), tables, page_size, tokens
+
+
+def prefill_attention_in_groups(cache, layer: int, page_table: torch.Tensor, key_tokens: torch.Tensor,
+                                key_counts: torch.Tensor, block_size: int, num_queries: int,
+                                attend: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """attend(k_flat, v_flat, page_table, page_size, blocks: slice, rows: slice) -> [rows, H, d] for groups of
+    query blocks whose key lists (key_tokens [M, K], key_counts [M]) fit the attention bank together."""
+    if not is_offloaded(cache):
+        return attend(cache.flat_k(layer), cache.flat_v(layer), page_table, cache.page_size,
+                      slice(0, key_tokens.shape[0]), slice(0, num_queries))
+    bank = cache.kv.attention_bank
+    counts = key_counts.tolist()
+    groups, start, size = [], 0, 0
+    for m, n in enumerate(counts):  # sum of counts bounds the union of the group's keys
+        if n > bank.bank_tokens:
+            raise CapacityError(f"attention_bank_tokens={bank.bank_tokens:,} is smaller than one prefill query "
+                                f"block's key list ({n:,} keys); raise attention-bank-tokens")
+        if size + n > bank.bank_tokens:
+            groups.append((start, m))
+            start, size = m, 0
+        size += n
+    groups.append((start, len(counts)))
+    outs = []
+    for a, b in groups:
+        tokens, cnt = key_tokens[a:b], key_counts[a:b]
+        slots = list_slots(page_table[None].expand(b - a, -1), cache.page_size, tokens, cnt)
+        index = cache.kv.resolve_attention(layer, slots)
+        table = cache.token_table(tokens, index, bank, slots >= 0)
+        rows = slice(a * block_size, min(b * block_size, num_queries))
+        outs.append(attend(bank.flat_k(layer), bank.flat_v(layer), table, 1, slice(a, b), rows))
+    return torch.cat(outs)
+
+
+def check_offload(method: InfiniteHiPConfig, offload: OffloadConfig, context_tokens: int, num_heads: int,
+                  max_num_seqs: int) -> BankRequests:
+    """Refuse (naming the setting) what infinitehip cannot run with offloaded KV, before anything is allocated:
+    SelectRep bisection (its kernel reads keys it finds on the way, not a list known beforehand) and banks
+    smaller than one resolve call's worst case: a stage's representatives of one sequence (mask bank), the key
+    lists of max_num_seqs decoding sequences or of one prefill query block (attention bank)."""
+    if method.representative != "landmark":
+        raise ValueError(f"KV offloading needs representative='landmark' (got {method.representative!r}): the "
+                         "bisection kernel reads keys it discovers on the way")
+    one = decode_bank_requests(method, context_tokens, num_heads, 1)
+    batch = decode_bank_requests(method, context_tokens, num_heads, max_num_seqs)
+    last_keep = max(method.keep_tokens[-1], method.early_last_keep_tokens if method.early_layers else 0)
+    block = min(context_tokens, method.sink_tokens + last_keep + method.stream_tokens + method.query_block_sizes[-1])
+    need = BankRequests(one.mask_tokens, max(batch.attention_tokens, block), one.mask_stage)
+    try:
+        check_bank_requests(offload, need)
+    except CapacityError as exc:
+        raise CapacityError(f"{exc} (attention: max_num_seqs={max_num_seqs} decoding sequences share one call, "
+                            f"or one prefill query block needs {block:,})") from None
+    return need

@@ -1,0 +1,58 @@
+"""The engine's KV storage: the resident `PagedKVCache`, or with offloading on, the host store + GPU banks.
+
+Offloading (paper Sec. 3.3, `kv/offload/`): after the model is loaded, the method checks it can run offloaded
+and that one resolve call fits each bank (`AttentionMethod.check_offload`), the capacity planner sizes the KV
+from the free GPU memory and the available host memory, its summary is reported, and a KV larger than the
+plan is refused before anything is allocated. The page allocator and page tables are the same in both modes
+(store slot = cache slot).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+
+from infinitehip.attention.base import AttentionMethod
+from infinitehip.config.model import ModelConfig
+from infinitehip.config.offload import OffloadConfig
+from infinitehip.kv.offload import planner
+from infinitehip.kv.offload.paged import OffloadedPagedCache
+from infinitehip.kv.offload.planner import CapacityPlan
+from infinitehip.kv.paged_cache import PagedKVCache
+
+logger = logging.getLogger(__name__)
+
+
+def plan_offload(offload: OffloadConfig, method: AttentionMethod, mc: ModelConfig, dtype: torch.dtype,
+                 device: torch.device, page_size: int, kv_tokens: int, max_context_tokens: int,
+                 max_num_seqs: int) -> CapacityPlan:
+    """Checks and the capacity plan of an offloaded KV of kv_tokens tokens (raises before any allocation)."""
+    method.check_offload(offload, max_context_tokens, max_num_seqs)
+    kv_dtype = offload.torch_kv_dtype(dtype)
+    if kv_dtype != dtype:
+        raise ValueError(f"kv_dtype={offload.kv_dtype!r}: the attention kernels read K/V in the model's dtype "
+                         f"({dtype}); a different storage dtype (FP8) is not wired into them yet; use kv-dtype auto")
+    host = planner.host_available_bytes()
+    # On CPU the banks live in host memory too.
+    gpu = planner.gpu_free_bytes(device) if device.type == "cuda" else host
+    plan = planner.plan_capacity(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype, offload, gpu, host, page_size)
+    plan.check(kv_tokens, f"the KV cache (kv-cache-tokens / max-context-tokens: {kv_tokens:,} tokens)")
+    return plan
+
+
+def build_kv(offload: OffloadConfig | None, method: AttentionMethod, mc: ModelConfig, dtype: torch.dtype,
+             device: torch.device, page_size: int, num_pages: int, max_context_tokens: int, max_num_seqs: int,
+             show: bool = True) -> tuple[PagedKVCache | OffloadedPagedCache, CapacityPlan | None]:
+    """(cache, plan): a resident paged cache (plan None) or, with offload_enabled, the offloaded KV and its plan."""
+    if offload is None or not offload.offload_enabled:
+        return PagedKVCache(mc.num_layers, num_pages, page_size, mc.num_kv_heads, mc.head_dim, dtype, device), None
+    plan = plan_offload(offload, method, mc, dtype, device, page_size, num_pages * page_size, max_context_tokens,
+                        max_num_seqs)
+    logger.info(plan.summary)
+    if show:
+        print(plan.summary, file=sys.stderr)
+    cache = OffloadedPagedCache(offload, mc.num_layers, num_pages, page_size, mc.num_kv_heads, mc.head_dim, dtype,
+                                device)
+    return cache, plan

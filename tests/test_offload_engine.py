@@ -1,0 +1,290 @@
+"""Validation mode of KV offloading (issue 4 item 5): the engine with the KV in a host store behind small GPU
+banks must produce exactly the resident engine's logits and greedy tokens, prefill and decode, with banks
+small enough that every step evicts and misses; the bank statistics must add up; requests and configurations
+that cannot run offloaded are refused (before anything is allocated) with errors naming the setting."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from infinitehip import SamplingParams  # noqa: E402
+from infinitehip.attention.infinitehip.offload_access import check_offload  # noqa: E402
+from infinitehip.config.infinitehip import InfiniteHiPConfig  # noqa: E402
+from infinitehip.config.offload import OffloadConfig  # noqa: E402
+from infinitehip.kv.offload import planner  # noqa: E402
+from infinitehip.kv.offload.paged import OffloadedAccessError, OffloadedPagedCache  # noqa: E402
+from infinitehip.kv.offload.planner import CapacityError  # noqa: E402
+from tests.conftest import engine_for_dir  # noqa: E402
+from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: E402,F401
+
+HEADS = 4  # query heads of the tiny models (tests/conftest.py)
+CONTEXT = 800  # max_context_tokens: the banks are sized to the worst case of one resolve call at this context
+
+
+def _smallest_banks(config: InfiniteHiPConfig, num_heads: int, seqs: int = 1, context: int = CONTEXT) -> OffloadConfig:
+    need = check_offload(config, OffloadConfig(mask_bank_tokens=1 << 30, attention_bank_tokens=1 << 30), context,
+                         num_heads, seqs)
+    return OffloadConfig(offload_enabled=True, mask_bank_tokens=need.mask_tokens, attention_bank_tokens=need.attention_tokens)
+
+
+def _generate(path, config, offload, prompts, steps, method="infinitehip", graphs=False, **kw):
+    """Greedy decode; -> (outputs, logits per step, bank stats after each step, engine)."""
+    engine = engine_for_dir(path, None, config, offload, method=method, max_context_tokens=CONTEXT,
+                            prefill_chunk_size=kw.pop("prefill_chunk_size", 128), max_num_seqs=len(prompts), **kw)
+    if graphs:
+        from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
+
+        r = engine.runner
+        r.graph_decoder = GraphDecoder(r.model, r.cache, r.rope, r.method, engine.max_context_tokens, min_bucket=512,
+                                       recorder=ClosureRecorder)
+    logits, stats = [], []
+    inner = engine.runner.run
+
+    def recording(plan):
+        samplers, out = inner(plan)
+        logits.append(out.clone())
+        return samplers, out
+
+    engine.runner.run = recording
+    seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)) for p in prompts]
+    while engine.has_work:
+        engine.step()
+        stats.append(engine.kv_stats())
+    return [s.output_ids for s in seqs], logits, stats, engine
+
+
+def _assert_same(a, b):
+    assert a[0] == b[0]
+    assert len(a[1]) == len(b[1])
+    for x, y in zip(a[1], b[1]):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
+def _count_requests(engine):
+    """Distinct valid slots each resolve call of the engine's offloaded KV requests, summed per (bank, layer)."""
+    kv, counts = engine.cache.kv, {}
+    for name in ("mask", "attention"):
+        inner = getattr(kv, f"resolve_{name}")
+
+        def spy(layer, slots, inner=inner, name=name):
+            valid = slots.reshape(-1)
+            counts[name, layer] = counts.get((name, layer), 0) + int(valid[valid >= 0].unique().numel())
+            return inner(layer, slots)
+
+        setattr(kv, f"resolve_{name}", spy)
+    return counts
+
+
+@pytest.mark.parametrize("refresh", [(4, 2, 1), (6, 3, 2)])
+def test_offloaded_engine_equals_resident_with_misses_every_step(llama3_dir, refresh):
+    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": refresh})
+    prompt, steps = _ids(700, seed=21), 16
+    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    offload = _smallest_banks(config, HEADS)
+    ours = _generate(llama3_dir, config, offload, [prompt], steps)
+    _assert_same(ours, resident)
+    assert resident[2][-1] is None
+    engine = ours[3]
+    assert isinstance(engine.cache, OffloadedPagedCache) and engine.kv_plan is not None
+    stats = [(s["mask"], s["attention"]) for s in ours[2]]
+    mask, attention = stats[-1]
+    for bank in (mask, attention):
+        assert bank.total_hits > 0 and bank.total_misses > 0 and not any(bank.overflows)
+    # Far more rows went through each bank than it holds: rows were evicted and read again.
+    assert mask.total_misses > 2 * offload.mask_bank_tokens and attention.total_misses > 2 * offload.attention_bank_tokens
+    # Every decode step (after the prompt: the last `steps - 1` entries) misses and hits in the attention bank.
+    for before, after in zip(stats[-steps:-1], stats[-steps + 1:]):
+        assert after[1].total_misses > before[1].total_misses
+        assert after[1].total_hits > before[1].total_hits
+
+
+def test_bank_statistics_count_every_distinct_requested_slot(llama3_dir):
+    config = InfiniteHiPConfig(**SMALL)
+    offload = _smallest_banks(config, HEADS)
+    engine = engine_for_dir(llama3_dir, None, config, offload, method="infinitehip", max_context_tokens=CONTEXT,
+                            prefill_chunk_size=128, max_num_seqs=1)
+    counts = _count_requests(engine)
+    engine.add_request(_ids(650, seed=22), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    while engine.has_work:
+        engine.step()
+    stats = engine.kv_stats()
+    for name in ("mask", "attention"):
+        for layer in range(engine.model_config.num_layers):
+            got = stats[name].hits[layer] + stats[name].misses[layer]
+            assert got == counts[name, layer] > 0, (name, layer)
+    engine.cache.reset_stats()
+    assert engine.kv_stats()["attention"].total_misses == 0
+
+
+def test_offloaded_batched_decode_equals_resident(llama3_dir):
+    """Two sequences decoding together: one attention-bank call serves both key lists (banks sized for two)."""
+    config = InfiniteHiPConfig(**SMALL)
+    prompts = [_ids(700, seed=23), _ids(300, seed=24)]
+    resident = _generate(llama3_dir, config, None, prompts, 6)
+    ours = _generate(llama3_dir, config, _smallest_banks(config, HEADS, seqs=2), prompts, 6)
+    _assert_same(ours, resident)
+    assert not any(ours[2][-1]["attention"].overflows)
+
+
+def test_offloaded_graph_decode_equals_resident_and_does_not_sync(llama3_dir, monkeypatch):
+    """The graph decode path (ClosureRecorder: graph semantics on CPU) with offloading on gives the resident eager
+    tokens and logits. While a step replays, the offload path (K/V writes, bank resolves, key-access tables)
+    never reads a tensor on the host (item / tolist / bool / int / float would sync a CUDA stream). The CPU
+    reference kernels of the method itself may (the Triton ones do not): only the offload entry points are watched."""
+    import infinitehip.attention.infinitehip.method as method_module
+    from infinitehip.attention.infinitehip import offload_access
+    from infinitehip.engine.graph_decode import ClosureRecorder
+    from infinitehip.kv.offload.offloaded import OffloadedKV
+
+    config = InfiniteHiPConfig(**SMALL)
+    prompt, steps = _ids(700, seed=15), 14
+    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    state = {"replaying": False, "inside": 0, "watched": 0}
+
+    def watch(fn):
+        def wrapped(*args, **kwargs):
+            state["inside"] += 1
+            state["watched"] += state["replaying"]
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                state["inside"] -= 1
+        return wrapped
+
+    for owner, name in ((OffloadedKV, "write"), (OffloadedKV, "resolve_mask"), (OffloadedKV, "resolve_attention"),
+                        (OffloadedPagedCache, "_gather"), (OffloadedPagedCache, "token_table"),
+                        (offload_access.RepresentativeKeys, "__call__"), (method_module, "decode_attention_rows")):
+        monkeypatch.setattr(owner, name, watch(getattr(owner, name)))
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+        def guarded(self, *args, _inner=getattr(torch.Tensor, name), _name=name, **kwargs):
+            if state["replaying"] and state["inside"]:
+                raise AssertionError(f"host sync (Tensor.{_name}) in the offload path of a replayed decode step")
+            return _inner(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, guarded)
+    replay = ClosureRecorder.replay
+
+    def strict_replay(self):
+        state["replaying"] = True
+        try:
+            return replay(self)
+        finally:
+            state["replaying"] = False
+
+    monkeypatch.setattr(ClosureRecorder, "replay", strict_replay)
+    ours = _generate(llama3_dir, config, _smallest_banks(config, HEADS), [prompt], steps, graphs=True)
+    _assert_same(ours, resident)
+    decoder = ours[3].runner.graph_decoder
+    assert decoder.captures == 3 and decoder.replays == steps - 1 - 1 - 3
+    assert state["watched"] > 0
+
+
+def test_offloaded_prefill_logits_equal_resident_with_dense_shortcut(llama3_dir):
+    """prompt_logits over several chunks: the dense shortcut while nothing is pruned (its reads go through the
+    attention bank in pieces), then pruned chunks in query-block groups; logits of every position match."""
+    config = InfiniteHiPConfig(**{**SMALL, "dense_when_unpruned": True})
+    ids = _ids(600, seed=25)
+    resident = engine_for_dir(llama3_dir, None, config, method="infinitehip", max_context_tokens=CONTEXT,
+                              prefill_chunk_size=96, max_num_seqs=1).prompt_logits(ids)
+    engine = engine_for_dir(llama3_dir, None, config, _smallest_banks(config, HEADS), method="infinitehip",
+                            max_context_tokens=CONTEXT, prefill_chunk_size=96, max_num_seqs=1)
+    from infinitehip.attention.infinitehip import offload_access
+
+    calls = {"stages": 0, "groups": 0, "attend": 0, "block_groups": 0}
+    inner_stage, inner_groups = offload_access.RepresentativeKeys.score_in_groups, offload_access.prefill_attention_in_groups
+
+    def stage(self, *args):
+        calls["stages"] += 1
+        return inner_stage(self, *args)
+
+    def groups(cache, layer, page_table, tokens, counts, block_size, n, attend):
+        calls["attend"] += 1
+
+        def counted(*args):
+            calls["block_groups"] += 1
+            return attend(*args)
+        return inner_groups(cache, layer, page_table, tokens, counts, block_size, n, counted)
+
+    inner_call = offload_access.RepresentativeKeys.__call__
+
+    def call(self, reps, lens):
+        calls["groups"] += 1
+        return inner_call(self, reps, lens)
+
+    import infinitehip.attention.infinitehip.method as method_module
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(offload_access.RepresentativeKeys, "score_in_groups", stage)
+        m.setattr(offload_access.RepresentativeKeys, "__call__", call)
+        m.setattr(method_module, "prefill_attention_in_groups", groups)
+        logits = engine.prompt_logits(ids)
+    torch.testing.assert_close(logits, resident, rtol=1e-5, atol=1e-5)
+    assert engine.kv_stats()["attention"].total_misses > 0
+    # Some stages and some chunks' attention did not fit their bank at once: they ran in several groups.
+    assert calls["groups"] > calls["stages"] > 0 and calls["block_groups"] > calls["attend"] > 0
+
+
+def test_dense_offloaded_equals_resident(llama3_dir):
+    offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=8, attention_bank_tokens=64)
+    prompt = _ids(300, seed=26)
+    resident = _generate(llama3_dir, None, None, [prompt], 5, method="dense")
+    ours = _generate(llama3_dir, None, offload, [prompt], 5, method="dense")
+    _assert_same(ours, resident)
+    assert ours[2][-1]["attention"].total_misses > 300
+
+
+def test_request_beyond_the_planned_capacity_is_refused_before_allocation(llama3_dir, monkeypatch):
+    config, context = InfiniteHiPConfig(**SMALL), 1100
+    offload = OffloadConfig(**{**_smallest_banks(config, HEADS, context=context).__dict__, "host_memory_fraction": 1.0})
+    build = lambda kv_tokens: engine_for_dir(llama3_dir, None, config, offload, method="infinitehip",  # noqa: E731
+                                             max_context_tokens=context, max_num_seqs=1, kv_cache_tokens=kv_tokens)
+    per_token = build(None).kv_plan.host_bytes_per_token
+    # Host memory for 1000 tokens: 960 in pages of 64. A KV of 900 tokens (15 pages) fits.
+    monkeypatch.setattr(planner, "host_available_bytes", lambda: 1000 * per_token)
+    engine = build(900)
+    assert engine.kv_plan.max_tokens == 960 and engine.kv_plan.limited_by == "host"
+    with pytest.raises(CapacityError, match=r"request \(prompt 900 \+ max_tokens 124\) needs 1,024 KV tokens but the "
+                                            r"offloaded KV capacity is 960 tokens"):
+        engine.add_request(_ids(900, seed=1), SamplingParams(max_tokens=124))
+    assert not engine.has_work and engine.scheduler.allocator.num_in_use == 0
+    # A KV cache larger than the plan: refused when the engine is built, before the store is allocated.
+    allocated = []
+    monkeypatch.setattr(OffloadedPagedCache, "__init__", lambda *a, **k: allocated.append(1))
+    with pytest.raises(CapacityError, match=r"needs 1,024 KV tokens .* capacity is 960 tokens \(limited by host"):
+        build(1000)
+    assert not allocated
+
+
+def test_configurations_that_cannot_run_offloaded_are_refused(llama3_dir):
+    on = OffloadConfig(offload_enabled=True, mask_bank_tokens=4096, attention_bank_tokens=4096)
+    with pytest.raises(ValueError, match="method 'streaming' does not support KV offloading"):
+        engine_for_dir(llama3_dir, None, None, on, method="streaming", max_context_tokens=CONTEXT)
+    with pytest.raises(ValueError, match="representative='landmark'"):
+        engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL, representative="bisection"), on,
+                       method="infinitehip", max_context_tokens=CONTEXT)
+    with pytest.raises(CapacityError, match="attention_bank_tokens=100 .* max_num_seqs=1"):
+        engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL), OffloadConfig(offload_enabled=True, attention_bank_tokens=100),
+                       method="infinitehip", max_context_tokens=CONTEXT, max_num_seqs=1)
+    with pytest.raises(ValueError, match="kv_dtype='fp8_e4m3'"):
+        engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL), OffloadConfig(offload_enabled=True, kv_dtype="fp8_e4m3"),
+                       method="infinitehip", max_context_tokens=CONTEXT)
+    engine = engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL), _smallest_banks(InfiniteHiPConfig(**SMALL), HEADS),
+                            method="infinitehip", max_context_tokens=CONTEXT, max_num_seqs=1)
+    with pytest.raises(OffloadedAccessError, match="offloaded"):
+        engine.cache.flat_k(0)
+
+
+def test_offload_flags_reach_the_engine_config():
+    from infinitehip.cli.main import build_parser
+    from infinitehip.cli.options import dataclass_from_args
+
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--method", "infinitehip", "--offload-enabled", "true",
+                                      "--mask-bank-tokens", "4096", "--attention-bank-tokens", "8192",
+                                      "--offload-impl", "reference", "--impl", "triton"])
+    cfg = dataclass_from_args(OffloadConfig, args)
+    assert (cfg.offload_enabled, cfg.mask_bank_tokens, cfg.attention_bank_tokens, cfg.offload_impl) == (True, 4096, 8192, "reference")
+    assert args.impl == "triton"  # the method's --impl is a different flag
