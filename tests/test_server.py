@@ -363,3 +363,30 @@ def test_engine_failure_fails_the_request_not_the_server(base_url, client, engin
     health = httpx.get(f"{base_url}/health").json()
     assert health["status"] == "ok" and "simulated device error" in health["last_engine_error"]
     assert client.completions.create(model=model, prompt="Hello", max_tokens=3, temperature=0).choices[0].text
+
+
+def test_offloaded_kv_server_answers_and_reports_bank_metrics():
+    """The server over an engine whose KV lives in host memory behind GPU-style banks (CPU here): the official
+    client gets the same greedy answer as from a resident engine, and /metrics carries the banks' counters."""
+    from infinitehip import SamplingParams
+    from infinitehip.config.offload import OffloadConfig
+
+    config = EngineConfig(**{**ENGINE_CONFIG, "method": "infinitehip", "kv_cache_tokens": 4096, "max_num_seqs": 2})
+    offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=4096, attention_bank_tokens=4096)
+    engine = LLMEngine(config, offload_config=offload)
+    resident = LLMEngine(config, loaded=engine.loaded)
+    messages = [{"role": "user", "content": "Name the largest planet of the solar system."}]
+    server_config = ServerConfig(api_key=API_KEY, max_waiting_requests=4, keepalive_interval_s=0.1)
+    with ServerThread(create_app(engine, server_config)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
+        reply = client.chat.completions.create(model=client.models.list().data[0].id, messages=messages,
+                                               max_tokens=8, temperature=0)
+        text = httpx.get(f"{url}/metrics").text
+    seq = resident.add_request(resident.encode_chat(messages), SamplingParams(temperature=0.0, max_tokens=8))
+    while resident.has_work:
+        resident.step()
+    assert reply.choices[0].message.content == resident.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+    counts = {m.group(1) + m.group(2): float(m.group(3))
+              for m in re.finditer(r'infinitehip_kv_bank_(hits|misses)\{bank="(mask|attention)"\} (\S+)', text)}
+    assert counts["missesattention"] > 0 and counts["hitsattention"] > 0
+    assert re.search(r'infinitehip_kv_bank_hit_ratio\{bank="attention"\} 0\.\d+', text)

@@ -344,3 +344,6 @@ class AsyncEngine:
         alloc = sched.allocator
         kv = 1.0 - alloc.num_free / alloc.num_pages if alloc.num_pages else 0.0
         self.metrics.set_engine_state(len(sched.running), self._num_queued, kv)
+        banks = self.engine.kv_stats()  # None unless the KV is offloaded
+        if banks is not None:
+            self.metrics.set_kv_banks(banks)

@@ -47,6 +47,12 @@ class ServerMetrics:
         self.prefill_throughput = Gauge(
             "infinitehip_prefill_tokens_per_second", "Prefill throughput of the latest step that prefilled", registry=r
         )
+        # KV offloading (absent while the KV is resident): cumulative bank counters since the engine started.
+        self.kv_bank_hits = Gauge("infinitehip_kv_bank_hits", "Requested KV rows already in the GPU bank", ["bank"], registry=r)
+        self.kv_bank_misses = Gauge("infinitehip_kv_bank_misses", "Requested KV rows copied from host memory", ["bank"],
+                                    registry=r)
+        self.kv_bank_hit_ratio = Gauge("infinitehip_kv_bank_hit_ratio", "hits / (hits + misses) of a GPU bank", ["bank"],
+                                       registry=r)
         self.finished = Counter(
             "infinitehip_sequences_finished", "Finished sequences by reason (stop, length, abort, error)", ["reason"],
             registry=r,
@@ -59,6 +65,13 @@ class ServerMetrics:
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
+
+    def set_kv_banks(self, stats: dict) -> None:
+        """stats: {"mask": BankStats, "attention": BankStats} (LLMEngine.kv_stats)."""
+        for name, bank in stats.items():
+            self.kv_bank_hits.labels(bank=name).set(bank.total_hits)
+            self.kv_bank_misses.labels(bank=name).set(bank.total_misses)
+            self.kv_bank_hit_ratio.labels(bank=name).set(bank.hit_ratio)
 
     def observe_step(self, prefill_tokens: int, generated_tokens: int, seconds: float) -> None:
         if prefill_tokens:
