@@ -50,7 +50,7 @@ def banks_for(method: InfiniteHiPConfig, context: int, num_heads: int, args) -> 
     need = check_offload(method, OffloadConfig(mask_bank_tokens=1 << 40, attention_bank_tokens=1 << 40), context,
                          num_heads, 1)
     return OffloadConfig(offload_enabled=True,
-                         mask_bank_tokens=args.mask_bank_tokens or need.mask_tokens,
+                         mask_bank_tokens=args.mask_bank_tokens or need.mask_stage_tokens,  # one group per stage
                          attention_bank_tokens=args.attention_bank_tokens or max(need.attention_tokens, args.min_attention_bank))
 
 

@@ -10,10 +10,10 @@ unchanged kernels), `planner` (capacity before allocation), `bank_sizing` (worst
 Wiring (done): `paged.OffloadedPagedCache` is what the engine builds instead of PagedKVCache
 (`engine/kv_setup.py`: method check, planner, summary, refusal before allocation);
 `attention/infinitehip/offload_access.py` gives the infinitehip kernels their (k_flat, page_table, page_size)
-triples over the banks (decode: options (a) for scoring, compose.decode_tables for attention; prefill: groups
-of chunk columns / query blocks sized to the banks); `tests/test_offload_engine.py` is the validation mode
-(offloaded engine == resident engine, statistics, refusals). Not done: stage 0 in groups of chunks in decode
-(the mask bank must hold one stage's representatives), FP8 storage read by the kernels.
+triples over the banks (decode: options (a) for scoring, in static groups of chunks that fit the mask bank,
+compose.decode_tables for attention; prefill: groups of chunk columns / query blocks sized to the banks), so
+the mask bank needs only one chunk's representatives; `tests/test_offload_engine.py` is the validation mode
+(offloaded engine == resident engine, statistics, refusals). Not done: FP8 storage read by the kernels.
 
 Design note (as written before the wiring; the code above follows it)
 ---------------------------------------------------------------------
