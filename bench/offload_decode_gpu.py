@@ -131,7 +131,7 @@ def main() -> None:
     p.add_argument("--model-cache-dir", default=None)
     p.add_argument("--passkey", action="store_true", help="passkey prompt (with --model embedded)")
     p.add_argument("--depth", type=float, default=0.5)
-    p.add_argument("--mask-bank-tokens", type=int, default=None, help="default: one stage's worst case at the context")
+    p.add_argument("--mask-bank-tokens", type=int, default=None, help="default: the largest stage's representatives at the context (one group per stage)")
     p.add_argument("--attention-bank-tokens", type=int, default=None, help="default: max(worst case, --min-attention-bank)")
     p.add_argument("--min-attention-bank", type=int, default=65536)
     p.add_argument("--chunk", type=int, default=32768, help="prefill chunk")
