@@ -50,7 +50,7 @@ def banks_for(method: InfiniteHiPConfig, context: int, num_heads: int, args) -> 
     need = check_offload(method, OffloadConfig(mask_bank_tokens=1 << 40, attention_bank_tokens=1 << 40), context,
                          num_heads, 1)
     return OffloadConfig(offload_enabled=True,
-                         mask_bank_tokens=args.mask_bank_tokens or need.mask_tokens,
+                         mask_bank_tokens=args.mask_bank_tokens or need.mask_stage_tokens,  # one group per stage
                          attention_bank_tokens=args.attention_bank_tokens or max(need.attention_tokens, args.min_attention_bank))
 
 
@@ -131,7 +131,7 @@ def main() -> None:
     p.add_argument("--model-cache-dir", default=None)
     p.add_argument("--passkey", action="store_true", help="passkey prompt (with --model embedded)")
     p.add_argument("--depth", type=float, default=0.5)
-    p.add_argument("--mask-bank-tokens", type=int, default=None, help="default: one stage's worst case at the context")
+    p.add_argument("--mask-bank-tokens", type=int, default=None, help="default: the largest stage's representatives at the context (one group per stage)")
     p.add_argument("--attention-bank-tokens", type=int, default=None, help="default: max(worst case, --min-attention-bank)")
     p.add_argument("--min-attention-bank", type=int, default=65536)
     p.add_argument("--chunk", type=int, default=32768, help="prefill chunk")

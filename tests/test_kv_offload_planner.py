@@ -76,13 +76,17 @@ def test_machine_memory_readers():
 
 def test_worst_case_requests_3k_at_1m_landmark():
     req = decode_bank_requests(PRESETS["3k"], 1 << 20, num_heads=32)
-    # stage 0: 4,091 chunks of 256 over [256, 1M - 1024), one representative per chunk and query head
-    assert (req.mask_tokens, req.mask_stage) == (4091 * 32, 0)
+    # The mask bank holds one group of chunks at a time: at least one chunk's representatives, one per query head
+    # (stages 0 and 1: min(32 heads, chunks of 256 / 32 tokens) = 32; stage 2: chunks of 8 tokens, 8).
+    assert (req.mask_tokens, req.mask_stage) == (32, 0)
+    # One group per stage would need stage 0's 4,091 chunks of 256 over [256, 1M - 1024) x 32 heads.
+    assert req.mask_stage_tokens == 4091 * 32
     # sink 256 + early-layer keep 4096 + stream 1024 + the window's reach back (max refresh interval 16)
     assert req.attention_tokens == 256 + 4096 + 1024 + 16
-    with pytest.raises(CapacityError, match=r"mask_bank_tokens=65,536 .*130,912"):
-        check_bank_requests(OffloadConfig(), req)
-    check_bank_requests(OffloadConfig(mask_bank_tokens=131072, attention_bank_tokens=8192), req)
+    check_bank_requests(OffloadConfig(), req)  # the default mask bank (65,536): stage 0 in two groups
+    with pytest.raises(CapacityError, match=r"mask_bank_tokens=31 .*one chunk's representatives.*at least 32"):
+        check_bank_requests(OffloadConfig(mask_bank_tokens=31, attention_bank_tokens=8192), req)
+    check_bank_requests(OffloadConfig(mask_bank_tokens=32, attention_bank_tokens=8192), req)
     with pytest.raises(CapacityError, match="attention_bank_tokens=4,096"):
         check_bank_requests(OffloadConfig(mask_bank_tokens=131072, attention_bank_tokens=4096), req)
 
@@ -90,12 +94,14 @@ def test_worst_case_requests_3k_at_1m_landmark():
 def test_worst_case_requests_bisection_short_context_and_batches():
     method = infinitehip_preset("3k", representative="bisection")
     req = decode_bank_requests(method, 1 << 20, num_heads=32)
-    assert req.mask_tokens == (1 << 20) - 256 - 1024  # bisection may touch every candidate of stage 0
+    assert req.mask_tokens == 256  # bisection may touch every key of a chunk of 256 (32 heads x 9 probes)
+    assert req.mask_stage_tokens == (1 << 20) - 256 - 1024  # ... so every candidate of stage 0
     short = decode_bank_requests(PRESETS["3k"], 2000, num_heads=32)
     # 720 candidates: stage 0 reads 3 chunks * 32 heads = 96 keys, stage 1 all 720 (23 chunks * 32 > 720)
-    assert (short.mask_tokens, short.mask_stage) == (720, 1)
+    assert (short.mask_tokens, short.mask_stage, short.mask_stage_tokens) == (32, 0, 720)
     assert short.attention_tokens == 2000  # never more than the context
     batched = decode_bank_requests(PRESETS["3k"], 2000, num_heads=32, num_seqs=4)
-    assert (batched.mask_tokens, batched.attention_tokens) == (4 * 720, 4 * 2000)
+    # Mask-bank calls are per sequence; the attention call batches the decoding sequences.
+    assert (batched.mask_tokens, batched.attention_tokens) == (32, 4 * 2000)
     with pytest.raises(ValueError, match="num_seqs"):
         decode_bank_requests(PRESETS["3k"], 2000, num_heads=32, num_seqs=0)

@@ -27,16 +27,35 @@ HEADS = 4  # query heads of the tiny models (tests/conftest.py)
 CONTEXT = 800  # max_context_tokens: the banks are sized to the worst case of one resolve call at this context
 
 
-def _smallest_banks(config: InfiniteHiPConfig, num_heads: int, seqs: int = 1, context: int = CONTEXT) -> OffloadConfig:
+def _smallest_banks(config: InfiniteHiPConfig, num_heads: int, seqs: int = 1, context: int = CONTEXT,
+                    mask_bank: int | None = None) -> OffloadConfig:
+    """The smallest banks check_offload accepts (the mask bank: one chunk's representatives), or mask_bank."""
     need = check_offload(config, OffloadConfig(mask_bank_tokens=1 << 30, attention_bank_tokens=1 << 30), context,
                          num_heads, seqs)
-    return OffloadConfig(offload_enabled=True, mask_bank_tokens=need.mask_tokens, attention_bank_tokens=need.attention_tokens)
+    return OffloadConfig(offload_enabled=True, mask_bank_tokens=mask_bank or need.mask_tokens,
+                         attention_bank_tokens=need.attention_tokens)
 
 
-def _generate(path, config, offload, prompts, steps, method="infinitehip", graphs=False, **kw):
+def _count_decode_groups(monkeypatch):
+    """Per decode stage refresh: (candidate chunks N, chunks per group G); the mask-bank resolve calls' distinct slots."""
+    from infinitehip.attention.infinitehip import offload_access
+
+    groups, inner = [], offload_access.RepresentativeKeys.score_in_fixed_groups
+
+    def spy(self, reps, lens, chunk_size, score):
+        groups.append((reps.shape[1], self.chunks_per_group(chunk_size, reps.shape[2])))
+        return inner(self, reps, lens, chunk_size, score)
+
+    monkeypatch.setattr(offload_access.RepresentativeKeys, "score_in_fixed_groups", spy)
+    return groups
+
+
+def _generate(path, config, offload, prompts, steps, method="infinitehip", graphs=False, on_engine=None, **kw):
     """Greedy decode; -> (outputs, logits per step, bank stats after each step, engine)."""
     engine = engine_for_dir(path, None, config, offload, method=method, max_context_tokens=CONTEXT,
                             prefill_chunk_size=kw.pop("prefill_chunk_size", 128), max_num_seqs=len(prompts), **kw)
+    if on_engine is not None:
+        on_engine(engine)
     if graphs:
         from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
 
@@ -66,29 +85,45 @@ def _assert_same(a, b):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
 
 
-def _count_requests(engine):
-    """Distinct valid slots each resolve call of the engine's offloaded KV requests, summed per (bank, layer)."""
+def _count_requests(engine, per_call=False):
+    """Distinct valid slots each resolve call of the engine's offloaded KV requests, summed per (bank, layer)
+    (per_call: listed per call)."""
     kv, counts = engine.cache.kv, {}
     for name in ("mask", "attention"):
         inner = getattr(kv, f"resolve_{name}")
 
         def spy(layer, slots, inner=inner, name=name):
             valid = slots.reshape(-1)
-            counts[name, layer] = counts.get((name, layer), 0) + int(valid[valid >= 0].unique().numel())
+            n = int(valid[valid >= 0].unique().numel())
+            if per_call:
+                counts.setdefault((name, layer), []).append(n)
+            else:
+                counts[name, layer] = counts.get((name, layer), 0) + n
             return inner(layer, slots)
 
         setattr(kv, f"resolve_{name}", spy)
     return counts
 
 
-@pytest.mark.parametrize("refresh", [(4, 2, 1), (6, 3, 2)])
-def test_offloaded_engine_equals_resident_with_misses_every_step(llama3_dir, refresh):
+@pytest.mark.parametrize("refresh,mask_bank", [((4, 2, 1), None), ((6, 3, 2), None), ((6, 3, 2), 20)])
+def test_offloaded_engine_equals_resident_with_misses_every_step(llama3_dir, monkeypatch, refresh, mask_bank):
+    """Mask bank of one chunk's representatives (4 tokens: 4 heads) or of 5 chunks' (20), far below a stage's
+    (stage 0: 11 chunks of 64 x 4 heads, stages 1-2: 32 x 4): every refreshed decode stage runs in several groups
+    (of 1 or 5 chunks, the last one shorter), and the top chunks over all groups equal the resident ones."""
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": refresh})
     prompt, steps = _ids(700, seed=21), 16
     resident = _generate(llama3_dir, config, None, [prompt], steps)
-    offload = _smallest_banks(config, HEADS)
-    ours = _generate(llama3_dir, config, offload, [prompt], steps)
+    offload = _smallest_banks(config, HEADS, mask_bank=mask_bank)
+    assert offload.mask_bank_tokens == (mask_bank or HEADS)
+    groups = _count_decode_groups(monkeypatch)
+    counts = []  # the engine's distinct slots per resolve call
+    ours = _generate(llama3_dir, config, offload, [prompt], steps,
+                     on_engine=lambda engine: counts.append(_count_requests(engine, per_call=True)))
     _assert_same(ours, resident)
+    G = offload.mask_bank_tokens // HEADS
+    assert groups and all(g == G for _, g in groups)
+    assert {n for n, _ in groups} == {11, 32} and all(-(-n // G) > 1 for n, _ in groups)  # several groups per stage
+    assert 0 < max(max(v) for (name, _), v in counts[0].items() if name == "mask") <= offload.mask_bank_tokens
     assert resident[2][-1] is None
     engine = ours[3]
     assert isinstance(engine.cache, OffloadedPagedCache) and engine.kv_plan is not None
@@ -161,6 +196,19 @@ def test_offloaded_graph_decode_equals_resident_and_does_not_sync(llama3_dir, mo
                         (OffloadedPagedCache, "_gather"), (OffloadedPagedCache, "token_table"),
                         (offload_access.RepresentativeKeys, "__call__"), (method_module, "decode_attention_rows")):
         monkeypatch.setattr(owner, name, watch(getattr(owner, name)))
+
+    def unwatched(fn):  # the method's own scoring kernel, called back by the grouping
+        def wrapped(*args):
+            inside, state["inside"] = state["inside"], 0
+            try:
+                return fn(*args)
+            finally:
+                state["inside"] = inside
+        return wrapped
+
+    grouping = offload_access.RepresentativeKeys.score_in_fixed_groups  # decode's groups of chunks (host ints only)
+    monkeypatch.setattr(offload_access.RepresentativeKeys, "score_in_fixed_groups",
+                        watch(lambda self, reps, lens, c, score: grouping(self, reps, lens, c, unwatched(score))))
     for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
         def guarded(self, *args, _inner=getattr(torch.Tensor, name), _name=name, **kwargs):
             if state["replaying"] and state["inside"]:
@@ -177,11 +225,14 @@ def test_offloaded_graph_decode_equals_resident_and_does_not_sync(llama3_dir, mo
             state["replaying"] = False
 
     monkeypatch.setattr(ClosureRecorder, "replay", strict_replay)
-    ours = _generate(llama3_dir, config, _smallest_banks(config, HEADS), [prompt], steps, graphs=True)
+    groups = _count_decode_groups(monkeypatch)
+    # A mask bank of 3 chunks' representatives: the stages' groups (static slices) are part of the captured step.
+    ours = _generate(llama3_dir, config, _smallest_banks(config, HEADS, mask_bank=3 * HEADS), [prompt], steps, graphs=True)
     _assert_same(ours, resident)
     decoder = ours[3].runner.graph_decoder
     assert decoder.captures == 3 and decoder.replays == steps - 1 - 1 - 3
     assert state["watched"] > 0
+    assert groups and all(g == 3 and n > g for n, g in groups)
 
 
 def test_offloaded_prefill_logits_equal_resident_with_dense_shortcut(llama3_dir):

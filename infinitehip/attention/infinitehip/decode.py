@@ -14,7 +14,6 @@ cached stage's limit to the new token; at most sink + keep + stream + max(refres
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -65,15 +64,17 @@ def refresh_stage(
     spec: StageSpec, q: torch.Tensor, position: torch.Tensor, parent: StageCache | None, out: StageCache,
     k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int, stream: int, rope, num_candidates: int,
     group: int, trained_len: int, impl: str, saliency: tuple[KeySaliency, int] | None, shared: dict | None = None,
-    rep_keys: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, int]] | None = None,
+    rep_keys=None,
 ) -> None:
     """Recompute one stage for one sequence's decode query q [H, d] at position [1]; write `out` in place.
 
     num_candidates: stage-1 chunk count (static; chunks past the limit get length 0). shared: a dict that lives
     for this sequence's step, so the stages refreshed together compute their common inputs once (the limit, and
     the rotated query of every RoPE style whose query position does not depend on the stage's chunks).
-    rep_keys(reps, lens) -> (k_flat, page_table, page_size) the scoring kernel reads the representatives'
-    keys through (an offloaded cache's mask bank, `offload_access.py`); None: k_flat / page_table / page_size."""
+    rep_keys: an offloaded cache's representative-key reader (`offload_access.RepresentativeKeys`): the
+    candidates are scored in static groups of chunks, each group's representatives resolved into the mask bank
+    just before it is scored, so the bank holds one group, not the stage; the scores of all groups [1, N] are
+    ranked together, as in one call. None: the keys are read resident (k_flat / page_table / page_size)."""
     shared = {} if shared is None else shared
     if "limit" not in shared:
         shared["limit"] = sparse_limit(position, sink, stream)  # [1]
@@ -103,10 +104,16 @@ def refresh_stage(
     else:
         store, layer = saliency
         reps = store.representatives(layer, starts, lens, page_table, page_size, c, impl=impl)
-        keys = (k_flat, page_table, page_size) if rep_keys is None else rep_keys(reps, lens)
-        scores = representative_scores(q_rot, blocks.valid, *keys, reps, lens,
-                                       pos.key_pos_base, pos.token_pos_group, pos.rep_offset, rope.cos, rope.sin,
-                                       impl=impl, per_head=per_head)
+
+        def score(keys, rows: slice = slice(None), cols: slice = slice(None)):  # chunks `cols` -> [1, n(, H)]
+            return representative_scores(q_rot, blocks.valid, *keys, reps[:, cols], lens[:, cols],
+                                         pos.key_pos_base[:, cols], pos.token_pos_group, pos.rep_offset, rope.cos,
+                                         rope.sin, impl=impl, per_head=per_head)
+
+        if rep_keys is None:  # resident: every candidate in one call
+            scores = score((k_flat, page_table, page_size))
+        else:  # offloaded: static groups of chunks whose representatives fit the mask bank, [1, N(, H)] over all
+            scores = rep_keys.score_in_fixed_groups(reps, lens, c, score)
     if per_head:  # [1, N, H] -> [1, N]
         scores = aggregate_heads(scores, lens, spec.head_aggregation, q.shape[-1] ** -0.5)
     # The top chunks (ties: the earlier one), in position order: candidates are already in position order (stage 1

@@ -3,8 +3,10 @@
 The kernels read a key `t` as k_flat[page_table[t // page_size] * page_size + t % page_size]. With an
 offloaded cache (`kv/offload/paged.py`), every read first resolves the needed store slots into a bank and the
 kernels get a different (k_flat, page_table, page_size) triple over the bank's rows:
-- representative scoring (mask bank, keys only): the scored representatives [M, N, H] are resolved, their
-  bank rows scattered into a token -> bank-row table, read with page_size 1 (`RepresentativeKeys`);
+- representative scoring (mask bank, keys only): the scored representatives [M, N, H] are resolved in groups
+  of chunks that fit the bank, each group's bank rows scattered into a token -> bank-row table, read with
+  page_size 1, and the group scored before the next one is resolved (`RepresentativeKeys`): decode in static
+  groups of mask_bank_tokens // min(H, chunk_size) chunks, prefill in groups sized from the chunks it scores;
 - decode block-sparse attention (attention bank): each sequence's listed keys are resolved and the list
   positions 0..K-1 replace the token positions (`decode_attention_rows`; the RoPE positions are separate);
 - prefill block-sparse attention: query blocks go in groups whose key lists fit the bank, through the token
@@ -16,6 +18,7 @@ A resident cache gets its own rows back unchanged, so the method has one code pa
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -27,6 +30,10 @@ from infinitehip.kv.offload.compose import decode_tables, list_slots
 from infinitehip.kv.offload.paged import safe_rows
 from infinitehip.kv.offload.planner import CapacityError
 from infinitehip.kv.paged_cache import token_slots
+
+# score(keys, rows, cols) -> the scores of query blocks `rows` and chunks `cols` (a slice each) with their
+# representatives' keys read through keys = (k_flat, page_table, page_size).
+Score = Callable[[tuple[torch.Tensor, torch.Tensor, int], slice, slice], torch.Tensor]
 
 
 def is_offloaded(cache) -> bool:
@@ -47,33 +54,55 @@ class RepresentativeKeys:
         index = self.cache.kv.resolve_mask(self.layer, slots)
         return self.bank.flat_k(self.layer), self.cache.token_table(reps, index, self.bank, listed), 1
 
-    def score_in_groups(self, reps: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, key_pos_base: torch.Tensor,
-                        chunk_size: int, score: Callable[..., torch.Tensor]) -> torch.Tensor:
-        """Prefill: score(k_flat, table, page_size, reps, lens, key_pos_base) on groups of chunk columns whose
-        representatives fit the mask bank; scores concatenated along the chunk axis (syncs to size the groups).
+    def chunks_per_group(self, chunk_size: int, num_heads: int) -> int:
+        """Chunks whose representatives always fit the mask bank together: a chunk has at most min(H, chunk_size)
+        distinct ones (one per query head, inside the chunk). Refuses a bank smaller than one chunk's."""
+        per_chunk = min(num_heads, chunk_size)
+        if per_chunk > self.bank.bank_tokens:
+            raise CapacityError(f"mask_bank_tokens={self.bank.bank_tokens:,} is smaller than one chunk's representatives "
+                                f"({per_chunk:,}: one per query head, chunk size {chunk_size}); raise mask-bank-tokens")
+        return self.bank.bank_tokens // per_chunk
+
+    def score_in_fixed_groups(self, reps: torch.Tensor, lens: torch.Tensor, chunk_size: int, score: Score) -> torch.Tensor:
+        """Decode: score(keys, rows, cols) -> [M, n(cols)(, H)] on groups of G = chunks_per_group chunks, each group's
+        representatives resolved into the mask bank just before it is scored; scores concatenated along the
+        chunk axis (the caller ranks the chunks over all groups). reps [M, N, H], lens [M, N]: the groups are
+        static slices of N (the last one shorter), so the step is sync-free with fixed shapes."""
+        N, H = reps.shape[1:]
+        G = self.chunks_per_group(chunk_size, H)
+        return torch.cat([score(self(reps[:, a : a + G], lens[:, a : a + G]), slice(None), slice(a, a + G))
+                          for a in range(0, N, G)], dim=1)
+
+    def score_in_groups(self, reps: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, chunk_size: int,
+                        score: Score) -> torch.Tensor:
+        """Prefill: score(keys, rows, cols) on groups of chunk columns whose representatives fit the mask bank;
+        a column that does not fit alone is scored in groups of its query blocks (rows) instead. Scores
+        concatenated along the chunk axis (syncs to size the groups).
 
         A column's distinct representatives are at most min(H, chunk_size) per distinct (start, len) chunk in
         it (query blocks share chunks: in stage 1 every block has the same ones), summed over the group's
         columns: an upper bound of the union that needs a sort of [N, M], not of the reps [N, M * H]."""
         M, N, H = reps.shape
+        rows_per_group = self.chunks_per_group(chunk_size, H)  # one chunk per row of a column
         pairs = torch.where(lens > 0, starts * (chunk_size + 1) + lens, -1).T.sort(1).values  # [N, M]
         distinct = ((pairs[:, 1:] != pairs[:, :-1]) & (pairs[:, 1:] >= 0)).sum(1) + (pairs[:, 0] >= 0)
         per_column = (distinct * min(H, chunk_size)).tolist()
-        groups, start, size = [], 0, 0
+        groups, start, size = [], 0, 0  # (first column, end column, query blocks per group)
         for j, n in enumerate(per_column):
-            if n > self.bank.bank_tokens:
-                raise CapacityError(f"mask_bank_tokens={self.bank.bank_tokens:,} is smaller than one chunk column's "
-                                    f"representatives over a prefill chunk's query blocks (up to {n:,}); raise "
-                                    "mask-bank-tokens or lower prefill-chunk-size")
+            if n > self.bank.bank_tokens:  # this column alone does not fit: its query blocks in groups
+                groups += [(start, j, M)] * (j > start) + [(j, j + 1, rows_per_group)]
+                start, size = j + 1, 0
+                continue
             if size + n > self.bank.bank_tokens:
-                groups.append((start, j))
+                groups.append((start, j, M))
                 start, size = j, 0
             size += n
-        groups.append((start, N))
+        groups += [(start, N, M)] * (N > start)
         parts = []
-        for a, b in groups:
-            r, ln, kp = reps[:, a:b], lens[:, a:b], key_pos_base[:, a:b]
-            parts.append(score(*self(r, ln), r, ln, kp))
+        for a, b, R in groups:
+            cols = slice(a, b)
+            parts.append(torch.cat([score(self(reps[r : r + R, cols], lens[r : r + R, cols]), slice(r, r + R), cols)
+                                    for r in range(0, M, R)]))
         return torch.cat(parts, dim=1)
 
 
@@ -131,16 +160,16 @@ def check_offload(method: InfiniteHiPConfig, offload: OffloadConfig, context_tok
                   max_num_seqs: int) -> BankRequests:
     """Refuse (naming the setting) what infinitehip cannot run with offloaded KV, before anything is allocated:
     SelectRep bisection (its kernel reads keys it finds on the way, not a list known beforehand) and banks
-    smaller than one resolve call's worst case: a stage's representatives of one sequence (mask bank), the key
-    lists of max_num_seqs decoding sequences or of one prefill query block (attention bank)."""
+    smaller than one resolve call's worst case: one chunk's representatives (mask bank: decode and prefill score
+    the candidates in groups of chunks that fit it, `RepresentativeKeys`), the key lists of max_num_seqs
+    decoding sequences or of one prefill query block (attention bank)."""
     if method.representative != "landmark":
         raise ValueError(f"KV offloading needs representative='landmark' (got {method.representative!r}): the "
                          "bisection kernel reads keys it discovers on the way")
-    one = decode_bank_requests(method, context_tokens, num_heads, 1)
     batch = decode_bank_requests(method, context_tokens, num_heads, max_num_seqs)
     last_keep = max(method.keep_tokens[-1], method.early_last_keep_tokens if method.early_layers else 0)
     block = min(context_tokens, method.sink_tokens + last_keep + method.stream_tokens + method.query_block_sizes[-1])
-    need = BankRequests(one.mask_tokens, max(batch.attention_tokens, block), one.mask_stage)
+    need = replace(batch, attention_tokens=max(batch.attention_tokens, block))
     try:
         check_bank_requests(offload, need)
     except CapacityError as exc:

@@ -136,14 +136,16 @@ def run_stage(
         else:
             store, layer = saliency
             reps = store.representatives(layer, starts, lens, page_table, page_size, spec.chunk_size, impl=impl)
-            def score(kf, pt, ps, r, ln, kpb):
-                return representative_scores(q_rot, blocks.valid, kf, pt, ps, r, ln, kpb, pos.token_pos_group,
-                                             pos.rep_offset, rope.cos, rope.sin, impl=impl, per_head=per_head)
+
+            def score(keys, rows: slice = slice(None), cols: slice = slice(None)):  # blocks `rows`, chunks `cols`
+                return representative_scores(q_rot[rows], blocks.valid[rows], *keys, reps[rows, cols], lens[rows, cols],
+                                             pos.key_pos_base[rows, cols], pos.token_pos_group, pos.rep_offset,
+                                             rope.cos, rope.sin, impl=impl, per_head=per_head)
 
             if rep_keys is None:
-                scores = score(k_flat, page_table, page_size, reps, lens, pos.key_pos_base)
+                scores = score((k_flat, page_table, page_size))
             else:
-                scores = rep_keys.score_in_groups(reps, starts, lens, pos.key_pos_base, spec.chunk_size, score)
+                scores = rep_keys.score_in_groups(reps, starts, lens, spec.chunk_size, score)
         if per_head:  # [M, N, H] -> [M, N]
             scores = aggregate_heads(scores, lens, spec.head_aggregation, blocks.q.shape[-1] ** -0.5)
     starts, lens = keep_top_chunks(starts, lens, scores, keep)

@@ -10,10 +10,10 @@ unchanged kernels), `planner` (capacity before allocation), `bank_sizing` (worst
 Wiring (done): `paged.OffloadedPagedCache` is what the engine builds instead of PagedKVCache
 (`engine/kv_setup.py`: method check, planner, summary, refusal before allocation);
 `attention/infinitehip/offload_access.py` gives the infinitehip kernels their (k_flat, page_table, page_size)
-triples over the banks (decode: options (a) for scoring, compose.decode_tables for attention; prefill: groups
-of chunk columns / query blocks sized to the banks); `tests/test_offload_engine.py` is the validation mode
-(offloaded engine == resident engine, statistics, refusals). Not done: stage 0 in groups of chunks in decode
-(the mask bank must hold one stage's representatives), FP8 storage read by the kernels.
+triples over the banks (decode: options (a) for scoring, in static groups of chunks that fit the mask bank,
+compose.decode_tables for attention; prefill: groups of chunk columns / query blocks sized to the banks), so
+the mask bank needs only one chunk's representatives; `tests/test_offload_engine.py` is the validation mode
+(offloaded engine == resident engine, statistics, refusals). Not done: FP8 storage read by the kernels.
 
 Design note (as written before the wiring; the code above follows it)
 ---------------------------------------------------------------------
@@ -36,8 +36,8 @@ Decode, per layer (Alg. 4), in the method:
     seq_table.scatter_(0, reps.flatten(), idx.flatten()) (static shape, O(context) int32 fill per call), or
     (b) give the kernels an explicit row tensor (a small kernel change, no O(context) fill).
     Landmark representatives come from the saliency buffers (no key reads); only the scored reps are read.
-    Stage 0 at 1M tokens reads chunks * H reps (131K for 3k with 32 heads): size the mask bank for it, or
-    run stage 0 in groups of chunks (resolve + score per group; top-k after), which the scores allow.
+    Stage 0 at 1M tokens reads chunks * H reps (131K for 3k with 32 heads): it runs in groups of chunks
+    (resolve + score per group; top-k after), which the scores allow (done: one chunk's reps at the least).
   - Attention bank, before block-sparse attention: slots = compose.list_slots(page_tables, page_size,
     key_tokens, key_counts) (padding -> -1); idx = kv.resolve_attention(layer, slots.view(-1)).view(B, K);
     tables, tokens, 1 = compose.decode_tables(idx); sparse_attention_decode(q, bank.flat_k(layer),
