@@ -16,7 +16,6 @@ attention bank at least --min-attention-bank tokens; the planner's summary line 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import sys
