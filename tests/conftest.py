@@ -58,3 +58,27 @@ def engine_for_dir(path, tokenizer=None, method_config=None, offload_config=None
     load_weights_from_dir(model, path)
     cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, **config)
     return LLMEngine(cfg, LoadedModel(model_config, model, tokenizer, "test", path), method_config, offload_config)
+
+
+def closure_graph_decoder(engine, min_bucket: int = 512):
+    """Give the engine a graph decoder with CUDA-graph semantics on CPU (`engine/graph_decode.ClosureRecorder`:
+    a replay re-runs the captured closure with the host values of the capture)."""
+    from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
+
+    r = engine.runner
+    r.graph_decoder = GraphDecoder(r.model, r.cache, r.rope, r.method, engine.max_context_tokens, min_bucket=min_bucket,
+                                   recorder=ClosureRecorder)
+    return r.graph_decoder
+
+
+def record_step_logits(engine) -> list:
+    """A list that receives (a copy of) the logits of every step the engine runs from now on."""
+    logits, inner = [], engine.runner.run
+
+    def recording(plan):
+        samplers, out = inner(plan)
+        logits.append(out.clone())
+        return samplers, out
+
+    engine.runner.run = recording
+    return logits

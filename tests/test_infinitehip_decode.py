@@ -22,7 +22,7 @@ from infinitehip.attention.infinitehip.positions import attention_positions  # n
 from infinitehip.attention.infinitehip.pruning import query_blocks  # noqa: E402
 from infinitehip.attention.sparse import sparse_attention_decode  # noqa: E402
 from infinitehip.config.infinitehip import InfiniteHiPConfig  # noqa: E402
-from tests.conftest import engine_for_dir  # noqa: E402
+from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits  # noqa: E402
 from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: E402,F401
 
 
@@ -142,8 +142,6 @@ def test_graph_decoder_replays_equal_eager_decode(llama3_dir):
     """The engine's graph decode path with graph semantics on CPU (ClosureRecorder re-runs the Python of the
     capture with the host values of that moment): same tokens and logits as eager decode, a graph per refresh
     pattern, everything else replayed, and the mask-cache refresh counts unchanged."""
-    from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
-
     config = InfiniteHiPConfig(**SMALL)
     prompt, steps = _ids(700, seed=15), 20
 
@@ -151,18 +149,8 @@ def test_graph_decoder_replays_equal_eager_decode(llama3_dir):
         engine = engine_for_dir(llama3_dir, None, config, method="infinitehip", max_context_tokens=2048,
                                 prefill_chunk_size=128)
         if graphs:
-            r = engine.runner
-            r.graph_decoder = GraphDecoder(r.model, r.cache, r.rope, r.method, engine.max_context_tokens,
-                                           min_bucket=512, recorder=ClosureRecorder)
-        logits = []
-        inner = engine.runner.run
-
-        def recording(plan):
-            samplers, out = inner(plan)
-            logits.append(out.clone())
-            return samplers, out
-
-        engine.runner.run = recording
+            closure_graph_decoder(engine)
+        logits = record_step_logits(engine)
         seq = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True))
         state = None
         while engine.has_work:

@@ -20,7 +20,7 @@ from infinitehip.config.offload import OffloadConfig  # noqa: E402
 from infinitehip.kv.offload import planner  # noqa: E402
 from infinitehip.kv.offload.paged import OffloadedAccessError, OffloadedPagedCache  # noqa: E402
 from infinitehip.kv.offload.planner import CapacityError  # noqa: E402
-from tests.conftest import engine_for_dir  # noqa: E402
+from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits  # noqa: E402
 from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: E402,F401
 
 HEADS = 4  # query heads of the tiny models (tests/conftest.py)
@@ -57,20 +57,8 @@ def _generate(path, config, offload, prompts, steps, method="infinitehip", graph
     if on_engine is not None:
         on_engine(engine)
     if graphs:
-        from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
-
-        r = engine.runner
-        r.graph_decoder = GraphDecoder(r.model, r.cache, r.rope, r.method, engine.max_context_tokens, min_bucket=512,
-                                       recorder=ClosureRecorder)
-    logits, stats = [], []
-    inner = engine.runner.run
-
-    def recording(plan):
-        samplers, out = inner(plan)
-        logits.append(out.clone())
-        return samplers, out
-
-    engine.runner.run = recording
+        closure_graph_decoder(engine)
+    logits, stats = record_step_logits(engine), []
     seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)) for p in prompts]
     while engine.has_work:
         engine.step()

@@ -38,6 +38,18 @@ FINISH_BLOCK, FINISH_WARPS = 2048, 8
 
 
 @triton.jit
+def _first_requests(Sorted, Table, i, n):
+    """Sorted requests at positions i [BLOCK]: (in range, slot, first of its run of equal slots and not padding,
+    the table entry of those first ones: bank index or -1)."""
+    m = i < n
+    s = tl.load(Sorted + i, mask=m, other=-1)
+    prev = tl.load(Sorted + i - 1, mask=m & (i > 0), other=-1)
+    first = m & (s >= 0) & (s != prev)
+    cur = tl.load(Table + s, mask=first, other=-1)
+    return m, s, first, cur
+
+
+@triton.jit
 def _lookup_kernel(Sorted, Table, LastUsed, Clock, Meta, Flags, n, num_flags,
                    BLOCK_N: tl.constexpr, FLAGS: tl.constexpr):
     stamp = tl.load(Clock) + 1
@@ -45,12 +57,7 @@ def _lookup_kernel(Sorted, Table, LastUsed, Clock, Meta, Flags, n, num_flags,
     num_hits = tl.sum(tl.zeros([BLOCK_N], dtype=tl.int32), 0)
     num_misses = tl.sum(tl.zeros([BLOCK_N], dtype=tl.int32), 0)
     for start in range(0, n, BLOCK_N):
-        i = start + tl.arange(0, BLOCK_N)
-        m = i < n
-        s = tl.load(Sorted + i, mask=m, other=-1)
-        prev = tl.load(Sorted + i - 1, mask=m & (i > 0), other=-1)
-        first = m & (s >= 0) & (s != prev)
-        cur = tl.load(Table + s, mask=first, other=-1)
+        m, s, first, cur = _first_requests(Sorted, Table, start + tl.arange(0, BLOCK_N), n)
         hit = first & (cur >= 0)
         tl.store(LastUsed + cur, stamp, mask=hit)
         num_hits += tl.sum(hit.to(tl.int32), 0)
@@ -99,11 +106,7 @@ def _finish_kernel(Sorted, Perm, Out, Table, Owner, LastUsed, Order, Meta, Victi
     placed_base = tl.sum(tl.zeros([BLOCK_N], dtype=tl.int32), 0)
     for start in range(0, n, BLOCK_N):
         i = start + tl.arange(0, BLOCK_N)
-        m = i < n
-        s = tl.load(Sorted + i, mask=m, other=-1)
-        prev = tl.load(Sorted + i - 1, mask=m & (i > 0), other=-1)
-        first = m & (s >= 0) & (s != prev)
-        cur = tl.load(Table + s, mask=first, other=-1)  # unchanged since the lookup for requested slots
+        m, s, first, cur = _first_requests(Sorted, Table, i, n)  # the table is unchanged since the lookup here
         hit = first & (cur >= 0)
         miss = first & (cur < 0)
         rank = miss_base + tl.cumsum(miss.to(tl.int32), 0) - 1
