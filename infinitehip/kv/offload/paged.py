@@ -69,7 +69,7 @@ class OffloadedPagedCache:
     def device_bytes(self) -> int:
         """Device memory of both banks (rows, tables, maps) and the token table."""
         banks = sum(t.numel() * t.element_size() for b in self.kv.banks for t in
-                    (b.k, b.v, b.table, b.owner, b.last_used) if t is not None)
+                    (b.k, b.v, b.table, b.owner, b.last_used, b.order) if t is not None)
         return banks + sum(t.numel() * 4 for t in self._tables.values())
 
     def slots(self, page_table: torch.Tensor, start: int, end: int) -> torch.Tensor:
