@@ -179,3 +179,27 @@ def test_static_decode_triton_kernels_equal_oracle(llama3_dir):
     assert ours == ref
     for key in rec_ref:
         torch.testing.assert_close(rec[key], rec_ref[key], rtol=1e-4, atol=1e-4)
+
+
+def test_graph_decoder_drops_graphs_of_outgrown_buckets(llama3_dir):
+    """Crossing a capacity bucket captures the new bucket's graphs and frees the smaller bucket's (a sequence only
+    grows, so they would never replay again); tokens stay equal to eager decode across the crossing."""
+    config = InfiniteHiPConfig(**SMALL)
+    prompt, steps = _ids(500, seed=17), 20  # 500 + 20 tokens cross the 512 bucket
+
+    def run(graphs: bool):
+        engine = engine_for_dir(llama3_dir, None, config, method="infinitehip", max_context_tokens=2048,
+                                prefill_chunk_size=128)
+        decoder = closure_graph_decoder(engine, min_bucket=256) if graphs else None
+        seq = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True))
+        held = []
+        while engine.has_work:
+            engine.step()
+            if decoder is not None and seq.seq_id in decoder._seqs:
+                held.append({k[0] for k in decoder._seqs[seq.seq_id]})
+        return seq.output_ids, held
+
+    eager, _ = run(False)
+    ids, held = run(True)
+    assert ids == eager
+    assert {512} in held and held[-1] == {1024}  # the 512 graphs were captured, then dropped for the 1024 ones

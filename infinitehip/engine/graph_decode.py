@@ -153,5 +153,7 @@ class GraphDecoder:
         recorder.capture(lambda: self._forward(self._batch(seq, bucket)))
         self.method.set_host_counters(state, after)
         graphs[key] = _CapturedStep(recorder, before)
+        for old in [k for k in graphs if k[0] < bucket]:  # a sequence only grows: smaller buckets never return
+            del graphs[old]
         self.captures += 1
         return logits
