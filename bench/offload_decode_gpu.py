@@ -129,6 +129,9 @@ def main() -> None:
     p.add_argument("--model", choices=("random8b", "embedded"), default="random8b")
     p.add_argument("--model-cache-dir", default=None)
     p.add_argument("--passkey", action="store_true", help="passkey prompt (with --model embedded)")
+    p.add_argument("--gguf", default=None, help="with --model embedded: this GGUF file instead of the installed package's")
+    p.add_argument("--repeat-resident", action="store_true",
+                   help="run the resident engine twice as well: tells run-to-run non-determinism from offload effects")
     p.add_argument("--depth", type=float, default=0.5)
     p.add_argument("--mask-bank-tokens", type=int, default=None, help="default: the largest stage's representatives at the context (one group per stage)")
     p.add_argument("--attention-bank-tokens", type=int, default=None, help="default: max(worst case, --min-attention-bank)")
@@ -155,7 +158,8 @@ def main() -> None:
     else:
         from infinitehip.engine.llm_engine import load_engine_model
 
-        loaded = load_engine_model(EngineConfig(model_cache_dir=args.model_cache_dir, device="cuda", dtype=args.dtype))
+        loaded = load_engine_model(EngineConfig(model=args.gguf, model_cache_dir=args.model_cache_dir, device="cuda",
+                                                dtype=args.dtype))
         method = infinitehip_preset(args.preset)
     weights_gb = sum(t.numel() * t.element_size() for t in loaded.model.parameters()) / 1e9
 
@@ -163,7 +167,7 @@ def main() -> None:
     for context in args.contexts:
         offload = banks_for(method, context + args.steps + args.warmup_steps + 64, loaded.config.num_heads, args)
         print(f"context {context:,}: {offload}", flush=True)
-        modes = [offload] + ([None] if args.compare_resident else [])
+        modes = [offload] + ([None] if args.compare_resident else []) + ([None, None] if args.repeat_resident else [])
         results = []
         for mode in modes:
             try:
@@ -173,10 +177,14 @@ def main() -> None:
                 torch.cuda.empty_cache()
         for r in results:
             print({k: v for k, v in r.items() if k != "tokens"}, flush=True)
-        if len(results) == 2:
+        if args.compare_resident and len(results) >= 2:
             same = results[0]["tokens"] == results[1]["tokens"]
             failures += not same
             print(f"context {context:,}: offloaded tokens == resident tokens: {same}", flush=True)
+        if args.repeat_resident and len(results) >= 2:
+            a, b = results[-2:]
+            print(f"context {context:,}: resident run 1 tokens == resident run 2 tokens: {a['tokens'] == b['tokens']}",
+                  flush=True)
         rows += results
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke else "cpu"
