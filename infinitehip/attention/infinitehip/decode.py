@@ -18,10 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from infinitehip.attention.infinitehip.positions import scoring_positions
-from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, sparse_limit, subdivide
+from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, score_candidates, sparse_limit,
+                                                      subdivide)
 from infinitehip.attention.infinitehip.saliency import KeySaliency
-from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
-from infinitehip.attention.infinitehip.scoring.aggregate import aggregate_heads
 from infinitehip.attention.infinitehip.topchunks import keep_top_chunks
 from infinitehip.model.rope import apply_rotary
 
@@ -96,26 +95,8 @@ def refresh_stage(
         if ("q_rot", spec.rope_style) not in shared:
             shared["q_rot", spec.rope_style] = rotate()
         q_rot = shared["q_rot", spec.rope_style]
-    per_head = spec.head_aggregation != "max"  # "max" is fused into the scoring kernels
-    if saliency is None:
-        scores, _ = chunk_scores(q_rot, blocks.valid, k_flat, page_table, page_size, starts, lens, pos.key_pos_base,
-                                 pos.token_pos_group, pos.left_offset, pos.right_offset, pos.rep_offset, rope.cos,
-                                 rope.sin, impl=impl, per_head=per_head)
-    else:
-        store, layer = saliency
-        reps = store.representatives(layer, starts, lens, page_table, page_size, c, impl=impl)
-
-        def score(keys, rows: slice = slice(None), cols: slice = slice(None)):  # chunks `cols` -> [1, n(, H)]
-            return representative_scores(q_rot, blocks.valid, *keys, reps[:, cols], lens[:, cols],
-                                         pos.key_pos_base[:, cols], pos.token_pos_group, pos.rep_offset, rope.cos,
-                                         rope.sin, impl=impl, per_head=per_head)
-
-        if rep_keys is None:  # resident: every candidate in one call
-            scores = score((k_flat, page_table, page_size))
-        else:  # offloaded: static groups of chunks whose representatives fit the mask bank, [1, N(, H)] over all
-            scores = rep_keys.score_in_fixed_groups(reps, lens, c, score)
-    if per_head:  # [1, N, H] -> [1, N]
-        scores = aggregate_heads(scores, lens, spec.head_aggregation, q.shape[-1] ** -0.5)
+    scores = score_candidates(spec, blocks, q_rot, pos, starts, lens, k_flat, page_table, page_size, rope, impl,
+                              saliency, rep_keys, static_groups=True)
     # The top chunks (ties: the earlier one), in position order: candidates are already in position order (stage 1
     # by construction, later stages subdivide an ordered parent); empty chunks are never kept.
     keep_top_chunks(scores[0], starts[0], lens[0], out.starts, out.lens, impl=impl)

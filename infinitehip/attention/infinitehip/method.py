@@ -216,7 +216,7 @@ class InfiniteHiPAttention(AttentionMethod):
         Deferring is exact: a key is a candidate only once it is stream_tokens behind the query, and every query
         of its landmark window (the next landmark_window <= stream_tokens tokens) is then queued or applied. A
         refresh happens at least every min(refresh_intervals) steps, so P slots indexed by position % P hold
-        every query in between. Queries of the non-refresh steps cost two small copies."""
+        every query in between. A non-refresh step only queues its query (one launch)."""
         if state.pending_q[layer] is None:
             P = min(self.config.refresh_intervals)
             state.pending_q[layer] = torch.zeros(P, *q.shape[1:], dtype=q.dtype, device=q.device)

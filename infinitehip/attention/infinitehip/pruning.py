@@ -103,6 +103,42 @@ class StageSpec:
     head_aggregation: str = "max"  # how the heads' chunk scores combine (scoring/aggregate.py)
 
 
+def score_candidates(
+    spec: StageSpec, blocks: QueryBlocks, q_rot: torch.Tensor, pos, starts: torch.Tensor, lens: torch.Tensor,
+    k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, rope, impl: str,
+    saliency: tuple[KeySaliency, int] | None, rep_keys, static_groups: bool,
+) -> torch.Tensor:
+    """Chunk scores [M, N] fp32 (-inf for empty chunks) of a stage's candidates starts / lens [M, N], for the
+    blocks' rotated queries q_rot at scoring positions `pos`: SelectRep bisection (saliency None) or landmark
+    representatives; heads combined by spec.head_aggregation. Landmark keys are read resident (rep_keys None) or
+    through an offloaded cache's mask bank (`offload_access.RepresentativeKeys`) in groups of chunks that fit it:
+    static groups in decode (sync-free), groups sized from the data in prefill."""
+    per_head = spec.head_aggregation != "max"  # "max" is fused into the scoring kernels
+    if saliency is None:
+        scores, _ = chunk_scores(
+            q_rot, blocks.valid, k_flat, page_table, page_size, starts, lens, pos.key_pos_base, pos.token_pos_group,
+            pos.left_offset, pos.right_offset, pos.rep_offset, rope.cos, rope.sin, impl=impl, per_head=per_head,
+        )
+    else:
+        store, layer = saliency
+        reps = store.representatives(layer, starts, lens, page_table, page_size, spec.chunk_size, impl=impl)
+
+        def score(keys, rows: slice = slice(None), cols: slice = slice(None)):  # blocks `rows`, chunks `cols`
+            return representative_scores(q_rot[rows], blocks.valid[rows], *keys, reps[rows, cols], lens[rows, cols],
+                                         pos.key_pos_base[rows, cols], pos.token_pos_group, pos.rep_offset,
+                                         rope.cos, rope.sin, impl=impl, per_head=per_head)
+
+        if rep_keys is None:
+            scores = score((k_flat, page_table, page_size))
+        elif static_groups:
+            scores = rep_keys.score_in_fixed_groups(reps, lens, spec.chunk_size, score)
+        else:
+            scores = rep_keys.score_in_groups(reps, starts, lens, spec.chunk_size, score)
+    if per_head:  # [M, N, H] -> [M, N]
+        scores = aggregate_heads(scores, lens, spec.head_aggregation, blocks.q.shape[-1] ** -0.5)
+    return scores
+
+
 def run_stage(
     spec: StageSpec, blocks: QueryBlocks, parent: StageOutput | None, k_flat: torch.Tensor, page_table: torch.Tensor,
     page_size: int, sink: int, stream: int, rope, context_len: int, trained_len: int, impl: str,
@@ -127,26 +163,7 @@ def run_stage(
         q_rot = apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
         max_key_pos = int(pos.key_pos_base.max()) + (context_len // pos.token_pos_group if pos.token_pos_group else 0) + 2
         rope.ensure(max_key_pos)
-        per_head = spec.head_aggregation != "max"  # "max" is fused into the scoring kernels
-        if saliency is None:
-            scores, _ = chunk_scores(
-                q_rot, blocks.valid, k_flat, page_table, page_size, starts, lens, pos.key_pos_base, pos.token_pos_group,
-                pos.left_offset, pos.right_offset, pos.rep_offset, rope.cos, rope.sin, impl=impl, per_head=per_head,
-            )
-        else:
-            store, layer = saliency
-            reps = store.representatives(layer, starts, lens, page_table, page_size, spec.chunk_size, impl=impl)
-
-            def score(keys, rows: slice = slice(None), cols: slice = slice(None)):  # blocks `rows`, chunks `cols`
-                return representative_scores(q_rot[rows], blocks.valid[rows], *keys, reps[rows, cols], lens[rows, cols],
-                                             pos.key_pos_base[rows, cols], pos.token_pos_group, pos.rep_offset,
-                                             rope.cos, rope.sin, impl=impl, per_head=per_head)
-
-            if rep_keys is None:
-                scores = score((k_flat, page_table, page_size))
-            else:
-                scores = rep_keys.score_in_groups(reps, starts, lens, spec.chunk_size, score)
-        if per_head:  # [M, N, H] -> [M, N]
-            scores = aggregate_heads(scores, lens, spec.head_aggregation, blocks.q.shape[-1] ** -0.5)
+        scores = score_candidates(spec, blocks, q_rot, pos, starts, lens, k_flat, page_table, page_size, rope, impl,
+                                  saliency, rep_keys, static_groups=False)
     starts, lens = keep_top_chunks(starts, lens, scores, keep)
     return StageOutput(starts, lens, spec.chunk_size, spec.query_block_size, limit)
