@@ -48,7 +48,7 @@ TINY_METHOD = InfiniteHiPConfig(sink_tokens=16, stream_tokens=64, query_block_si
 def banks_for(method: InfiniteHiPConfig, context: int, num_heads: int, args) -> OffloadConfig:
     need = check_offload(method, OffloadConfig(mask_bank_tokens=1 << 40, attention_bank_tokens=1 << 40), context,
                          num_heads, 1)
-    return OffloadConfig(offload_enabled=True,
+    return OffloadConfig(offload_enabled=True, kv_dtype=args.kv_dtype,
                          mask_bank_tokens=args.mask_bank_tokens or need.mask_stage_tokens,  # one group per stage
                          attention_bank_tokens=args.attention_bank_tokens or max(need.attention_tokens, args.min_attention_bank))
 
@@ -103,7 +103,9 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
         mode="offloaded" if offload is not None else "resident", context=len(ids), prefill_s=prefill_s,
         step_ms=statistics.fmean(timed) * 1e3, tokens=list(seq.output_ids),
         passkey=sample.is_correct(text) if sample is not None else None,
-        resident_kv_gb=engine.cache.bytes_per_token * len(ids) / 1e9,
+        # what a resident cache in the model's dtype would hold (an FP8 store is half of it, on the host)
+        resident_kv_gb=2 * loaded.config.num_layers * loaded.config.num_kv_heads * loaded.config.head_dim
+        * torch.empty(0, dtype=getattr(torch, args.dtype)).element_size() * len(ids) / 1e9,
         peak_gpu_gb=torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else 0.0,
         setup_gpu_gb=setup_bytes / 1e9,
         bank_gb=engine.cache.device_bytes / 1e9 if offload is not None else 0.0,
@@ -140,6 +142,7 @@ def main() -> None:
     p.add_argument("--compare-resident", action="store_true", help="also run with the KV resident; tokens must match")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--kv-dtype", default="auto", help="host store dtype when offloaded (auto, fp8_e4m3, fp8_e5m2)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny random model, 700 tokens, 8 steps, tokens checked")
     args = p.parse_args()
     if args.passkey and args.model != "embedded":

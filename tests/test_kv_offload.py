@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 from infinitehip.config.offload import OffloadConfig  # noqa: E402
 from infinitehip.kv.offload import OffloadedKV  # noqa: E402
+from infinitehip.kv.offload.copy_rows import copy_rows  # noqa: E402
 
 if "infinitehip.kv.offload.triton" in sys.modules:  # decorated before TRITON_INTERPRET was set
     importlib.reload(sys.modules["infinitehip.kv.offload.triton"])
@@ -207,9 +208,12 @@ def test_rows_read_through_returned_indices_equal_the_host_store(impl, kv_dtype)
         mask_idx = kv.resolve_mask(layer, slots)
         att_idx = kv.resolve_attention(layer, slots)
         assert (mask_idx[~keep] == -1).all() and (att_idx[~keep] == -1).all()
-        assert torch.equal(raw(kv.mask_bank.flat_k(layer)[mask_idx[keep].long()]), raw(kv.store.k[layer][want]))
-        assert torch.equal(raw(kv.attention_bank.flat_k(layer)[att_idx[keep].long()]), raw(kv.store.k[layer][want]))
-        assert torch.equal(raw(kv.attention_bank.flat_v(layer)[att_idx[keep].long()]), raw(kv.store.v[layer][want]))
+        # the banks hold the model's dtype: the store's rows (FP8 / BF16 here) converted exactly
+        want_k, want_v = kv.store.read(layer, want, dtype=kv.dtype)
+        assert kv.mask_bank.k.dtype == kv.attention_bank.k.dtype == torch.float32
+        assert torch.equal(raw(kv.mask_bank.flat_k(layer)[mask_idx[keep].long()]), raw(want_k))
+        assert torch.equal(raw(kv.attention_bank.flat_k(layer)[att_idx[keep].long()]), raw(want_k))
+        assert torch.equal(raw(kv.attention_bank.flat_v(layer)[att_idx[keep].long()]), raw(want_v))
     with pytest.raises(ValueError, match="keys only"):
         kv.mask_bank.flat_v(0)
 
@@ -217,20 +221,21 @@ def test_rows_read_through_returned_indices_equal_the_host_store(impl, kv_dtype)
 @pytest.mark.parametrize("kv_dtype,rtol", [("fp8_e4m3", 2.0 ** -4), ("fp8_e5m2", 2.0 ** -3)])
 def test_fp8_round_trip_within_format_precision(kv_dtype, rtol):
     kv, k, v = make_kv("reference", slots=64, attention_bank=16, kv_dtype=kv_dtype, seed=5)
-    assert kv.dtype == OffloadConfig(kv_dtype=kv_dtype).torch_kv_dtype(torch.float32)
+    assert kv.storage_dtype == OffloadConfig(kv_dtype=kv_dtype).torch_kv_dtype(torch.float32)
+    assert kv.dtype == torch.float32  # the banks: what the kernels read
     slots = torch.randperm(64, generator=torch.Generator().manual_seed(1))[:16]
     idx = kv.resolve_attention(1, slots.to(DEVICE)).long()
     got_k = kv.attention_bank.flat_k(1)[idx].float().cpu()
     got_v = kv.attention_bank.flat_v(1)[idx].float().cpu()
     # Rounding to nearest with m mantissa bits: relative error <= 2^-(m+1); subnormals need an absolute bound.
-    atol = torch.finfo(kv.dtype).smallest_normal
+    atol = torch.finfo(kv.storage_dtype).smallest_normal
     torch.testing.assert_close(got_k, k[1][slots], rtol=rtol, atol=atol)
     torch.testing.assert_close(got_v, v[1][slots], rtol=rtol, atol=atol)
     assert not torch.equal(got_k, k[1][slots])  # it really was stored in FP8
     big = torch.full((1, HKV, D), 1e9)  # saturates to the largest finite value instead of NaN / inf
     kv.write(0, torch.tensor([3], device=DEVICE), big.to(DEVICE), -big.to(DEVICE))
     stored_k, stored_v = kv.store.read(0, torch.tensor([3]), dtype=torch.float32)
-    assert (stored_k == torch.finfo(kv.dtype).max).all() and (stored_v == -torch.finfo(kv.dtype).max).all()
+    assert (stored_k == torch.finfo(kv.storage_dtype).max).all() and (stored_v == -torch.finfo(kv.storage_dtype).max).all()
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -428,3 +433,27 @@ def test_an_overflowing_call_leaves_a_consistent_bank(impl):
     assert all(table[owner[e]] == e for e in range(4)) and int((table >= 0).sum()) == 4
     idx = kv.resolve_attention(0, as_tensor([9, 2])).long()
     assert torch.equal(bank.flat_k(0)[idx].cpu(), k[0][[9, 2]])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("store_dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16])
+@pytest.mark.parametrize("bank_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_row_copy_converts_every_code_of_a_narrower_store_exactly(impl, store_dtype, bank_dtype):
+    """A miss copies store rows (FP8 / BF16) into a bank of the model's dtype: every FP8 code (and random BF16
+    values) must arrive as torch's own conversion, bit for bit (signed zeros, subnormals, extremes)."""
+    if store_dtype == bank_dtype:
+        pytest.skip("same dtype: the raw copy")
+    if store_dtype == torch.bfloat16:
+        src = torch.randn(256, 4, generator=torch.Generator().manual_seed(2)).to(store_dtype)
+    else:
+        src = torch.arange(256, dtype=torch.uint8).view(store_dtype).view(256, 1).repeat(1, 4).contiguous()
+    src_rows = torch.randperm(256, generator=torch.Generator().manual_seed(3))
+    src_rows[::7] = -1  # skipped rows leave the bank untouched
+    want = torch.full((300, 4), 5.0, dtype=bank_dtype)
+    dst, dst_rows = want.clone().to(DEVICE), torch.arange(256) + 40
+    copy_rows(src.to(DEVICE), src_rows.to(DEVICE), dst, dst_rows.to(DEVICE), impl)
+    got = dst.cpu()
+    live = src_rows >= 0
+    want[dst_rows[live]] = src[src_rows[live]].to(bank_dtype)
+    nan = got.isnan() & want.isnan()
+    assert torch.equal(raw(torch.where(nan, 0, got)), raw(torch.where(nan, 0, want)))

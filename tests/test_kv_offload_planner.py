@@ -16,7 +16,8 @@ SMALL = OffloadConfig(mask_bank_tokens=3, attention_bank_tokens=3, host_memory_f
 def test_small_plan_by_hand_limited_by_gpu_tables():
     # 2 layers, 1 kv head, d = 4, fp32: host 2*2*1*4*4 = 64 B/token; tables 2 banks * 2 layers * 4 B = 16 B/token.
     # Banks per layer: mask rows 4*16 + maps 4*16 + 4 + 32 counters = 164, attention 2*4*16 + 68 + 32 = 228 -> 784 B.
-    plan = plan_capacity(2, 1, 4, torch.float32, SMALL, gpu_free=10_000, host_available=64_000, page_size=64)
+    plan = plan_capacity(2, 1, 4, torch.float32, SMALL, gpu_free=10_000, host_available=64_000, page_size=64,
+                         bank_dtype=torch.float32)
     assert plan.gpu_bank_bytes == 784
     assert (plan.host_bytes_per_token, plan.gpu_bytes_per_token) == (64, 16)
     assert plan.max_tokens == (10_000 - 784) // 16 // 64 * 64 == 576
@@ -25,7 +26,8 @@ def test_small_plan_by_hand_limited_by_gpu_tables():
 
 
 def test_small_plan_by_hand_limited_by_host():
-    plan = plan_capacity(2, 1, 4, torch.float32, SMALL, gpu_free=10**9, host_available=64_000, page_size=64)
+    plan = plan_capacity(2, 1, 4, torch.float32, SMALL, gpu_free=10**9, host_available=64_000, page_size=64,
+                         bank_dtype=torch.float32)
     assert plan.max_tokens == 960 and plan.limited_by == "host"
 
 
@@ -39,7 +41,11 @@ def test_bank_bytes_match_a_real_allocation():
 def test_llama8b_fp8_summary_and_refusal():
     cfg = OffloadConfig(kv_dtype="fp8_e4m3")
     plan = plan_capacity(32, 8, 128, cfg.torch_kv_dtype(torch.bfloat16), cfg, gpu_free=40 * GIB,
-                         host_available=100 * GIB, page_size=64)
+                         host_available=100 * GIB, page_size=64, bank_dtype=torch.bfloat16)
+    # the banks hold the model's dtype (misses are upcast): 2 bytes per element, not 1
+    bf16 = plan_capacity(32, 8, 128, torch.bfloat16, cfg, gpu_free=40 * GIB, host_available=100 * GIB, page_size=64,
+                         bank_dtype=torch.bfloat16)
+    assert plan.gpu_bank_bytes == bf16.gpu_bank_bytes and plan.host_bytes_per_token * 2 == bf16.host_bytes_per_token
     # host: 0.9 * 100 GiB / (2 * 32 * 8 * 128 B) = 1,474,560 tokens; the GPU tables would allow far more
     assert plan.max_tokens == 1_474_560 and plan.limited_by == "host"
     assert plan.summary == "KV capacity: 1,474,560 tokens: GPU bank 65,536 tokens, host 90.0 GiB, FP8 e4m3"
@@ -49,20 +55,22 @@ def test_llama8b_fp8_summary_and_refusal():
 
 
 def test_bf16_summary_label():
-    plan = plan_capacity(32, 8, 128, torch.bfloat16, OffloadConfig(), gpu_free=40 * GIB, host_available=100 * GIB)
+    plan = plan_capacity(32, 8, 128, torch.bfloat16, OffloadConfig(), gpu_free=40 * GIB, host_available=100 * GIB,
+                         bank_dtype=torch.bfloat16)
     assert plan.summary.endswith(", BF16") and plan.max_tokens == 737_280
 
 
 def test_banks_that_do_not_fit_the_gpu_are_refused_naming_the_fields():
     cfg = OffloadConfig(mask_bank_tokens=1 << 20, attention_bank_tokens=1 << 20)
     with pytest.raises(CapacityError, match=r"mask_bank_tokens=1,048,576 and attention_bank_tokens=1,048,576 need"):
-        plan_capacity(32, 8, 128, torch.bfloat16, cfg, gpu_free=8 * GIB, host_available=100 * GIB)
+        plan_capacity(32, 8, 128, torch.bfloat16, cfg, gpu_free=8 * GIB, host_available=100 * GIB,
+                      bank_dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("field,value", [("num_layers", 0), ("page_size", 0), ("gpu_free", -1), ("host_available", -5)])
 def test_plan_rejects_bad_arguments(field, value):
     args = dict(num_layers=2, num_kv_heads=1, head_dim=4, kv_dtype=torch.float32, config=SMALL, gpu_free=1 << 20,
-                host_available=1 << 20, page_size=1)
+                host_available=1 << 20, page_size=1, bank_dtype=torch.float32)
     args[field] = value
     with pytest.raises(ValueError, match=field):
         plan_capacity(**args)

@@ -5,6 +5,7 @@ that cannot run offloaded are refused (before anything is allocated) with errors
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -18,8 +19,10 @@ from infinitehip.attention.infinitehip.offload_access import check_offload  # no
 from infinitehip.config.infinitehip import InfiniteHiPConfig  # noqa: E402
 from infinitehip.config.offload import OffloadConfig  # noqa: E402
 from infinitehip.kv.offload import planner  # noqa: E402
+from infinitehip.kv.offload.host_store import to_storage_dtype  # noqa: E402
 from infinitehip.kv.offload.paged import OffloadedAccessError, OffloadedPagedCache  # noqa: E402
 from infinitehip.kv.offload.planner import CapacityError  # noqa: E402
+from infinitehip.kv.paged_cache import PagedKVCache  # noqa: E402
 from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits  # noqa: E402
 from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: E402,F401
 
@@ -125,6 +128,31 @@ def test_offloaded_engine_equals_resident_with_misses_every_step(llama3_dir, mon
     for before, after in zip(stats[-steps:-1], stats[-steps + 1:]):
         assert after[1].total_misses > before[1].total_misses
         assert after[1].total_hits > before[1].total_hits
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_store_equals_a_resident_engine_whose_kv_is_rounded_to_fp8(llama3_dir, monkeypatch, kv_dtype):
+    """An FP8 host store behind model-dtype banks (misses upcast in the copy) reads exactly what a resident cache
+    holding FP8-rounded K/V would: same logits, same tokens, with misses every step."""
+    config = InfiniteHiPConfig(**SMALL)
+    prompt, steps = _ids(700, seed=23), 8
+    fp8 = OffloadConfig(kv_dtype=kv_dtype).torch_kv_dtype(torch.float32)
+    write = PagedKVCache.write
+
+    def rounded_write(self, layer, slots, k, v):
+        write(self, layer, slots, to_storage_dtype(k, fp8).to(k.dtype), to_storage_dtype(v, fp8).to(v.dtype))
+
+    monkeypatch.setattr(PagedKVCache, "write", rounded_write)
+    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    monkeypatch.undo()
+    exact = _generate(llama3_dir, config, None, [prompt], steps)
+    assert any(not torch.equal(x, y) for x, y in zip(resident[1], exact[1]))  # the rounding is visible
+    offload = dataclasses.replace(_smallest_banks(config, HEADS), kv_dtype=kv_dtype)
+    ours = _generate(llama3_dir, config, offload, [prompt], steps)
+    assert ours[3].cache.kv.store.dtype == fp8 and ours[3].cache.kv.dtype == torch.float32
+    _assert_same(ours, resident)
+    assert ours[2][-1]["attention"].total_misses > 2 * offload.attention_bank_tokens
+    assert ours[3].kv_plan.summary.endswith(", FP8 " + kv_dtype.split("_")[1])
 
 
 def test_bank_statistics_count_every_distinct_requested_slot(llama3_dir):
@@ -308,8 +336,8 @@ def test_configurations_that_cannot_run_offloaded_are_refused(llama3_dir):
     with pytest.raises(CapacityError, match="attention_bank_tokens=100 .* max_num_seqs=1"):
         engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL), OffloadConfig(offload_enabled=True, attention_bank_tokens=100),
                        method="infinitehip", max_context_tokens=CONTEXT, max_num_seqs=1)
-    with pytest.raises(ValueError, match="kv_dtype='fp8_e4m3'"):
-        engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL), OffloadConfig(offload_enabled=True, kv_dtype="fp8_e4m3"),
+    with pytest.raises(ValueError, match="kv_dtype='fp8_e4m3' needs offload_enabled"):
+        engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL), OffloadConfig(offload_enabled=False, kv_dtype="fp8_e4m3"),
                        method="infinitehip", max_context_tokens=CONTEXT)
     engine = engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL), _smallest_banks(InfiniteHiPConfig(**SMALL), HEADS),
                             method="infinitehip", max_context_tokens=CONTEXT, max_num_seqs=1)

@@ -28,7 +28,7 @@ class OffloadConfig:
     offload_enabled: bool = False  # keep every token's K/V in host memory, GPU banks for the hot rows
     mask_bank_tokens: int = 65536  # GPU mask bank (keys only), tokens per layer
     attention_bank_tokens: int = 65536  # GPU attention bank (keys and values), tokens per layer
-    kv_dtype: str = "auto"  # storage dtype of the host store and both banks; "auto": the model's dtype
+    kv_dtype: str = "auto"  # dtype of the host store ("auto": the model's); the banks hold the model's dtype
     host_memory_fraction: float = 0.9  # share of the available host memory the store may take
     gpu_memory_fraction: float = 0.9  # share of the free GPU memory the banks and their tables may take
     offload_impl: str = "auto"  # host->bank row copy: "auto" (triton on CUDA, reference elsewhere), "triton", "reference"

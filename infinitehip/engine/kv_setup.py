@@ -31,13 +31,11 @@ def plan_offload(offload: OffloadConfig, method: AttentionMethod, mc: ModelConfi
     """Checks and the capacity plan of an offloaded KV of kv_tokens tokens (raises before any allocation)."""
     method.check_offload(offload, max_context_tokens, max_num_seqs)
     kv_dtype = offload.torch_kv_dtype(dtype)
-    if kv_dtype != dtype:
-        raise ValueError(f"kv_dtype={offload.kv_dtype!r}: the attention kernels read K/V in the model's dtype "
-                         f"({dtype}); a different storage dtype (FP8) is not wired into them yet; use kv-dtype auto")
     host = planner.host_available_bytes()
     # On CPU the banks live in host memory too.
     gpu = planner.gpu_free_bytes(device) if device.type == "cuda" else host
-    plan = planner.plan_capacity(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype, offload, gpu, host, page_size)
+    plan = planner.plan_capacity(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype, offload, gpu, host, page_size,
+                                 bank_dtype=dtype)
     plan.check(kv_tokens, f"the KV cache (kv-cache-tokens / max-context-tokens: {kv_tokens:,} tokens)")
     return plan
 
@@ -47,6 +45,9 @@ def build_kv(offload: OffloadConfig | None, method: AttentionMethod, mc: ModelCo
              show: bool = True) -> tuple[PagedKVCache | OffloadedPagedCache, CapacityPlan | None]:
     """(cache, plan): a resident paged cache (plan None) or, with offload_enabled, the offloaded KV and its plan."""
     if offload is None or not offload.offload_enabled:
+        if offload is not None and offload.torch_kv_dtype(dtype) != dtype:
+            raise ValueError(f"kv_dtype={offload.kv_dtype!r} needs offload_enabled: the resident cache is read by the "
+                             f"attention kernels in the model's dtype ({dtype}); an FP8 KV lives in the host store")
         return PagedKVCache(mc.num_layers, num_pages, page_size, mc.num_kv_heads, mc.head_dim, dtype, device), None
     plan = plan_offload(offload, method, mc, dtype, device, page_size, num_pages * page_size, max_context_tokens,
                         max_num_seqs)

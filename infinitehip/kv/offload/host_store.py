@@ -9,6 +9,8 @@ would turn out-of-range values into NaN / inf); readers upcast.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from infinitehip.kv.offload.copy_rows import copy_rows
@@ -35,6 +37,29 @@ def dtype_label(dtype: torch.dtype) -> str:
     return labels[dtype]
 
 
+def page_locked_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised host tensor, page-locked at its exact size.
+
+    `torch.empty(pin_memory=True)` goes through the caching host allocator, which rounds every block up to a
+    power of two: a 32.1 GiB store would lock 64 GiB and fail where the planner promised it fits. Registering
+    ordinary memory with cudaHostRegister locks exactly what is used; the caller unregisters it."""
+    tensor = torch.empty(shape, dtype=dtype)
+    cudart = torch.cuda.cudart()
+    flags = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped: every device may address it (UVA)
+    status = cudart.cudaHostRegister(tensor.data_ptr(), tensor.numel() * tensor.element_size(), flags)
+    if int(status) != 0:
+        gib = tensor.numel() * tensor.element_size() / 2**30
+        raise MemoryError(f"could not page-lock {gib:.1f} GiB of host memory for the KV store (cudaHostRegister: "
+                          f"{status}); lower max_context_tokens or host_memory_fraction")
+    return tensor
+
+
+def _unregister(pointers: list[int]) -> None:
+    cudart = torch.cuda.cudart()
+    for pointer in pointers:
+        cudart.cudaHostUnregister(pointer)
+
+
 class HostKVStore:
     def __init__(
         self,
@@ -56,8 +81,12 @@ class HostKVStore:
         self.dtype = dtype
         shape = (num_layers, num_slots, num_kv_heads, head_dim)
         # Uninitialised like PagedKVCache: a slot is written before any bank reads it.
-        self.k = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
-        self.v = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
+        if pin_memory:
+            self.k, self.v = page_locked_empty(shape, dtype), page_locked_empty(shape, dtype)
+            # Unlocked when the store goes away (the cache owns the store for its whole life).
+            weakref.finalize(self, _unregister, [self.k.data_ptr(), self.v.data_ptr()])
+        else:
+            self.k, self.v = torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)
 
     @property
     def is_pinned(self) -> bool:

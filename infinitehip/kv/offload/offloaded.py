@@ -32,12 +32,14 @@ class OffloadedKV:
         pin_memory: bool | None = None,
     ):
         device = torch.device(device)
-        dtype = config.torch_kv_dtype(model_dtype)
         self.config = config
         self.impl = config.copy_impl(device)
-        self.store = HostKVStore(num_layers, num_slots, num_kv_heads, head_dim, dtype, pin_memory)
+        # The store may be FP8 (half the host memory and PCIe traffic); the banks hold the model's dtype, the
+        # row copy of a miss upcasts, so every kernel reads K/V as it would from a resident cache.
+        self.store = HostKVStore(num_layers, num_slots, num_kv_heads, head_dim, config.torch_kv_dtype(model_dtype),
+                                 pin_memory)
         shape = (num_layers, num_slots)
-        rows = (num_kv_heads, head_dim, dtype, device)
+        rows = (num_kv_heads, head_dim, model_dtype, device)
         self.mask_bank = KVBank("mask", *shape, config.mask_bank_tokens, *rows, with_values=False)
         self.attention_bank = KVBank("attention", *shape, config.attention_bank_tokens, *rows, with_values=True)
 
@@ -47,6 +49,12 @@ class OffloadedKV:
 
     @property
     def dtype(self) -> torch.dtype:
+        """What the kernels read: the banks' dtype (the model's)."""
+        return self.mask_bank.k.dtype
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """The host store's dtype (kv_dtype)."""
         return self.store.dtype
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -1,8 +1,8 @@
 """Capacity planner: how many KV tokens fit in host memory + GPU banks, decided before anything is allocated.
 
-Host: the store holds K and V of every layer for every token: 2 * L * Hkv * d * element_size bytes per
-token, within `host_memory_fraction` of the available host memory.
-GPU: both banks' rows, reverse maps and stamps are fixed (set by mask_bank_tokens / attention_bank_tokens);
+Host: the store holds K and V of every layer for every token: 2 * L * Hkv * d * element_size(kv_dtype) bytes
+per token, within `host_memory_fraction` of the available host memory.
+GPU: both banks' rows (in bank_dtype, the model's: misses are upcast from an FP8 store), reverse maps and stamps are fixed (set by mask_bank_tokens / attention_bank_tokens);
 the two slot -> bank-index tables add 2 * L * 4 bytes per token; all within `gpu_memory_fraction` of the
 free GPU memory (measured after the model is loaded).
 
@@ -53,7 +53,8 @@ class CapacityPlan:
     max_tokens: int  # most KV tokens (store slots) that fit
     mask_bank_tokens: int
     attention_bank_tokens: int
-    kv_dtype: torch.dtype
+    kv_dtype: torch.dtype  # the host store's
+    bank_dtype: torch.dtype
     host_bytes_per_token: int
     gpu_bytes_per_token: int  # the two slot tables
     gpu_bank_bytes: int  # both banks' rows, reverse maps, stamps (independent of max_tokens)
@@ -97,6 +98,8 @@ def plan_capacity(
     gpu_free: int,
     host_available: int,
     page_size: int = 1,
+    *,
+    bank_dtype: torch.dtype,
 ) -> CapacityPlan:
     """The largest KV (in tokens, a multiple of page_size) that host memory and the GPU banks allow."""
     for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
@@ -107,9 +110,10 @@ def plan_capacity(
         if value < 0:
             raise ValueError(f"{name} must be >= 0 bytes, got {value}")
     dtype_label(kv_dtype)
+    dtype_label(bank_dtype)
     element = torch.empty(0, dtype=kv_dtype).element_size()
     shape = (num_layers, 0)  # tables are counted per token below
-    heads = (num_kv_heads, head_dim, element)
+    heads = (num_kv_heads, head_dim, torch.empty(0, dtype=bank_dtype).element_size())
     bank_bytes = (KVBank.device_bytes(*shape, config.mask_bank_tokens, *heads, with_values=False)
                   + KVBank.device_bytes(*shape, config.attention_bank_tokens, *heads, with_values=True))
     gpu_per_token = 2 * num_layers * 4
@@ -130,6 +134,7 @@ def plan_capacity(
         mask_bank_tokens=config.mask_bank_tokens,
         attention_bank_tokens=config.attention_bank_tokens,
         kv_dtype=kv_dtype,
+        bank_dtype=bank_dtype,
         host_bytes_per_token=host_per_token,
         gpu_bytes_per_token=gpu_per_token,
         gpu_bank_bytes=bank_bytes,

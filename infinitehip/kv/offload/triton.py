@@ -1,7 +1,9 @@
 """Row copy between flat slot tensors, one Triton kernel; same semantics as `reference.py` (the oracle).
 
 The rows are moved as raw words (int32 when a row's bytes allow it, else int16 / uint8), so every storage
-dtype (fp32, bf16, fp16, fp8) is copied bit-exactly by one kernel. Grid: (rows, row tiles); a program
+dtype (fp32, bf16, fp16, fp8) is copied bit-exactly by one kernel. A second kernel converts a store in a
+narrower dtype (kv_dtype fp8_* or bf16) into a bank in the model's dtype while copying: FP8 bytes are
+decoded with integer ops (exact, and the same under the interpreter, which has no FP8 loads). Grid: (rows, row tiles); a program
 whose source or destination row is negative loads and stores nothing (masked), so a resolve call with 90%
 hits reads only the missed rows from host memory. On CUDA either side may be pinned host memory: with
 unified virtual addressing its pointer is valid in kernels, so the copy needs no host sync and no
@@ -31,6 +33,41 @@ def _copy_rows_kernel(Src, SrcRows, Dst, DstRows, row_words, stride_src, stride_
     tl.store(Dst + d * stride_dst + offs, x, mask=ok)
 
 
+@triton.jit
+def _copy_rows_convert_kernel(Src, SrcRows, Dst, DstRows, row_elems, stride_src, stride_dst, SRC_FORMAT: tl.constexpr,
+                              BLOCK: tl.constexpr):
+    """Src: uint8 bytes of FP8 rows; Dst: float rows. Normal values are rebuilt as fp32 bit patterns,
+    subnormals as sign * 2^(1 - bias) * m / 2^M (exact products); e4m3fn has no infinities and one NaN code
+    (e = 15, m = 7)."""
+    r = tl.program_id(0)
+    tile = tl.program_id(1)
+    s = tl.load(SrcRows + r).to(tl.int64)
+    d = tl.load(DstRows + r).to(tl.int64)
+    offs = tile * BLOCK + tl.arange(0, BLOCK)
+    ok = (offs < row_elems) & (s >= 0) & (d >= 0)
+    if SRC_FORMAT == 0:  # a torch float dtype Triton loads (bf16 / fp16 / fp32)
+        value = tl.load(Src + s * stride_src + offs, mask=ok, other=0).to(tl.float32)
+        tl.store(Dst + d * stride_dst + offs, value.to(Dst.dtype.element_ty), mask=ok)
+        return
+    b = tl.load(Src + s * stride_src + offs, mask=ok, other=0).to(tl.int32)
+    if SRC_FORMAT == 2:  # e5m2
+        e = (b >> 2) & 0x1F
+        m = b & 0x3
+        normal = (((e + 112) << 23) | (m << 21)).to(tl.float32, bitcast=True)  # fp32 bits: exponent e - 15 + 127
+        value = tl.where(e == 0, m.to(tl.float32) * 0.25 * 0.00006103515625, normal)  # 2^-14
+        special = tl.where(m == 0, float("inf"), float("nan"))
+        value = tl.where(e == 31, special, value)
+    else:  # e4m3fn
+        e = (b >> 3) & 0xF
+        m = b & 0x7
+        normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)  # fp32 bits: exponent e - 7 + 127
+        value = tl.where(e == 0, m.to(tl.float32) * 0.125 * 0.015625, normal)  # 2^-6
+        value = tl.where((e == 15) & (m == 7), float("nan"), value)
+    # the sign as a bit (negating would turn -0 into +0 under the interpreter)
+    value = (value.to(tl.int32, bitcast=True) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True)
+    tl.store(Dst + d * stride_dst + offs, value.to(Dst.dtype.element_ty), mask=ok)
+
+
 def _as_words(t: torch.Tensor) -> torch.Tensor:
     """[rows, ...] -> a [rows, words] view of the same memory (never a copy: the kernel writes through it)."""
     rows = t.view(t.shape[0], -1) if t.dim() > 1 else t.view(-1, 1)
@@ -43,13 +80,30 @@ def _as_words(t: torch.Tensor) -> torch.Tensor:
     return raw
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def copy_rows_triton(src: torch.Tensor, src_rows: torch.Tensor, dst: torch.Tensor, dst_rows: torch.Tensor) -> None:
-    if src.dtype != dst.dtype or src.shape[1:] != dst.shape[1:]:
+    convert = src.dtype != dst.dtype and dst.dtype.is_floating_point and dst.dtype not in FP8_DTYPES
+    if (src.dtype != dst.dtype and not convert) or src.shape[1:] != dst.shape[1:]:
         raise ValueError(f"copy_rows: src {src.dtype} {tuple(src.shape[1:])} and dst {dst.dtype} {tuple(dst.shape[1:])} rows differ")
     n = src_rows.numel()
     if n != dst_rows.numel():
         raise ValueError(f"copy_rows: {n} source rows but {dst_rows.numel()} destination rows")
     if n == 0:
+        return
+    if convert:
+        s, d = src.view(src.shape[0], -1), dst.view(dst.shape[0], -1)
+        if d.stride(-1) != 1 or s.stride(-1) != 1:
+            raise ValueError("copy_rows needs rows that are contiguous in memory")
+        src_format = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(src.dtype, 0)
+        if src_format:
+            s = s.view(torch.uint8)
+        row_elems = s.shape[1]
+        block = min(1024, triton.next_power_of_2(row_elems))
+        grid = (n, triton.cdiv(row_elems, block))
+        _copy_rows_convert_kernel[grid](s, src_rows, d, dst_rows, row_elems, s.stride(0), d.stride(0),
+                                        SRC_FORMAT=src_format, BLOCK=block)
         return
     s, d = _as_words(src), _as_words(dst)
     row_words = s.shape[1]

@@ -2,8 +2,8 @@
 
 `mirror_paged_cache` fills the host store from a `PagedKVCache` (same slot numbering), then
 `validate_against_paged` resolves each key list through both banks and compares the rows read through the
-returned indices with the cache's rows, bit for bit (in the store's dtype: with an FP8 store, the cache's
-rows quantized the same way). Any difference raises `OffloadMismatchError` naming the step, bank, layer and
+returned indices with the cache's rows, bit for bit (with an FP8 store, the cache's rows quantized the same
+way and upcast to the banks' dtype). Any difference raises `OffloadMismatchError` naming the step, bank, layer and
 slot; the report carries the banks' hit statistics. Meant for tests and for a debug run of the engine
 (it syncs every step).
 """
@@ -55,7 +55,7 @@ def validate_against_paged(
         slots = slots.reshape(-1).to(kv.mask_bank.device)
         listed = slots >= 0
         want = slots[listed]
-        ref_k, ref_v = (to_storage_dtype(t, kv.dtype) for t in cache.read(layer, want.to(cache.device)))
+        ref_k, ref_v = (to_storage_dtype(t, kv.storage_dtype).to(kv.dtype) for t in cache.read(layer, want.to(cache.device)))
         mask_idx = kv.resolve_mask(layer, slots)[listed].long()
         att_idx = kv.resolve_attention(layer, slots)[listed].long()
         for bank, name, got, ref in (
