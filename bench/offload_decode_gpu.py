@@ -88,13 +88,23 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
     sync(device)
     prefill_s = time.perf_counter() - t0
     prefill_stats = engine.kv_stats()
-    step_s = []
+    step_s, prof = [], None
     while not seq.is_finished:
         if len(step_s) == args.warmup_steps and offload is not None:
             engine.cache.reset_stats()  # decode hit ratios over the timed steps (graph replays included)
+        if args.profile_steps and len(step_s) == args.warmup_steps + args.steps - args.profile_steps:
+            sync(device)
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
         t = time.perf_counter()
         engine.step()
         step_s.append(time.perf_counter() - t)
+    if prof is not None:
+        sync(device)
+        prof.__exit__(None, None, None)
+        print(f"profile of the last {args.profile_steps} decode steps ({'offloaded' if offload else 'resident'}):")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.profile_rows, max_name_column_width=60))
     timed = step_s[args.warmup_steps:] or step_s
     decode_stats = engine.kv_stats()
     graphs = engine.runner.graph_decoder
@@ -142,6 +152,8 @@ def main() -> None:
     p.add_argument("--compare-resident", action="store_true", help="also run with the KV resident; tokens must match")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--profile-steps", type=int, default=0, help="profile the last N timed decode steps (kernel table)")
+    p.add_argument("--profile-rows", type=int, default=25)
     p.add_argument("--kv-dtype", default="auto", help="host store dtype when offloaded (auto, fp8_e4m3, fp8_e5m2)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny random model, 700 tokens, 8 steps, tokens checked")
     args = p.parse_args()
