@@ -20,6 +20,13 @@ is reused for about log(theta) / log(rho) steps (rho = 0.98, theta = 0.9: ~5 hit
 measures consecutive-query cosines mostly above 0.9 on real tasks; the printed mean cosine shows what the
 synthetic stream gave.
 
+Chunk prefill step (the paper's Fig. 6 measurement, where its 23.84x comes from: one prefill chunk of
+--chunk-tokens queries, 512 as in the paper, at the end of a T-token cache):
+  dense chunk    torch SDPA flash, the chunk's queries x all T keys (non-causal: PyTorch's is_causal aligns
+                 a short query block top-left; the within-chunk triangle is 512 of T keys, < 0.4% at 128K).
+  tokenselect    `prefill` of the chunk: one selection with the chunk's mean query (paged dot product over the
+                 T - 640 candidates, soft vote, top-k) + block-sparse attention over sink + selected + local.
+
 Timing: CUDA events after an L2 flush, warm-up calls first, median of reps (mean over the stream for "cache on");
 eager host overhead included. CPU: time.perf_counter.
 
@@ -105,12 +112,28 @@ def bench_context(T: int, args, timer: Timer, device, dtype) -> dict:
         return method, state, seq, ForwardBatch([seq], cache, rope, 1)
 
     q = query_stream(1, args.query_correlation, device, dtype, args.seed + 2)[0]
+    C = args.chunk_tokens
+    q_chunk = torch.randn(C, mc.num_heads, mc.head_dim, generator=torch.Generator(device=device).manual_seed(args.seed + 4),
+                          device=device).to(dtype)
     with torch.inference_mode():
+        method = TokenSelectAttention(mc, dataclasses.replace(base, query_block_size=C))
+        chunk_seq = SequenceSlice(0, 0, C, T - C, T - C, page_table, cache, method.new_state(), True)
+        chunk_step = lambda: method.prefill(0, q_chunk, chunk_seq, ForwardBatch([chunk_seq], cache, rope, C))  # noqa: E731
+        res["chunk_tokenselect"] = timer(chunk_step)["ms"] * 1e3
+        if args.profile and device.type == "cuda":
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    chunk_step()
+                torch.cuda.synchronize()
+            log(f"chunk prefill step at {T:,}, 5 calls:\n" +
+                prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=50))
         if not args.skip_dense:
             kd, vd = dense_kv(cache, page_table, T, rope)
             qd = rope.apply_range(q, T - 1)
+            qc = rope.apply_range(q_chunk, T - C)
             with backend_ctx(device):
                 res["dense"] = timer(lambda: sdpa(qd, kd, vd, causal=False))["ms"] * 1e3
+                res["chunk_dense"] = timer(lambda: sdpa(qc, kd, vd, causal=False))["ms"] * 1e3
             del kd, vd
 
         method, state, seq, batch = fresh(False)
@@ -148,6 +171,8 @@ def main() -> None:
     parser.add_argument("--query-correlation", type=float, default=0.98, help="rho of the AR(1) query stream")
     parser.add_argument("--steps", type=int, default=None, help="decode steps of the cache-on stream (default 200; smoke 12)")
     parser.add_argument("--page-size", type=int, default=64)
+    parser.add_argument("--profile", action="store_true", help="kernel table of the chunk prefill step per context")
+    parser.add_argument("--chunk-tokens", type=int, default=512, help="queries of the chunk prefill step (paper: 512)")
     parser.add_argument("--skip-dense", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -167,8 +192,10 @@ def main() -> None:
     log("| context | dense us | select us | hit step us | cache off us | cache on us | hit ratio | mean cos | "
         "dense / off | dense / on |")
     log("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    chunk_rows = []
     for T in args.contexts:
         r = bench_context(T, args, timer, device, dtype)
+        chunk_rows.append(r)
         d = r.get("dense")
         f = lambda x: "n/a" if x is None else f"{x:,.0f}"
         x = lambda a, b: "n/a" if a is None else f"{a / b:.2f}x"
@@ -176,7 +203,13 @@ def main() -> None:
             f"{r['hit_ratio']:.2f} | {r['consecutive_cos']:.3f} | {x(d, r['cache_off'])} | {x(d, r['cache_on'])} |")
         if device.type == "cuda":
             torch.cuda.empty_cache()
-
+    log(f"\n# Chunk prefill step: {args.chunk_tokens} queries at the end of the context (paper Fig. 6)\n")
+    log("| context | dense chunk us | tokenselect chunk us | dense / tokenselect |")
+    log("| ---: | ---: | ---: | ---: |")
+    for r in chunk_rows:
+        d, ts = r.get("chunk_dense"), r["chunk_tokenselect"]
+        log(f"| {r['T']:,} | {'n/a' if d is None else f'{d:,.0f}'} | {ts:,.0f} | "
+            f"{'n/a' if d is None else f'{d / ts:.2f}x'} |")
 
 if __name__ == "__main__":
     main()
