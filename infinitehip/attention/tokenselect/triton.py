@@ -89,11 +89,12 @@ def _soft_vote_kernel(Logits, Lse, Counts, Votes, H, width, stride_lr, stride_lh
     tl.store(Votes + r * stride_vr + offs, tl.where(ok, acc, float("-inf")), mask=offs < width)
 
 
-def _soft_vote_rows(q_rot, k_flat, page_tables, page_size, starts, counts, width, sm_scale) -> torch.Tensor:
+def _soft_vote_rows(q_rot, k_flat, page_tables, page_size, starts, counts, width, sm_scale, block_n: int = BLOCK_N,
+                    num_warps: int = 4) -> torch.Tensor:
     R, H, d = q_rot.shape
     Hkv = k_flat.shape[1]
     group = H // Hkv
-    num_tiles = triton.cdiv(width, BLOCK_N)
+    num_tiles = triton.cdiv(width, block_n)
     device = q_rot.device
     logits = torch.empty((R, H, width), dtype=torch.float32, device=device)
     tile_max = torch.empty((R, H, num_tiles), dtype=torch.float32, device=device)
@@ -104,8 +105,8 @@ def _soft_vote_rows(q_rot, k_flat, page_tables, page_size, starts, counts, width
         H, group, page_size, sm_scale, num_tiles,
         q_rot.stride(0), q_rot.stride(1), k_flat.stride(0), k_flat.stride(1), page_tables.stride(0),
         logits.stride(0), logits.stride(1),
-        D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=BLOCK_N, GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        OP_DTYPE=op_dtype, DOT_PRECISION="ieee" if op_dtype == tl.float32 else "tf32", num_warps=4,
+        D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=block_n, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        OP_DTYPE=op_dtype, DOT_PRECISION="ieee" if op_dtype == tl.float32 else "tf32", num_warps=num_warps,
     )
     m = tile_max.amax(-1, keepdim=True)  # finite: every launched row has a candidate
     lse = (m + (tile_sum * torch.exp(tile_max - m)).sum(-1, keepdim=True).log()).squeeze(-1).contiguous()  # [R, H]
