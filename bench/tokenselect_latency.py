@@ -26,6 +26,8 @@ Chunk prefill step (the paper's Fig. 6 measurement, where its 23.84x comes from:
                  a short query block top-left; the within-chunk triangle is 512 of T keys, < 0.4% at 128K).
   tokenselect    `prefill` of the chunk: one selection with the chunk's mean query (paged dot product over the
                  T - 640 candidates, soft vote, top-k) + block-sparse attention over sink + selected + local.
+  Each is timed alone (host overhead exposed) and --chain times back to back (the layers of one forward pass:
+  the host prepares the next step while the GPU runs this one), per step.
 
 Timing: CUDA events after an L2 flush, warm-up calls first, median of reps (mean over the stream for "cache on");
 eager host overhead included. CPU: time.perf_counter.
@@ -120,6 +122,8 @@ def bench_context(T: int, args, timer: Timer, device, dtype) -> dict:
         chunk_seq = SequenceSlice(0, 0, C, T - C, T - C, page_table, cache, method.new_state(), True)
         chunk_step = lambda: method.prefill(0, q_chunk, chunk_seq, ForwardBatch([chunk_seq], cache, rope, C))  # noqa: E731
         res["chunk_tokenselect"] = timer(chunk_step)["ms"] * 1e3
+        # back to back, as the layers of one forward pass run: the host prepares step i + 1 while the GPU runs i
+        res["chunk_tokenselect_chain"] = timer(lambda: [chunk_step() for _ in range(args.chain)])["ms"] * 1e3 / args.chain
         if args.profile and device.type == "cuda":
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(5):
@@ -134,6 +138,7 @@ def bench_context(T: int, args, timer: Timer, device, dtype) -> dict:
             with backend_ctx(device):
                 res["dense"] = timer(lambda: sdpa(qd, kd, vd, causal=False))["ms"] * 1e3
                 res["chunk_dense"] = timer(lambda: sdpa(qc, kd, vd, causal=False))["ms"] * 1e3
+                res["chunk_dense_chain"] = timer(lambda: [sdpa(qc, kd, vd, causal=False) for _ in range(args.chain)])["ms"] * 1e3 / args.chain
             del kd, vd
 
         method, state, seq, batch = fresh(False)
@@ -172,6 +177,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="decode steps of the cache-on stream (default 200; smoke 12)")
     parser.add_argument("--page-size", type=int, default=64)
     parser.add_argument("--profile", action="store_true", help="kernel table of the chunk prefill step per context")
+    parser.add_argument("--chain", type=int, default=8, help="chunk steps timed back to back (layers of a forward)")
     parser.add_argument("--chunk-tokens", type=int, default=512, help="queries of the chunk prefill step (paper: 512)")
     parser.add_argument("--skip-dense", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
@@ -204,12 +210,15 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     log(f"\n# Chunk prefill step: {args.chunk_tokens} queries at the end of the context (paper Fig. 6)\n")
-    log("| context | dense chunk us | tokenselect chunk us | dense / tokenselect |")
-    log("| ---: | ---: | ---: | ---: |")
+    log(f"| context | dense chunk us | tokenselect chunk us | dense / tokenselect | {args.chain} back to back: dense us "
+        f"| tokenselect us | dense / tokenselect |")
+    log("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in chunk_rows:
         d, ts = r.get("chunk_dense"), r["chunk_tokenselect"]
-        log(f"| {r['T']:,} | {'n/a' if d is None else f'{d:,.0f}'} | {ts:,.0f} | "
-            f"{'n/a' if d is None else f'{d / ts:.2f}x'} |")
+        dc, tc = r.get("chunk_dense_chain"), r["chunk_tokenselect_chain"]
+        f = lambda x: "n/a" if x is None else f"{x:,.0f}"  # noqa: E731
+        x = lambda a, b: "n/a" if a is None else f"{a / b:.2f}x"  # noqa: E731
+        log(f"| {r['T']:,} | {f(d)} | {f(ts)} | {x(d, ts)} | {f(dc)} | {f(tc)} | {x(dc, tc)} |")
 
 if __name__ == "__main__":
     main()

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.attention.host_values import device_tensor
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.attention.tokenselect import soft_vote
 from infinitehip.config.model import ModelConfig
@@ -68,7 +69,7 @@ def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Variable-length int rows -> ([R, K] int32 padded with token 0, counts [R] int32)."""
     K = max(r.numel() for r in rows)
     tokens = torch.stack([F.pad(r, (0, K - r.numel())) for r in rows]).int()
-    counts = torch.tensor([r.numel() for r in rows], dtype=torch.int32, device=tokens.device)
+    counts = device_tensor([r.numel() for r in rows], torch.int32, tokens.device)
     return tokens, counts
 
 
@@ -116,7 +117,7 @@ class TokenSelectAttention(AttentionMethod):
         picked = {r: torch.arange(sink, sink + n, device=q.device) for r, n in enumerate(counts) if n <= k}
         if need:
             if len(need) < len(counts):
-                index = torch.tensor(need, device=q.device)
+                index = device_tensor(need, torch.int64, q.device)
                 q, page_tables = q[index], page_tables[index]
             rope.ensure(c.local_tokens + 1)
             distance = c.local_tokens  # candidates scored as if local_tokens before the query (module doc)
@@ -125,7 +126,7 @@ class TokenSelectAttention(AttentionMethod):
             votes = soft_vote(
                 q_rot, k_flat, page_tables, page_size,
                 torch.full((len(need),), sink, dtype=torch.int64, device=q.device),
-                torch.tensor(need_counts, dtype=torch.int64, device=q.device), max(need_counts), self.sm_scale,
+                device_tensor(need_counts, torch.int64, q.device), max(need_counts), self.sm_scale,
                 impl=self._score_impl(q),
             )
             top = torch.topk(votes, k, dim=1).indices.sort(dim=1).values + sink  # every row has > k candidates
@@ -147,7 +148,7 @@ class TokenSelectAttention(AttentionMethod):
         firsts = [seq.start_pos + i * b for i in range(M)]
         lasts = [min(f + b, seq.context_len) - 1 for f in firsts]
         limits = [self.window_start(f) for f in firsts]
-        sizes = torch.tensor([e - f + 1 for f, e in zip(firsts, lasts)], device=q.device)
+        sizes = device_tensor([e - f + 1 for f, e in zip(firsts, lasts)], torch.int64, q.device)
         q_mean = F.pad(q.float(), (0, 0, 0, 0, 0, M * b - n)).view(M, b, H, d).sum(1) / sizes[:, None, None]
         k_flat = seq.cache.flat_k(layer)
         picked = self.select(q_mean, k_flat, seq.page_table[None].expand(M, -1), seq.cache.page_size, limits, batch.rope)
@@ -157,9 +158,9 @@ class TokenSelectAttention(AttentionMethod):
         # its offset in the window, or its own index when it is a sink token (then nothing is selected).
         query_pos = torch.arange(seq.start_pos, seq.context_len, device=q.device)
         block = torch.arange(n, device=q.device) // b
-        ws = torch.tensor(limits, device=q.device)[block]
-        before = torch.tensor([min(self.config.sink_tokens, e + 1) + p.numel() for p, e in zip(picked, lasts)],
-                              device=q.device)[block]
+        ws = device_tensor(limits, torch.int64, q.device)[block]
+        before = device_tensor([min(self.config.sink_tokens, e + 1) + p.numel() for p, e in zip(picked, lasts)],
+                               torch.int64, q.device)[block]
         query_rope = torch.where(query_pos >= ws, before + query_pos - ws, query_pos)
         K = key_tokens.shape[1]
         key_rope = torch.arange(K, device=q.device, dtype=torch.int32).expand(M, K).contiguous()
@@ -180,7 +181,7 @@ class TokenSelectAttention(AttentionMethod):
         if c.selection_cache:
             have = [i for i, st in enumerate(states) if st.query[layer] is not None]
             if have:
-                cur = flat_q if len(have) == len(seqs) else flat_q[torch.tensor(have, device=q.device)]
+                cur = flat_q if len(have) == len(seqs) else flat_q[device_tensor(have, torch.int64, q.device)]
                 sim = F.cosine_similarity(cur, torch.stack([states[i].query[layer] for i in have]), dim=-1)
                 for i, s in zip(have, sim.tolist()):
                     reuse[i] = s >= c.selection_cache_threshold
@@ -190,7 +191,7 @@ class TokenSelectAttention(AttentionMethod):
         miss = [i for i, r in enumerate(reuse) if not r]
         if miss:
             limits = [self.window_start(positions[i]) for i in miss]
-            rows = slice(0, len(seqs)) if len(miss) == len(seqs) else torch.tensor(miss, device=q.device)
+            rows = slice(0, len(seqs)) if len(miss) == len(seqs) else device_tensor(miss, torch.int64, q.device)
             picked = self.select(q[rows], seqs[0].cache.flat_k(layer), page_tables[rows], seqs[0].cache.page_size,
                                  limits, batch.rope)
             for i, tokens, limit in zip(miss, picked, limits):

@@ -2,9 +2,9 @@
 
 Paper Sec. 4.3: the selection reads keys straight from the paged cache, never making them contiguous.
 
-Pass 1, `_paged_logits_kernel`. Grid (candidate tiles, kv heads, rows). A program takes BLOCK_N consecutive
-candidates of row r and one kv head g: token -> page_table[t // page_size] * page_size + t % page_size ->
-one [BLOCK_N, d] key tile, loaded once for the GROUP = H / Hkv query heads that read kv head g (padded to 16
+Pass 1, `_paged_logits_kernel`. Grid (candidate tiles x kv heads, rows), kv head fastest. A program takes
+BLOCK_N consecutive candidates of row r and one kv head g: token -> page_table[t // page_size] * page_size
++ t % page_size -> one [BLOCK_N, d] key tile, loaded once for the GROUP = H / Hkv query heads that read kv head g (padded to 16
 rows for tl.dot). It writes the logits sm_scale * q . k [GROUP, BLOCK_N] (fp32) and, per head, the tile's
 max and sum of exp(logit - max): the softmax normaliser in streaming form, without a second read of the
 keys. The [R, H, tiles] partials are merged in torch (log-sum-exp, tiny next to the logits).
@@ -35,14 +35,15 @@ fix_interpreter_if_active()
 @triton.jit
 def _paged_logits_kernel(
     Q, K, PageTables, Starts, Counts, Logits, TileMax, TileSum,
-    H, kv_group, page_size, sm_scale, num_tiles,
+    H, kv_group, num_kv_heads, page_size, sm_scale, num_tiles,
     stride_qr, stride_qh, stride_ks, stride_kh, stride_pr, stride_lr, stride_lh,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_PAD: tl.constexpr,
     OP_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    g = tl.program_id(1)
-    r = tl.program_id(2).to(tl.int64)
+    # the kv heads of one tile are neighbouring programs: they read the same slots' 2 KB rows close in time
+    t = tl.program_id(0) // num_kv_heads
+    g = tl.program_id(0) % num_kv_heads
+    r = tl.program_id(1).to(tl.int64)
     count = tl.load(Counts + r)
     start = tl.load(Starts + r).to(tl.int64)
 
@@ -100,9 +101,9 @@ def _soft_vote_rows(q_rot, k_flat, page_tables, page_size, starts, counts, width
     tile_max = torch.empty((R, H, num_tiles), dtype=torch.float32, device=device)
     tile_sum = torch.empty_like(tile_max)
     op_dtype = _OP_DTYPES.get(k_flat.dtype, tl.float32)
-    _paged_logits_kernel[(num_tiles, Hkv, R)](
+    _paged_logits_kernel[(num_tiles * Hkv, R)](
         q_rot, k_flat, page_tables, starts, counts, logits, tile_max, tile_sum,
-        H, group, page_size, sm_scale, num_tiles,
+        H, group, Hkv, page_size, sm_scale, num_tiles,
         q_rot.stride(0), q_rot.stride(1), k_flat.stride(0), k_flat.stride(1), page_tables.stride(0),
         logits.stride(0), logits.stride(1),
         D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=block_n, GROUP_PAD=max(16, triton.next_power_of_2(group)),
