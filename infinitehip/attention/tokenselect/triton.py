@@ -3,9 +3,9 @@
 Paper Sec. 4.3: the selection reads keys straight from the paged cache, never making them contiguous.
 
 Pass 1, `_paged_logits_kernel`. Grid (candidate tiles x kv heads, rows), kv head fastest. A program takes
-BLOCK_N consecutive candidates of row r and one kv head g: token -> page_table[t // page_size] * page_size + t
-% page_size -> one [BLOCK_N, d] key tile, loaded once for the GROUP = H / Hkv query heads that read kv head g
-(padded to 16 rows for tl.dot). It writes the logits sm_scale * q . k [GROUP, BLOCK_N] (fp32) and, per head,
+BLOCK_N consecutive candidates of row r and one kv head g: token -> slot (page_table[t // page_size] *
+page_size + t % page_size) -> one [BLOCK_N, d] key tile, loaded once for the GROUP = H / Hkv query heads that
+read kv head g (padded to 16 rows for tl.dot). It writes the logits sm_scale * q . k [GROUP, BLOCK_N] (fp32) and, per head,
 the tile's max and sum of exp(logit - max): the softmax normaliser in streaming form, without a second read of
 the keys. The [R, H, tiles] partials are merged in torch (log-sum-exp, tiny next to the logits).
 Pass 2, `_soft_vote_kernel`. Grid (tiles, rows): vote[t] = sum_h exp(logit[h, t] - lse[h]), -inf past the

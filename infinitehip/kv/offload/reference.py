@@ -2,9 +2,9 @@
 
 copy_rows(src, src_rows, dst, dst_rows): for every i with src_rows[i] >= 0 and dst_rows[i] >= 0,
 dst[dst_rows[i]] = src[src_rows[i]]. src and dst are [rows, ...] with the same row shape and may live
-on different devices (the host store and a GPU bank); active dst rows must be distinct. Equal dtypes copy bit-exactly;
-a store in another float dtype (FP8, BF16) is converted to the destination's (a bank in the model's dtype). This
-path selects the active rows with a boolean mask and moves indices between devices, so on CUDA it syncs
+on different devices (the host store and a GPU bank); active dst rows must be distinct. Equal dtypes copy
+bit-exactly; a store in another float dtype (FP8, BF16) is converted to the destination's (a bank in the
+model's dtype). This path selects the active rows with a boolean mask and moves indices between devices, so on CUDA it syncs
 with the host: it is the reference, not the decode path.
 """
 
