@@ -3,8 +3,9 @@
 Host: the store holds K and V of every layer for every token: 2 * L * Hkv * d * element_size(kv_dtype) bytes
 per token, within `host_memory_fraction` of the available host memory.
 GPU: both banks' rows (in bank_dtype, the model's: misses are upcast from an FP8 store), reverse maps and
-stamps are fixed (set by mask_bank_tokens / attention_bank_tokens); the two slot -> bank-index tables add 2 * L * 4 bytes per token; all within `gpu_memory_fraction` of the
-free GPU memory (measured after the model is loaded).
+stamps are fixed (set by mask_bank_tokens / attention_bank_tokens); the two slot -> bank-index tables add
+2 * L * 4 bytes per token; all within `gpu_memory_fraction` of the free GPU memory (measured after the model
+is loaded).
 
 Memory is passed in (`host_available_bytes()` / `gpu_free_bytes()` read the machine) so plans are
 reproducible and testable with fixed numbers. `CapacityPlan.check(tokens)` refuses a request that does
