@@ -82,13 +82,24 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
     seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=args.steps + args.warmup_steps + 1,
                                                  ignore_eos=True))
     sync(device)
+    prof = None
+    if args.profile_prefill:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+        prof.__enter__()
     t0 = time.perf_counter()
     while seq.in_prefill or not seq.output_ids:
         engine.step()
     sync(device)
     prefill_s = time.perf_counter() - t0
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        mode = "offloaded" if offload else "resident"
+        for key in ("cuda_time_total", "cpu_time_total"):
+            print(f"profile of the prefill ({mode}), by {key}:")
+            print(prof.key_averages().table(sort_by=key, row_limit=args.profile_rows, max_name_column_width=60))
+        prof = None
     prefill_stats = engine.kv_stats()
-    step_s, prof = [], None
+    step_s = []
     while not seq.is_finished:
         if len(step_s) == args.warmup_steps and offload is not None:
             engine.cache.reset_stats()  # decode hit ratios over the timed steps (graph replays included)
@@ -154,6 +165,7 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--profile-steps", type=int, default=0, help="profile the last N timed decode steps (kernel table)")
     p.add_argument("--profile-rows", type=int, default=25)
+    p.add_argument("--profile-prefill", action="store_true", help="kernel and host tables of the prefill")
     p.add_argument("--kv-dtype", default="auto", help="host store dtype when offloaded (auto, fp8_e4m3, fp8_e5m2)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny random model, 700 tokens, 8 steps, tokens checked")
     args = p.parse_args()
