@@ -274,6 +274,28 @@ def test_triton_and_reference_give_identical_banks_tables_and_stats(seed):
     assert torch.equal(ref.store.k, tri.store.k) and torch.equal(ref.store.v, tri.store.v)
 
 
+@pytest.mark.parametrize("bank_tokens", [3000])
+def test_triton_equals_reference_on_calls_of_thousands_of_requests(bank_tokens):
+    """Calls of 4,500 requests (duplicates, padding) span 18 finish programs; with a 3,000-entry bank the calls
+    overflow. Outputs, tables, reverse maps, stamps, LRU order and counters must equal the reference."""
+    slots = 9000
+    systems = {impl: make_kv(impl, slots=slots, mask_bank=16, attention_bank=bank_tokens, seed=6)[0] for impl in IMPLS}
+    rng = random.Random(bank_tokens)
+    for i, call in enumerate(random_trace(rng, 3, slots, 4500, 7000)):
+        out = {impl: kv.resolve_attention(1, as_tensor(call)) for impl, kv in systems.items()}
+        assert torch.equal(out["reference"], out["triton"]), f"call {i}"
+    ref, tri = systems["reference"].attention_bank, systems["triton"].attention_bank
+    S, B = ref.num_slots, ref.bank_tokens  # (the last entry of each is the reference's masked-write sink)
+    assert torch.equal(ref.table[:, :S], tri.table[:, :S])
+    for name in ("owner", "last_used"):
+        assert torch.equal(getattr(ref, name)[:, :B], getattr(tri, name)[:, :B]), name
+    for name in ("clock", "hits", "misses", "overflows"):
+        assert torch.equal(getattr(ref, name), getattr(tri, name)), name
+    assert torch.equal(ref.lru_order(1), tri.lru_order(1))
+    assert torch.equal(ref.k, tri.k) and torch.equal(ref.v, tri.v)
+    assert sum(ref.stats().overflows) > 0
+
+
 def test_triton_row_copy_matches_reference_for_every_storage_dtype():
     from infinitehip.kv.offload.reference import copy_rows_reference
     from infinitehip.kv.offload.triton import copy_rows_triton
@@ -373,6 +395,7 @@ def assert_same_state(bank, layer, oracle, msg):
     (96, 16, 16, 12, 30),   # calls as large as the bank: every distinct slot list fits exactly or nearly
     (512, 64, 48, 80, 40),  # larger trace
     (300, 128, 40, 60, 30), # bank never full: free entries are taken by index
+    (9000, 4500, 4200, 7000, 2),  # calls of > 4096 requests: two lookup steps and 17 finish programs
 ])
 def test_explicit_lru_order_matches_the_topk_oracle_exactly(impl, slots, bank_tokens, per_call, hot, steps):
     from infinitehip.kv.offload.resolve import invalidate

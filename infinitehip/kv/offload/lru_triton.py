@@ -1,19 +1,24 @@
 """The LRU bookkeeping of `resolve` / `invalidate` as Triton kernels; same results as the torch version in
 `resolve.py` (`impl="reference"`, the oracle the tests compare with). See `resolve.py` for the design.
 
-resolve after the dedupe sort, three launches:
+resolve after the dedupe sort, four launches:
   _lookup_kernel   (1 program, loops over the N sorted requests): clock += 1; hits / misses from the table;
                    stamps the hit entries (last_used = stamp: "requested in this call"); writes
-                   meta = (stamp, hits, misses) and zeroes the partition's publish flags;
+                   meta = (stamp, hits, misses), the hits and misses of every sub-block of SUB requests (the
+                   finish programs' prefixes) and zeroes the partition's publish flags;
   _partition_kernel (cdiv(B, BLOCK_B) programs <= 128, all co-resident): each program reads its block of
                    `order` and the stamps of those entries, publishes its count of non-hit entries,
                    waits for the counts of the programs before it (a prefix over at most 128 flags), then
                    writes the victims (the first min(misses, B - hits) non-hit entries) and moves every other
                    non-hit entry left, in place: a program stores only below its own block, into blocks whose
                    programs have already read them (they published after reading);
-  _finish_kernel   (1 program, loops over N): victims -> table / reverse map / stamps, the requested entries
-                   appended to `order` in sorted-slot order, copy lists for the row copy, counters, and the
-                   output indices (read back from the table, scattered to the request order).
+  _finish_kernel   (one program per sub-block of SUB requests; its miss and placement ranks start at the sums
+                   of the earlier sub-blocks' counts): victims -> table / reverse map / stamps, the requested
+                   entries appended to `order` in sorted-slot order, copy lists for the row copy. Programs
+                   never touch the same entry: victims are distinct, evicted slots are never requested, and
+                   each requested slot is handled by the program holding its first request;
+  _output_kernel   (one program per sub-block, after every table write): the output indices read back from
+                   the table and scattered to the request order; program 0 adds the counters.
 invalidate: one program; the O(B) re-partition (free entries first, by index) runs only when a slot was
 resident (a device-side branch: nothing to do costs one short launch).
 Under TRITON_INTERPRET=1 programs run one after another in order, so the publish / wait handshake never
@@ -34,7 +39,9 @@ MAX_PROGRAMS = 128  # partition programs; all must be resident at once (the wait
 # requests per loop step of the one-program kernels (fewer steps = a shorter chain of dependent loads):
 # largest blocks without register spills on sm_90 (bench/ptxas_report.py's offline compile)
 LOOKUP_BLOCK, LOOKUP_WARPS = 4096, 16
-FINISH_BLOCK, FINISH_WARPS = 2048, 8
+FINISH_BLOCK, FINISH_WARPS = 2048, 8  # the invalidate kernel's loop step
+SUB = 256  # requests per finish / output program (the lookup records counts per SUB requests)
+PREFIX_BLOCK = 1024  # sub-block counts summed per loop step of a finish program
 
 
 @triton.jit
@@ -50,8 +57,8 @@ def _first_requests(Sorted, Table, i, n):
 
 
 @triton.jit
-def _lookup_kernel(Sorted, Table, LastUsed, Clock, Meta, Flags, n, num_flags,
-                   BLOCK_N: tl.constexpr, FLAGS: tl.constexpr):
+def _lookup_kernel(Sorted, Table, LastUsed, Clock, Meta, Flags, SubHits, SubMisses, n, num_flags, num_sub,
+                   BLOCK_N: tl.constexpr, FLAGS: tl.constexpr, SUB: tl.constexpr):
     stamp = tl.load(Clock) + 1
     tl.store(Clock, stamp)
     num_hits = tl.sum(tl.zeros([BLOCK_N], dtype=tl.int32), 0)
@@ -59,9 +66,13 @@ def _lookup_kernel(Sorted, Table, LastUsed, Clock, Meta, Flags, n, num_flags,
     for start in range(0, n, BLOCK_N):
         m, s, first, cur = _first_requests(Sorted, Table, start + tl.arange(0, BLOCK_N), n)
         hit = first & (cur >= 0)
+        miss = first & (cur < 0)
         tl.store(LastUsed + cur, stamp, mask=hit)
         num_hits += tl.sum(hit.to(tl.int32), 0)
-        num_misses += tl.sum((first & (cur < 0)).to(tl.int32), 0)
+        num_misses += tl.sum(miss.to(tl.int32), 0)
+        j = start // SUB + tl.arange(0, BLOCK_N // SUB)  # the sub-blocks of this step
+        tl.store(SubHits + j, tl.sum(tl.reshape(hit.to(tl.int32), (BLOCK_N // SUB, SUB)), 1), mask=j < num_sub)
+        tl.store(SubMisses + j, tl.sum(tl.reshape(miss.to(tl.int32), (BLOCK_N // SUB, SUB)), 1), mask=j < num_sub)
     tl.store(Meta, stamp)
     tl.store(Meta + 1, num_hits.to(tl.int64))
     tl.store(Meta + 2, num_misses.to(tl.int64))
@@ -95,46 +106,55 @@ def _partition_kernel(Order, LastUsed, Meta, Victims, Flags, B, BLOCK_B: tl.cons
 
 
 @triton.jit
-def _finish_kernel(Sorted, Perm, Out, Table, Owner, LastUsed, Order, Meta, Victims, Src, Dst,
-                   Hits, Misses, Overflows, n, B, BLOCK_N: tl.constexpr):
+def _finish_kernel(Sorted, Table, Owner, LastUsed, Order, Meta, Victims, Src, Dst, SubHits, SubMisses, n, B,
+                   SUB: tl.constexpr, PREFIX_BLOCK: tl.constexpr):
+    b = tl.program_id(0)
     stamp = tl.load(Meta)
     num_hits = tl.load(Meta + 1).to(tl.int32)
     num_misses = tl.load(Meta + 2).to(tl.int32)
     avail = B - num_hits
     placed_total = num_hits + tl.minimum(num_misses, avail)
-    miss_base = tl.sum(tl.zeros([BLOCK_N], dtype=tl.int32), 0)
-    placed_base = tl.sum(tl.zeros([BLOCK_N], dtype=tl.int32), 0)
-    for start in range(0, n, BLOCK_N):
-        i = start + tl.arange(0, BLOCK_N)
-        m, s, first, cur = _first_requests(Sorted, Table, i, n)  # the table is unchanged since the lookup here
-        hit = first & (cur >= 0)
-        miss = first & (cur < 0)
-        rank = miss_base + tl.cumsum(miss.to(tl.int32), 0) - 1
-        placed_miss = miss & (rank < avail)
-        victim = tl.load(Victims + rank, mask=placed_miss, other=0)
-        evicted = tl.load(Owner + victim, mask=placed_miss, other=-1)
-        tl.store(Table + evicted, tl.full([BLOCK_N], -1, tl.int32), mask=placed_miss & (evicted >= 0))
-        tl.store(Table + s, victim, mask=placed_miss)
-        tl.store(Owner + victim, s.to(tl.int32), mask=placed_miss)
-        tl.store(LastUsed + victim, tl.zeros([BLOCK_N], dtype=tl.int64) + stamp, mask=placed_miss)
-        placed = hit | placed_miss
-        prank = placed_base + tl.cumsum(placed.to(tl.int32), 0) - 1
-        tl.store(Order + (B - placed_total + prank), tl.where(hit, cur, victim), mask=placed)
-        tl.store(Src + i, tl.where(placed_miss, s, -1).to(tl.int32), mask=m)
-        tl.store(Dst + i, tl.where(placed_miss, victim, -1), mask=m)
-        miss_base += tl.sum(miss.to(tl.int32), 0)
-        placed_base += tl.sum(placed.to(tl.int32), 0)
-    tl.debug_barrier()  # the table writes above before the reads below
-    for start in range(0, n, BLOCK_N):
-        i = start + tl.arange(0, BLOCK_N)
-        m = i < n
-        s = tl.load(Sorted + i, mask=m, other=-1)
-        idx = tl.load(Table + s, mask=m & (s >= 0), other=-1)
-        dst = tl.load(Perm + i, mask=m, other=0)
-        tl.store(Out + dst, idx, mask=m)
-    tl.store(Hits, tl.load(Hits) + num_hits)
-    tl.store(Misses, tl.load(Misses) + num_misses)
-    tl.store(Overflows, tl.load(Overflows) + (num_hits + num_misses > B).to(tl.int64))
+    hits_before = tl.sum(tl.zeros([PREFIX_BLOCK], dtype=tl.int32), 0)
+    misses_before = tl.sum(tl.zeros([PREFIX_BLOCK], dtype=tl.int32), 0)
+    for start in range(0, b, PREFIX_BLOCK):  # the earlier sub-blocks' counts
+        j = start + tl.arange(0, PREFIX_BLOCK)
+        hits_before += tl.sum(tl.load(SubHits + j, mask=j < b, other=0), 0)
+        misses_before += tl.sum(tl.load(SubMisses + j, mask=j < b, other=0), 0)
+    i = b * SUB + tl.arange(0, SUB)
+    m, s, first, cur = _first_requests(Sorted, Table, i, n)  # this program's own slots: unchanged since the lookup
+    hit = first & (cur >= 0)
+    miss = first & (cur < 0)
+    rank = misses_before + tl.cumsum(miss.to(tl.int32), 0) - 1
+    placed_miss = miss & (rank < avail)
+    victim = tl.load(Victims + rank, mask=placed_miss, other=0)
+    evicted = tl.load(Owner + victim, mask=placed_miss, other=-1)
+    tl.store(Table + evicted, tl.full([SUB], -1, tl.int32), mask=placed_miss & (evicted >= 0))
+    tl.store(Table + s, victim, mask=placed_miss)
+    tl.store(Owner + victim, s.to(tl.int32), mask=placed_miss)
+    tl.store(LastUsed + victim, tl.zeros([SUB], dtype=tl.int64) + stamp, mask=placed_miss)
+    placed = hit | placed_miss
+    placed_before = hits_before + tl.maximum(tl.minimum(misses_before, avail), 0)
+    prank = placed_before + tl.cumsum(placed.to(tl.int32), 0) - 1
+    tl.store(Order + (B - placed_total + prank), tl.where(hit, cur, victim), mask=placed)
+    tl.store(Src + i, tl.where(placed_miss, s, -1).to(tl.int32), mask=m)
+    tl.store(Dst + i, tl.where(placed_miss, victim, -1), mask=m)
+
+
+@triton.jit
+def _output_kernel(Sorted, Perm, Out, Table, Meta, Hits, Misses, Overflows, n, B, SUB: tl.constexpr):
+    b = tl.program_id(0)
+    i = b * SUB + tl.arange(0, SUB)
+    m = i < n
+    s = tl.load(Sorted + i, mask=m, other=-1)
+    idx = tl.load(Table + s, mask=m & (s >= 0), other=-1)
+    dst = tl.load(Perm + i, mask=m, other=0)
+    tl.store(Out + dst, idx, mask=m)
+    if b == 0:
+        num_hits = tl.load(Meta + 1)
+        num_misses = tl.load(Meta + 2)
+        tl.store(Hits, tl.load(Hits) + num_hits)
+        tl.store(Misses, tl.load(Misses) + num_misses)
+        tl.store(Overflows, tl.load(Overflows) + (num_hits + num_misses > B).to(tl.int64))
 
 
 @triton.jit
@@ -195,13 +215,16 @@ def lru_resolve_triton(table, owner, last_used, order, clock, hits, misses, over
     meta = torch.empty(4, dtype=torch.int64, device=device)
     flags = torch.empty(MAX_PROGRAMS, dtype=torch.int32, device=device)
     victims = torch.empty(min(n, B), dtype=torch.int32, device=device)
-    fit = max(128, triton.next_power_of_2(n))
-    _lookup_kernel[(1,)](s_sorted, table, last_used, clock, meta, flags, n, grid_b,
-                         BLOCK_N=min(LOOKUP_BLOCK, fit), FLAGS=MAX_PROGRAMS, num_warps=LOOKUP_WARPS)
+    num_sub = triton.cdiv(n, SUB)
+    sub_counts = torch.empty((2, num_sub), dtype=torch.int32, device=device)  # hits, misses per SUB requests
+    fit = max(SUB, triton.next_power_of_2(n))
+    _lookup_kernel[(1,)](s_sorted, table, last_used, clock, meta, flags, sub_counts[0], sub_counts[1], n, grid_b, num_sub,
+                         BLOCK_N=min(LOOKUP_BLOCK, fit), FLAGS=MAX_PROGRAMS, SUB=SUB, num_warps=LOOKUP_WARPS)
     _partition_kernel[(grid_b,)](order, last_used, meta, victims, flags, B,
                                  BLOCK_B=block_b, FLAGS=MAX_PROGRAMS, num_warps=8 if block_b <= 4096 else 16, num_stages=1)
-    _finish_kernel[(1,)](s_sorted, perm, out, table, owner, last_used, order, meta, victims, src_rows, dst_rows,
-                         hits, misses, overflows, n, B, BLOCK_N=min(FINISH_BLOCK, fit), num_warps=FINISH_WARPS, num_stages=1)
+    _finish_kernel[(num_sub,)](s_sorted, table, owner, last_used, order, meta, victims, src_rows, dst_rows,
+                               sub_counts[0], sub_counts[1], n, B, SUB=SUB, PREFIX_BLOCK=PREFIX_BLOCK, num_warps=4)
+    _output_kernel[(num_sub,)](s_sorted, perm, out, table, meta, hits, misses, overflows, n, B, SUB=SUB, num_warps=4)
 
 
 def lru_invalidate_triton(table, owner, last_used, order, slots, S: int, B: int) -> None:

@@ -37,10 +37,11 @@ top-k. Steps of one call:
 it on the device when none of the slots was resident, the usual case for newly written tokens).
 
 Two implementations with identical results: `impl="reference"` runs steps 2-4 and 6 as eager torch ops
-(sync-free; the oracle, plus the syncing reference row copy) and `impl="triton"` runs them in three
+(sync-free; the oracle, plus the syncing reference row copy) and `impl="triton"` runs them in four
 kernels (`lru_triton.py`): lookup (one program over N), partition (<= 128 programs over B; each waits for
-its predecessors' counts, published on the device) and finish (one program over N). A call with
-impl="triton" is: sort (1-3 launches) + 3 kernels + the row copy of k (and v). Memory per entry is
+its predecessors' counts, published on the device), finish and output (one program per 256 requests,
+ranks offset by the counts the lookup recorded per 256 requests). A call with
+impl="triton" is: sort (1-3 launches) + 4 kernels + the row copy of k (and v). Memory per entry is
 unchanged (owner int32 4 + last_used int64 8 + order int32 4 = 16 bytes; owner was int64 before).
 
 A call must not request more distinct slots than the bank holds: there would be fewer victims than
