@@ -25,6 +25,7 @@ from typing import Any, Callable, ClassVar, Hashable
 
 import torch
 
+from infinitehip.attention.host_values import device_tensor
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache
 from infinitehip.model.rope import RotaryEmbedding
@@ -91,7 +92,7 @@ class ForwardBatch:
     @cached_property
     def decode_positions(self) -> torch.Tensor:
         """[B] int64 cache index (= position) of each decode token."""
-        return torch.tensor([s.start_pos for s in self.decode], dtype=torch.long).to(self.cache.device, non_blocking=True)
+        return device_tensor([s.start_pos for s in self.decode], torch.long, self.cache.device)
 
     @cached_property
     def decode_page_tables(self) -> torch.Tensor:
