@@ -39,7 +39,7 @@ MAX_PROGRAMS = 128  # partition programs; all must be resident at once (the wait
 # requests per loop step of the one-program kernels (fewer steps = a shorter chain of dependent loads):
 # largest blocks without register spills on sm_90 (bench/ptxas_report.py's offline compile)
 LOOKUP_BLOCK, LOOKUP_WARPS = 4096, 16
-FINISH_BLOCK, FINISH_WARPS = 2048, 8  # the invalidate kernel's loop step
+INVALIDATE_BLOCK = 2048  # requests per loop step of the invalidate kernel
 SUB = 256  # requests per finish / output program (the lookup records counts per SUB requests)
 PREFIX_BLOCK = 1024  # sub-block counts summed per loop step of a finish program
 
@@ -230,5 +230,5 @@ def lru_resolve_triton(table, owner, last_used, order, clock, hits, misses, over
 def lru_invalidate_triton(table, owner, last_used, order, slots, S: int, B: int) -> None:
     n = slots.numel()
     _invalidate_kernel[(1,)](slots, table, owner, last_used, order, n, S, B,
-                             BLOCK_N=min(FINISH_BLOCK, max(128, triton.next_power_of_2(n))), BLOCK_B=4096,
+                             BLOCK_N=min(INVALIDATE_BLOCK, max(128, triton.next_power_of_2(n))), BLOCK_B=4096,
                              num_warps=8, num_stages=1)
