@@ -22,13 +22,19 @@ fix_interpreter_if_active()
 
 
 @triton.jit
-def _copy_rows_kernel(Src, SrcRows, Dst, DstRows, row_words, stride_src, stride_dst, BLOCK: tl.constexpr):
+def _row_tile(SrcRows, DstRows, row_len, BLOCK: tl.constexpr):
+    """This program's (source row, destination row, offsets in the row, mask): grid (rows, row tiles); a
+    negative source or destination row masks everything."""
     r = tl.program_id(0)
-    tile = tl.program_id(1)
     s = tl.load(SrcRows + r).to(tl.int64)
     d = tl.load(DstRows + r).to(tl.int64)
-    offs = tile * BLOCK + tl.arange(0, BLOCK)
-    ok = (offs < row_words) & (s >= 0) & (d >= 0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    return s, d, offs, (offs < row_len) & (s >= 0) & (d >= 0)
+
+
+@triton.jit
+def _copy_rows_kernel(Src, SrcRows, Dst, DstRows, row_words, stride_src, stride_dst, BLOCK: tl.constexpr):
+    s, d, offs, ok = _row_tile(SrcRows, DstRows, row_words, BLOCK)
     x = tl.load(Src + s * stride_src + offs, mask=ok, other=0)
     tl.store(Dst + d * stride_dst + offs, x, mask=ok)
 
@@ -36,15 +42,10 @@ def _copy_rows_kernel(Src, SrcRows, Dst, DstRows, row_words, stride_src, stride_
 @triton.jit
 def _copy_rows_convert_kernel(Src, SrcRows, Dst, DstRows, row_elems, stride_src, stride_dst, SRC_FORMAT: tl.constexpr,
                               BLOCK: tl.constexpr):
-    """Src: uint8 bytes of FP8 rows; Dst: float rows. Normal values are rebuilt as fp32 bit patterns,
-    subnormals as sign * 2^(1 - bias) * m / 2^M (exact products); e4m3fn has no infinities and one NaN code
-    (e = 15, m = 7)."""
-    r = tl.program_id(0)
-    tile = tl.program_id(1)
-    s = tl.load(SrcRows + r).to(tl.int64)
-    d = tl.load(DstRows + r).to(tl.int64)
-    offs = tile * BLOCK + tl.arange(0, BLOCK)
-    ok = (offs < row_elems) & (s >= 0) & (d >= 0)
+    """Dst: float rows. Src: rows Triton loads as floats (SRC_FORMAT 0) or the uint8 bytes of FP8 rows (1: e4m3fn,
+    2: e5m2). FP8 normal values are rebuilt as fp32 bit patterns, subnormals as sign * 2^(1 - bias) * m / 2^M
+    (exact products); e4m3fn has no infinities and one NaN code (e = 15, m = 7)."""
+    s, d, offs, ok = _row_tile(SrcRows, DstRows, row_elems, BLOCK)
     if SRC_FORMAT == 0:  # a torch float dtype Triton loads (bf16 / fp16 / fp32)
         value = tl.load(Src + s * stride_src + offs, mask=ok, other=0).to(tl.float32)
         tl.store(Dst + d * stride_dst + offs, value.to(Dst.dtype.element_ty), mask=ok)
