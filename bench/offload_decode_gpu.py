@@ -9,6 +9,12 @@ and the banks' hit ratios (prefill and decode separately).
 --model random8b: Llama-3.1-8B shape with RANDOM bf16 weights (bench/decode_gpu.py's setup; tokens are noise).
 --model embedded: the embedded model; with --passkey the prompt is a passkey sample and the reply is checked.
 --compare-resident also runs the resident engine (same prompt) and checks the greedy tokens are identical.
+--fast-prefill (random8b only: decode timing at contexts whose real prefill would take most of a device session):
+the prompt's K/V and landmark saliency are computed and written as in a real prefill, but the prefill's sparse
+attention (pruning + block-sparse attention) is replaced by zeros. With random weights the cache is noise
+either way; decode runs the real method. Reported as such wherever used.
+--phase-times: where the prefill's time goes (synchronised wall time per phase: pruning stages, block-sparse
+attention, saliency, KV writes, bank resolves), resident vs offloaded.
 Bank sizes default to the worst case of one resolve call at the context (what the engine requires), the
 attention bank at least --min-attention-bank tokens; the planner's summary line is printed at start-up.
 """
@@ -68,6 +74,51 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def use_fast_prefill() -> None:
+    """Prefill writes K/V and saliency as usual; its attention output is zeros (see --fast-prefill)."""
+    from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
+
+    def prefill(self, layer, q, seq, batch):
+        self._update_saliency(layer, q, seq, batch)
+        return torch.zeros_like(q)
+
+    InfiniteHiPAttention.prefill = prefill
+
+
+PHASES: dict[str, float] = {}
+
+
+def time_phases(device: torch.device) -> None:
+    """Wrap the prefill's phases with synchronised timers (PHASES: name -> seconds; nested phases overlap)."""
+    from infinitehip.attention.infinitehip import method, offload_access, saliency
+    from infinitehip.kv.offload import offloaded
+    from infinitehip.kv.offload.paged import OffloadedPagedCache
+
+    def timed(owner, name, label):
+        inner = getattr(owner, name)
+
+        def wrapper(*a, **kw):
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return inner(*a, **kw)  # no syncs inside a graph capture
+            sync(device)
+            t = time.perf_counter()
+            out = inner(*a, **kw)
+            sync(device)
+            PHASES[label] = PHASES.get(label, 0.0) + time.perf_counter() - t
+            return out
+
+        setattr(owner, name, wrapper)
+
+    timed(method.InfiniteHiPAttention, "prefill", "prefill attention (all)")
+    timed(method.InfiniteHiPAttention, "_stage", "pruning stages")
+    timed(method.InfiniteHiPAttention, "_attend_prefill", "block-sparse attention")
+    timed(saliency.KeySaliency, "update", "landmark saliency")
+    timed(offload_access.RepresentativeKeys, "__call__", "mask-bank resolve + table")
+    timed(offloaded.OffloadedKV, "resolve_attention", "attention-bank resolve")
+    timed(offloaded.OffloadedKV, "write", "KV write (offloaded)")
+    timed(OffloadedPagedCache, "token_table", "token tables")
+
+
 def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig | None, context: int, args) -> dict:
     device = loaded.model.embed_tokens.weight.device if hasattr(loaded.model, "embed_tokens") else next(loaded.model.parameters()).device
     engine = LLMEngine(EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype,
@@ -82,6 +133,7 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
     seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=args.steps + args.warmup_steps + 1,
                                                  ignore_eos=True))
     sync(device)
+    PHASES.clear()
     prof = None
     if args.profile_prefill:
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
@@ -91,6 +143,7 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
         engine.step()
     sync(device)
     prefill_s = time.perf_counter() - t0
+    phases = {k: v for k, v in PHASES.items() if v > 0}
     if prof is not None:
         prof.__exit__(None, None, None)
         mode = "offloaded" if offload else "resident"
@@ -116,7 +169,8 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
         prof.__exit__(None, None, None)
         print(f"profile of the last {args.profile_steps} decode steps ({'offloaded' if offload else 'resident'}):")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.profile_rows, max_name_column_width=60))
-    timed = step_s[args.warmup_steps:] or step_s
+    # the profiled steps (the last profile_steps) are slowed by the profiler: not timed
+    timed = step_s[args.warmup_steps : len(step_s) - args.profile_steps] or step_s
     decode_stats = engine.kv_stats()
     graphs = engine.runner.graph_decoder
     text = engine.tokenizer.decode(seq.output_ids, skip_special_tokens=True) if engine.tokenizer is not None else ""
@@ -129,7 +183,9 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
         * torch.empty(0, dtype=getattr(torch, args.dtype)).element_size() * len(ids) / 1e9,
         peak_gpu_gb=torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else 0.0,
         setup_gpu_gb=setup_bytes / 1e9,
-        bank_gb=engine.cache.device_bytes / 1e9 if offload is not None else 0.0,
+        bank_gb=(engine.cache.device_bytes - engine.cache.kv.store.device_bytes) / 1e9 if offload is not None else 0.0,
+        store_gpu_gb=engine.cache.kv.store.device_bytes / 1e9 if offload is not None else 0.0,
+        phases=phases,
         captures=graphs.captures if graphs else 0, replays=graphs.replays if graphs else 0,
         plan=engine.kv_plan.summary if engine.kv_plan is not None else "",
     )
@@ -163,14 +219,22 @@ def main() -> None:
     p.add_argument("--compare-resident", action="store_true", help="also run with the KV resident; tokens must match")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--profile-steps", type=int, default=0, help="profile the last N timed decode steps (kernel table)")
+    p.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps after the timed ones (kernel table; --steps counts them, they are not timed)")
     p.add_argument("--profile-rows", type=int, default=25)
     p.add_argument("--profile-prefill", action="store_true", help="kernel and host tables of the prefill")
     p.add_argument("--kv-dtype", default="auto", help="host store dtype when offloaded (auto, fp8_e4m3, fp8_e5m2)")
+    p.add_argument("--fast-prefill", action="store_true", help="random8b: prefill attention replaced by zeros (see above)")
+    p.add_argument("--phase-times", action="store_true", help="synchronised wall time per prefill phase")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny random model, 700 tokens, 8 steps, tokens checked")
     args = p.parse_args()
     if args.passkey and args.model != "embedded":
         p.error("--passkey needs --model embedded (random weights cannot answer)")
+    if args.fast_prefill and args.model != "random8b":
+        p.error("--fast-prefill is for random weights only (a real model's answer needs the real prefill)")
+    if args.fast_prefill:
+        use_fast_prefill()
+    if args.phase_times:
+        time_phases(torch.device("cpu" if args.smoke else "cuda"))
 
     if args.smoke:
         args.contexts, args.steps, args.warmup_steps, args.chunk = [700], 8, 2, 128
@@ -203,7 +267,11 @@ def main() -> None:
                 print(f"{'offloaded' if mode else 'resident'} at {context}: out of GPU memory ({str(e)[:160]})", flush=True)
                 torch.cuda.empty_cache()
         for r in results:
-            print({k: v for k, v in r.items() if k != "tokens"}, flush=True)
+            print({k: v for k, v in r.items() if k not in ("tokens", "phases")}, flush=True)
+            if r["phases"]:
+                print(f"prefill phases ({r['mode']}, {r['prefill_s']:.1f} s in all; nested phases overlap): "
+                      + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(r["phases"].items(), key=lambda kv: -kv[1])),
+                      flush=True)
         if args.compare_resident and len(results) >= 2:
             same = results[0]["tokens"] == results[1]["tokens"]
             failures += not same
@@ -216,14 +284,15 @@ def main() -> None:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke else "cpu"
     print(f"\ndevice: {device}, torch {torch.__version__}; model: {loaded.source} ({weights_gb:.2f} GB weights); "
-          f"preset {'tiny' if args.smoke else args.preset}; graphs {'off' if args.no_graphs else 'on'}\n")
-    print("| context | KV | prefill s | decode ms/step | tok/s | peak GPU GB | banks GB | resident KV GB | "
+          f"preset {'tiny' if args.smoke else args.preset}; graphs {'off' if args.no_graphs else 'on'}; "
+          f"prefill {'FAST (attention replaced by zeros)' if args.fast_prefill else 'real'}\n")
+    print("| context | KV | prefill s | decode ms/step | tok/s | peak GPU GB | banks GB | store on GPU GB | resident KV GB | "
           "mask hit (prefill/decode) | attention hit (prefill/decode) | graphs | passkey |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :-: |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :-: |")
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     for r in rows:
         print(f"| {r['context']:,} | {r['mode']} | {r['prefill_s']:.1f} | {r['step_ms']:.2f} | {1e3 / r['step_ms']:.1f} | "
-              f"{r['peak_gpu_gb']:.1f} | {r['bank_gb']:.2f} | {r['resident_kv_gb']:.2f} | "
+              f"{r['peak_gpu_gb']:.1f} | {r['bank_gb']:.2f} | {r['store_gpu_gb']:.2f} | {r['resident_kv_gb']:.2f} | "
               f"{fmt(r['prefill_mask_hit'])} / {fmt(r['decode_mask_hit'])} | "
               f"{fmt(r['prefill_attention_hit'])} / {fmt(r['decode_attention_hit'])} | {r['captures']}/{r['replays']} | "
               f"{r['passkey']} |")

@@ -123,7 +123,7 @@ def main() -> int:
     total = ARGS.warmup + 2 * ARGS.steps
     trace = make_trace(total, ARGS.slots, ARGS.requested, ARGS.hit_ratio, device)
     bank, store = kv.attention_bank, kv.store
-    row_bytes = 2 * ARGS.kv_heads * ARGS.head_dim * store.k.element_size()
+    row_bytes = 2 * ARGS.kv_heads * ARGS.head_dim * store.k[0].element_size()
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "args": vars(ARGS)}
 
     for i in range(ARGS.warmup):
@@ -170,8 +170,8 @@ def main() -> int:
     results["rows_match_host_store"] = bool(ok_k and ok_v)
 
     ref = build(device, "reference")
-    ref.store.k.copy_(store.k)
-    ref.store.v.copy_(store.v)
+    ref.store.k[0].copy_(store.k[0])
+    ref.store.v[0].copy_(store.v[0])
     for i in range(ARGS.warmup):
         resolve(ref.attention_bank, ref.store, 0, trace[i], impl="reference")
     ref_us = timed(lambda i: resolve(ref.attention_bank, ref.store, 0, trace[ARGS.warmup + i], impl="reference"),
@@ -179,8 +179,8 @@ def main() -> int:
     results["reference_us"] = statistics.median(ref_us)
     if ARGS.smoke:  # the two copy paths must leave identical banks after the same trace
         fresh = build(device, "triton")
-        fresh.store.k.copy_(store.k)
-        fresh.store.v.copy_(store.v)
+        fresh.store.k[0].copy_(store.k[0])
+        fresh.store.v[0].copy_(store.v[0])
         for i in range(ARGS.warmup + ARGS.steps):
             resolve(fresh.attention_bank, fresh.store, 0, trace[i], impl="triton")
         a, b, B, S = fresh.attention_bank, ref.attention_bank, ARGS.bank, ARGS.slots

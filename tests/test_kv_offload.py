@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 from infinitehip.config.offload import OffloadConfig  # noqa: E402
-from infinitehip.kv.offload import OffloadedKV  # noqa: E402
+from infinitehip.kv.offload import KVStore, OffloadedKV  # noqa: E402
 from infinitehip.kv.offload.copy_rows import copy_rows  # noqa: E402
 
 if "infinitehip.kv.offload.triton" in sys.modules:  # decorated before TRITON_INTERPRET was set
@@ -32,11 +32,11 @@ IMPLS = ("reference", "triton")
 LAYERS, HKV, D = 2, 2, 8
 
 
-def make_kv(impl, slots=96, mask_bank=8, attention_bank=8, kv_dtype="float32", seed=0):
+def make_kv(impl, slots=96, mask_bank=8, attention_bank=8, kv_dtype="float32", seed=0, store_device_layers=0):
     """An offloaded KV with fresh random rows in every slot of every layer; returns (kv, k rows, v rows)."""
     cfg = OffloadConfig(offload_enabled=True, mask_bank_tokens=mask_bank, attention_bank_tokens=attention_bank,
                         kv_dtype=kv_dtype, offload_impl=impl)
-    kv = OffloadedKV(cfg, LAYERS, slots, HKV, D, torch.float32, DEVICE)
+    kv = OffloadedKV(cfg, LAYERS, slots, HKV, D, torch.float32, DEVICE, store_device_layers=store_device_layers)
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(LAYERS, slots, HKV, D, generator=g)
     v = torch.randn(LAYERS, slots, HKV, D, generator=g)
@@ -193,8 +193,12 @@ def test_overflowing_call_is_counted(impl):
 # ---- data ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "fp8_e4m3", "fp8_e5m2"])
-def test_rows_read_through_returned_indices_equal_the_host_store(impl, kv_dtype):
-    kv, _, _ = make_kv(impl, slots=64, mask_bank=12, attention_bank=10, kv_dtype=kv_dtype, seed=3)
+@pytest.mark.parametrize("store_device_layers", [0, 1])
+def test_rows_read_through_returned_indices_equal_the_store(impl, kv_dtype, store_device_layers):
+    """store_device_layers 1: the last layer's store was spilled to the device (misses: device-to-device copies)."""
+    kv, _, _ = make_kv(impl, slots=64, mask_bank=12, attention_bank=10, kv_dtype=kv_dtype, seed=3,
+                       store_device_layers=store_device_layers)
+    assert [t.device.type for t in kv.store.k] == ["cpu"] * (LAYERS - store_device_layers) + [DEVICE.type] * store_device_layers
     for bank in kv.banks:  # poison: a row the resolve forgot to write shows
         for t in (bank.k, bank.v):
             if t is not None:
@@ -216,6 +220,20 @@ def test_rows_read_through_returned_indices_equal_the_host_store(impl, kv_dtype)
         assert torch.equal(raw(kv.attention_bank.flat_v(layer)[att_idx[keep].long()]), raw(want_v))
     with pytest.raises(ValueError, match="keys only"):
         kv.mask_bank.flat_v(0)
+
+
+def test_store_layout_with_spilled_layers():
+    store = KVStore(3, 10, HKV, D, torch.bfloat16, pin_memory=False, device_layers=2, device=DEVICE)
+    assert [t.device.type for t in store.k + store.v] == ["cpu", DEVICE.type, DEVICE.type] * 2
+    assert all(t.shape == (10, HKV, D) and t.dtype == torch.bfloat16 for t in store.k + store.v)
+    assert store.bytes_per_token == 2 * 3 * HKV * D * 2 and store.device_bytes == 2 * 10 * 2 * HKV * D * 2
+    rows = torch.randn(2, HKV, D, device=DEVICE)
+    for layer in range(3):
+        store.write(layer, torch.tensor([7, 2], device=DEVICE), rows, -rows)
+        k, v = store.read(layer, torch.tensor([2, 7]), dtype=torch.float32)
+        assert torch.equal(k, rows.flip(0).bfloat16().float().cpu()) and torch.equal(v, -k)
+    with pytest.raises(ValueError, match="device_layers"):
+        KVStore(3, 10, HKV, D, torch.bfloat16, pin_memory=False, device_layers=4)
 
 
 @pytest.mark.parametrize("kv_dtype,rtol", [("fp8_e4m3", 2.0 ** -4), ("fp8_e5m2", 2.0 ** -3)])
@@ -271,7 +289,7 @@ def test_triton_and_reference_give_identical_banks_tables_and_stats(seed):
             a, b = getattr(b_ref, name), getattr(b_tri, name)
             assert (a is None and b is None) or torch.equal(a, b), name
         assert b_ref.stats() == b_tri.stats()
-    assert torch.equal(ref.store.k, tri.store.k) and torch.equal(ref.store.v, tri.store.v)
+    assert all(torch.equal(a, b) for a, b in zip(ref.store.k + ref.store.v, tri.store.k + tri.store.v))
 
 
 @pytest.mark.parametrize("bank_tokens", [3000])

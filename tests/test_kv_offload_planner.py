@@ -27,8 +27,43 @@ def test_small_plan_by_hand_limited_by_gpu_tables():
 
 def test_small_plan_by_hand_limited_by_host():
     plan = plan_capacity(2, 1, 4, torch.float32, SMALL, gpu_free=10**9, host_available=64_000, page_size=64,
-                         bank_dtype=torch.float32)
+                         bank_dtype=torch.float32, spill=False)
     assert plan.max_tokens == 960 and plan.limited_by == "host"
+    assert plan.store_device_layers(960) == 0 and plan.store_device_layers(1024) == 3  # 3: beyond num_layers
+
+
+def test_spilled_layers_by_hand():
+    # Per layer 2*1*4*4 = 32 B/token. Host 64,000 B holds both layers up to 1,000 tokens, one layer up to 2,000.
+    # GPU 100,000 B: banks 784 + 16 B/token of tables + 32 B/token per spilled layer.
+    plan = plan_capacity(2, 1, 4, torch.float32, SMALL, gpu_free=100_000, host_available=64_000, page_size=64,
+                         bank_dtype=torch.float32, spill=True)
+    assert [plan.store_device_layers(t) for t in (960, 1000, 1001, 2000, 2001)] == [0, 0, 1, 1, 2]
+    # one layer spilled: 784 + 48 * 1,984 = 96,016 <= 100,000; 2,048 tokens would need both layers on the GPU
+    # (784 + 80 * 2,048 > 100,000)
+    assert plan.max_tokens == 1984 and plan.limited_by == "host + gpu"
+    assert plan.gpu_bytes == 784 + 1984 * 48 and plan.host_bytes == 1984 * 32
+    # a GPU with room for its tables only: 960 as without spill (1,024 would need a spilled layer: no room)
+    small_gpu = plan_capacity(2, 1, 4, torch.float32, SMALL, gpu_free=784 + 16 * 1100, host_available=64_000,
+                              page_size=64, bank_dtype=torch.float32, spill=True)
+    assert small_gpu.max_tokens == 960 and small_gpu.limited_by == "host + gpu"
+
+
+def test_llama8b_fp8_2m_tokens_spill_four_layers_on_a_128_gib_host():
+    # An H100 after 16 GB of weights (~64 GiB free) and a host with 125 GiB available: the 2M FP8 store is
+    # 128 GiB, the host budget 112.5 GiB (28 layers of 4 GiB), so 4 layers (16 GiB) live in GPU memory.
+    cfg = OffloadConfig(kv_dtype="fp8_e4m3")
+    args = dict(num_layers=32, num_kv_heads=8, head_dim=128, kv_dtype=torch.float8_e4m3fn, config=cfg,
+                gpu_free=64 * GIB, host_available=125 * GIB, page_size=64, bank_dtype=torch.bfloat16)
+    host_only = plan_capacity(**args, spill=False)
+    assert host_only.max_tokens == 1_843_200 and host_only.limited_by == "host"
+    plan = plan_capacity(**args)  # spill_store_to_gpu defaults to on
+    assert plan.store_device_layers(2 * 1024 * 1024) == 4 and plan.fits(2 * 1024 * 1024)
+    assert plan.max_tokens > 2 * 1024 * 1024 and plan.limited_by == "host + gpu"
+    assert ", GPU store " in plan.summary and plan.summary.endswith("FP8 e4m3")
+    assert plan.layout(2 * 1024 * 1024) == ("KV store: 2,097,152 tokens: 28 layers in host memory (112.0 GiB), "
+                                            "4 in GPU memory (16.0 GiB)")
+    with pytest.raises(CapacityError, match=r"limited by host \+ gpu memory: host 112.5 GiB \+ layers spilled"):
+        plan.check(plan.max_tokens + 64)
 
 
 def test_bank_bytes_match_a_real_allocation():
@@ -41,10 +76,10 @@ def test_bank_bytes_match_a_real_allocation():
 def test_llama8b_fp8_summary_and_refusal():
     cfg = OffloadConfig(kv_dtype="fp8_e4m3")
     plan = plan_capacity(32, 8, 128, cfg.torch_kv_dtype(torch.bfloat16), cfg, gpu_free=40 * GIB,
-                         host_available=100 * GIB, page_size=64, bank_dtype=torch.bfloat16)
+                         host_available=100 * GIB, page_size=64, bank_dtype=torch.bfloat16, spill=False)
     # the banks hold the model's dtype (misses are upcast): 2 bytes per element, not 1
     bf16 = plan_capacity(32, 8, 128, torch.bfloat16, cfg, gpu_free=40 * GIB, host_available=100 * GIB, page_size=64,
-                         bank_dtype=torch.bfloat16)
+                         bank_dtype=torch.bfloat16, spill=False)
     assert plan.gpu_bank_bytes == bf16.gpu_bank_bytes and plan.host_bytes_per_token * 2 == bf16.host_bytes_per_token
     # host: 0.9 * 100 GiB / (2 * 32 * 8 * 128 B) = 1,474,560 tokens; the GPU tables would allow far more
     assert plan.max_tokens == 1_474_560 and plan.limited_by == "host"
@@ -55,8 +90,8 @@ def test_llama8b_fp8_summary_and_refusal():
 
 
 def test_bf16_summary_label():
-    plan = plan_capacity(32, 8, 128, torch.bfloat16, OffloadConfig(), gpu_free=40 * GIB, host_available=100 * GIB,
-                         bank_dtype=torch.bfloat16)
+    plan = plan_capacity(32, 8, 128, torch.bfloat16, OffloadConfig(spill_store_to_gpu=False), gpu_free=40 * GIB,
+                         host_available=100 * GIB, bank_dtype=torch.bfloat16)
     assert plan.summary.endswith(", BF16") and plan.max_tokens == 737_280
 
 

@@ -19,7 +19,7 @@ from infinitehip.attention.infinitehip.offload_access import check_offload  # no
 from infinitehip.config.infinitehip import InfiniteHiPConfig  # noqa: E402
 from infinitehip.config.offload import OffloadConfig  # noqa: E402
 from infinitehip.kv.offload import planner  # noqa: E402
-from infinitehip.kv.offload.host_store import to_storage_dtype  # noqa: E402
+from infinitehip.kv.offload.store import to_storage_dtype  # noqa: E402
 from infinitehip.kv.offload.paged import OffloadedAccessError, OffloadedPagedCache  # noqa: E402
 from infinitehip.kv.offload.planner import CapacityError  # noqa: E402
 from infinitehip.kv.paged_cache import PagedKVCache  # noqa: E402
@@ -153,6 +153,31 @@ def test_fp8_store_equals_a_resident_engine_whose_kv_is_rounded_to_fp8(llama3_di
     _assert_same(ours, resident)
     assert ours[2][-1]["attention"].total_misses > 2 * offload.attention_bank_tokens
     assert ours[3].kv_plan.summary.endswith(", FP8 " + kv_dtype.split("_")[1])
+
+
+def test_store_layers_the_planner_spills_give_the_resident_output(llama3_dir, monkeypatch):
+    """A host budget for half the layers: the planner puts the other half of the store in device memory (on CPU
+    spilling is off in the engine, since both budgets are the same memory: forced on here, with a large device
+    budget), the cache is built that way, and the output is still the resident one."""
+    config = InfiniteHiPConfig(**SMALL)
+    prompt, steps = _ids(700, seed=27), 6
+    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    offload = dataclasses.replace(_smallest_banks(config, HEADS), host_memory_fraction=1.0)
+    probe = _generate(llama3_dir, config, offload, [prompt], 1)[3]
+    layers, tokens = probe.kv_plan.num_layers, probe.cache.num_slots
+    host = (layers // 2) * tokens * probe.kv_plan.layer_bytes_per_token
+    plan_capacity = planner.plan_capacity
+    monkeypatch.setattr(planner, "host_available_bytes", lambda: host)
+    # (args 5, 6: gpu_free, host_available; on CPU the engine passes host memory as both)
+    monkeypatch.setattr(planner, "plan_capacity",
+                        lambda *a, **kw: plan_capacity(*a[:5], 1 << 40, *a[6:], **{**kw, "spill": True}))
+    ours = _generate(llama3_dir, config, offload, [prompt], steps)
+    store = ours[3].cache.kv.store
+    assert store.device_layers == layers - layers // 2 > 0
+    assert ours[3].kv_plan.store_device_layers(tokens) == store.device_layers
+    assert ours[3].kv_plan.layout(tokens).startswith(f"KV store: {tokens:,} tokens: {layers // 2} layers in host "
+                                                     f"memory (0.0 GiB), {store.device_layers} in GPU memory")
+    _assert_same(ours, resident)
 
 
 def test_bank_statistics_count_every_distinct_requested_slot(llama3_dir):

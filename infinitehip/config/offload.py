@@ -31,11 +31,13 @@ class OffloadConfig:
     kv_dtype: str = "auto"  # dtype of the host store ("auto": the model's); the banks hold the model's dtype
     host_memory_fraction: float = 0.9  # share of the available host memory the store may take
     gpu_memory_fraction: float = 0.9  # share of the free GPU memory the banks and their tables may take
+    spill_store_to_gpu: bool = True  # CUDA: store layers the host budget cannot hold live in GPU memory
     offload_impl: str = "auto"  # host->bank row copy: "auto" (triton on CUDA, reference elsewhere), "triton", "reference"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.offload_enabled, bool):
-            raise ValueError(f"offload_enabled must be a bool, got {self.offload_enabled!r}")
+        for name in ("offload_enabled", "spill_store_to_gpu"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("mask_bank_tokens", "attention_bank_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -32,10 +32,11 @@ def plan_offload(offload: OffloadConfig, method: AttentionMethod, mc: ModelConfi
     method.check_offload(offload, max_context_tokens, max_num_seqs)
     kv_dtype = offload.torch_kv_dtype(dtype)
     host = planner.host_available_bytes()
-    # On CPU the banks live in host memory too.
-    gpu = planner.gpu_free_bytes(device) if device.type == "cuda" else host
+    # On CPU the banks live in host memory too (and spilling store layers to it would count that memory twice).
+    cuda = device.type == "cuda"
+    gpu = planner.gpu_free_bytes(device) if cuda else host
     plan = planner.plan_capacity(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype, offload, gpu, host, page_size,
-                                 bank_dtype=dtype)
+                                 bank_dtype=dtype, spill=offload.spill_store_to_gpu and cuda)
     plan.check(kv_tokens, f"the KV cache (kv-cache-tokens / max-context-tokens: {kv_tokens:,} tokens)")
     return plan
 
@@ -51,9 +52,11 @@ def build_kv(offload: OffloadConfig | None, method: AttentionMethod, mc: ModelCo
         return PagedKVCache(mc.num_layers, num_pages, page_size, mc.num_kv_heads, mc.head_dim, dtype, device), None
     plan = plan_offload(offload, method, mc, dtype, device, page_size, num_pages * page_size, max_context_tokens,
                         max_num_seqs)
-    logger.info(plan.summary)
-    if show:
-        print(plan.summary, file=sys.stderr)
+    kv_tokens = num_pages * page_size
+    for line in (plan.summary, plan.layout(kv_tokens)):
+        logger.info(line)
+        if show:
+            print(line, file=sys.stderr)
     cache = OffloadedPagedCache(offload, mc.num_layers, num_pages, page_size, mc.num_kv_heads, mc.head_dim, dtype,
-                                device)
+                                device, store_device_layers=plan.store_device_layers(kv_tokens))
     return cache, plan

@@ -1,6 +1,6 @@
 """KV offloading (paper Sec. 3.3, Alg. 4): host-memory KV store + GPU mask / attention banks with LRU resolve.
 
-Modules: `host_store` (all K/V, pinned, flat slots like PagedKVCache), `bank` (one GPU bank: rows, slot
+Modules: `store` (all K/V, pinned, flat slots like PagedKVCache), `bank` (one GPU bank: rows, slot
 table, reverse map, LRU stamps and order, counters), `resolve` (the sync-free resolve / invalidate ops),
 `reference` / `triton` (host<->bank row copy, eager oracle and UVA kernel), `lru_triton` (resolve / invalidate
 kernels), `offloaded` (store + both banks from an OffloadConfig), `compose` (bank indices as page tables for the
@@ -57,9 +57,9 @@ Validation mode: validate.validate_against_paged compares every row read through
 """
 
 from infinitehip.kv.offload.bank import BankStats, KVBank
-from infinitehip.kv.offload.host_store import HostKVStore
+from infinitehip.kv.offload.store import KVStore
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.paged import OffloadedPagedCache
 from infinitehip.kv.offload.resolve import invalidate, resolve
 
-__all__ = ["BankStats", "HostKVStore", "KVBank", "OffloadedKV", "OffloadedPagedCache", "invalidate", "resolve"]
+__all__ = ["BankStats", "KVStore", "KVBank", "OffloadedKV", "OffloadedPagedCache", "invalidate", "resolve"]

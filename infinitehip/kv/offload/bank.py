@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from infinitehip.kv.offload.host_store import dtype_label
+from infinitehip.kv.offload.store import dtype_label
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """OffloadedKV: the host store and its two GPU banks, built from an `OffloadConfig`.
 
-- `write(layer, slots, k, v)`: new tokens go to the host store; any bank copy of those slots is dropped
+- `write(layer, slots, k, v)`: new tokens go to the store (host memory; layers the planner spilled: GPU); any bank copy of those slots is dropped
   (slots are reused when the page allocator hands freed pages to a new sequence);
 - `resolve_mask(layer, slots)`: keys for the pruning stages, through the mask bank (keys only);
 - `resolve_attention(layer, slots)`: keys and values for block-sparse attention, through the attention bank.
@@ -15,7 +15,7 @@ import torch
 
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload.bank import BankStats, KVBank
-from infinitehip.kv.offload.host_store import HostKVStore
+from infinitehip.kv.offload.store import KVStore
 from infinitehip.kv.offload.resolve import invalidate, resolve
 
 
@@ -30,14 +30,16 @@ class OffloadedKV:
         model_dtype: torch.dtype,
         device: torch.device | str,
         pin_memory: bool | None = None,
+        store_device_layers: int = 0,
     ):
         device = torch.device(device)
         self.config = config
         self.impl = config.copy_impl(device)
         # The store may be FP8 (half the host memory and PCIe traffic); the banks hold the model's dtype, the
         # row copy of a miss upcasts, so every kernel reads K/V as it would from a resident cache.
-        self.store = HostKVStore(num_layers, num_slots, num_kv_heads, head_dim, config.torch_kv_dtype(model_dtype),
-                                 pin_memory)
+        # store_device_layers: layers the planner spilled to GPU memory (the host budget cannot hold them)
+        self.store = KVStore(num_layers, num_slots, num_kv_heads, head_dim, config.torch_kv_dtype(model_dtype),
+                             pin_memory, store_device_layers, device)
         shape = (num_layers, num_slots)
         rows = (num_kv_heads, head_dim, model_dtype, device)
         self.mask_bank = KVBank("mask", *shape, config.mask_bank_tokens, *rows, with_values=False)

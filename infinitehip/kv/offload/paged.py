@@ -40,10 +40,11 @@ class OffloadedPagedCache:
     is_offloaded = True
 
     def __init__(self, config: OffloadConfig, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
-                 head_dim: int, model_dtype: torch.dtype, device: torch.device | str, pin_memory: bool | None = None):
+                 head_dim: int, model_dtype: torch.dtype, device: torch.device | str, pin_memory: bool | None = None,
+                 store_device_layers: int = 0):
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         self.kv = OffloadedKV(config, num_layers, num_pages * page_size, num_kv_heads, head_dim, model_dtype, device,
-                              pin_memory)
+                              pin_memory, store_device_layers)
         # One token table per bank: an entry left by one bank's call must be a valid row of the bank read next.
         self._tables = {b.name: torch.zeros(self.num_slots + 1, dtype=torch.int32, device=self.device)
                         for b in self.kv.banks}
@@ -62,15 +63,15 @@ class OffloadedPagedCache:
 
     @property
     def bytes_per_token(self) -> int:
-        """Host bytes of one token (K and V of every layer)."""
+        """Store bytes of one token (K and V of every layer)."""
         return self.kv.store.bytes_per_token
 
     @property
     def device_bytes(self) -> int:
-        """Device memory of both banks (rows, tables, maps) and the token table."""
+        """Device memory of both banks (rows, tables, maps), the token tables and the store's spilled layers."""
         banks = sum(t.numel() * t.element_size() for b in self.kv.banks for t in
                     (b.k, b.v, b.table, b.owner, b.last_used, b.order) if t is not None)
-        return banks + sum(t.numel() * 4 for t in self._tables.values())
+        return banks + sum(t.numel() * 4 for t in self._tables.values()) + self.kv.store.device_bytes
 
     def slots(self, page_table: torch.Tensor, start: int, end: int) -> torch.Tensor:
         return token_slots(page_table, torch.arange(start, end, device=page_table.device), self.page_size)

@@ -1,11 +1,15 @@
 """Capacity planner: how many KV tokens fit in host memory + GPU banks, decided before anything is allocated.
 
-Host: the store holds K and V of every layer for every token: 2 * L * Hkv * d * element_size(kv_dtype) bytes
-per token, within `host_memory_fraction` of the available host memory.
+Host: the store holds K and V of every layer for every token: 2 * Hkv * d * element_size(kv_dtype) bytes per
+token and layer, within `host_memory_fraction` of the available host memory.
 GPU: both banks' rows (in bank_dtype, the model's: misses are upcast from an FP8 store), reverse maps and
 stamps are fixed (set by mask_bank_tokens / attention_bank_tokens); the two slot -> bank-index tables add
 2 * L * 4 bytes per token; all within `gpu_memory_fraction` of the free GPU memory (measured after the model
 is loaded).
+Spill (`spill_store_to_gpu`, CUDA only): when the host budget cannot hold every layer's store, the fewest
+whole layers that make it fit live in GPU memory instead (`store_device_layers(tokens)`), if the GPU budget
+left after the banks and tables holds them. A 2M-token FP8 store of an 8B model (128 GiB) needs it on a host
+of 128 GiB; the banks and kernels treat spilled layers like the others.
 
 Memory is passed in (`host_available_bytes()` / `gpu_free_bytes()` read the machine) so plans are
 reproducible and testable with fixed numbers. `CapacityPlan.check(tokens)` refuses a request that does
@@ -15,13 +19,13 @@ not fit, naming both numbers.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload.bank import KVBank
-from infinitehip.kv.offload.host_store import dtype_label
+from infinitehip.kv.offload.store import dtype_label
 
 GIB = 1 << 30
 
@@ -54,18 +58,44 @@ class CapacityPlan:
     max_tokens: int  # most KV tokens (store slots) that fit
     mask_bank_tokens: int
     attention_bank_tokens: int
-    kv_dtype: torch.dtype  # the host store's
+    kv_dtype: torch.dtype  # the store's
     bank_dtype: torch.dtype
-    host_bytes_per_token: int
+    num_layers: int
+    layer_bytes_per_token: int  # store bytes of one token in one layer (K and V)
     gpu_bytes_per_token: int  # the two slot tables
     gpu_bank_bytes: int  # both banks' rows, reverse maps, stamps (independent of max_tokens)
     host_budget_bytes: int
     gpu_budget_bytes: int
-    limited_by: str  # "host" or "gpu"
+    spill: bool  # layers the host cannot hold may live in GPU memory
+    limited_by: str  # "host", "gpu" or "host + gpu" (with spill: both full)
+
+    @property
+    def host_bytes_per_token(self) -> int:
+        """Store bytes of one token, every layer (all in host memory unless spilled)."""
+        return self.num_layers * self.layer_bytes_per_token
+
+    def store_device_layers(self, tokens: int) -> int:
+        """The fewest layers whose store must live in GPU memory for `tokens` to fit the host budget (0: none);
+        num_layers + 1 when even spilling every layer cannot (or spill is off and the host budget is short)."""
+        host_layers = self.host_budget_bytes // max(1, tokens * self.layer_bytes_per_token)
+        device_layers = max(0, self.num_layers - host_layers)
+        if device_layers and not self.spill:
+            return self.num_layers + 1
+        return device_layers
+
+    def gpu_bytes_for(self, tokens: int) -> int:
+        """GPU bytes of the plan at `tokens`: banks, slot tables and spilled store layers."""
+        spilled = min(self.store_device_layers(tokens), self.num_layers)
+        return self.gpu_bank_bytes + tokens * (self.gpu_bytes_per_token + spilled * self.layer_bytes_per_token)
+
+    def fits(self, tokens: int) -> bool:
+        return (self.store_device_layers(tokens) <= self.num_layers
+                and self.gpu_bytes_for(tokens) <= self.gpu_budget_bytes)
 
     @property
     def host_bytes(self) -> int:
-        return self.max_tokens * self.host_bytes_per_token
+        host_layers = self.num_layers - self.store_device_layers(self.max_tokens)
+        return self.max_tokens * host_layers * self.layer_bytes_per_token
 
     @property
     def host_gib(self) -> float:
@@ -73,19 +103,30 @@ class CapacityPlan:
 
     @property
     def gpu_bytes(self) -> int:
-        return self.gpu_bank_bytes + self.max_tokens * self.gpu_bytes_per_token
+        return self.gpu_bytes_for(self.max_tokens)
 
     @property
     def summary(self) -> str:
+        spilled = self.store_device_layers(self.max_tokens)
+        spill = (f", GPU store {spilled} of {self.num_layers} layers "
+                 f"{spilled * self.max_tokens * self.layer_bytes_per_token / GIB:.1f} GiB") if spilled else ""
         return (f"KV capacity: {self.max_tokens:,} tokens: GPU bank {self.attention_bank_tokens:,} tokens, "
-                f"host {self.host_gib:.1f} GiB, {dtype_label(self.kv_dtype)}")
+                f"host {self.host_gib:.1f} GiB{spill}, {dtype_label(self.kv_dtype)}")
+
+    def layout(self, tokens: int) -> str:
+        """Where a store of `tokens` tokens lives (the engine allocates kv-cache-tokens, not max_tokens)."""
+        spilled = min(self.store_device_layers(tokens), self.num_layers)
+        per_layer = tokens * self.layer_bytes_per_token / GIB
+        return (f"KV store: {tokens:,} tokens: {self.num_layers - spilled} layers in host memory "
+                f"({(self.num_layers - spilled) * per_layer:.1f} GiB), {spilled} in GPU memory ({spilled * per_layer:.1f} GiB)")
 
     def check(self, tokens: int, what: str = "the request") -> None:
         """Refuse `tokens` KV tokens when they exceed max_tokens (call before allocating anything)."""
         if tokens > self.max_tokens:
+            spill = " + layers spilled to GPU memory" if self.spill else ""
             raise CapacityError(
                 f"{what} needs {tokens:,} KV tokens but the offloaded KV capacity is {self.max_tokens:,} tokens "
-                f"(limited by {self.limited_by} memory: host {self.host_budget_bytes / GIB:.1f} GiB, "
+                f"(limited by {self.limited_by} memory: host {self.host_budget_bytes / GIB:.1f} GiB{spill}, "
                 f"GPU {self.gpu_budget_bytes / GIB:.2f} GiB usable; {dtype_label(self.kv_dtype)})"
             )
 
@@ -101,8 +142,12 @@ def plan_capacity(
     page_size: int = 1,
     *,
     bank_dtype: torch.dtype,
+    spill: bool | None = None,
 ) -> CapacityPlan:
-    """The largest KV (in tokens, a multiple of page_size) that host memory and the GPU banks allow."""
+    """The largest KV (in tokens, a multiple of page_size) that host memory and the GPU allow.
+
+    spill: whether layers may be spilled to GPU memory (default config.spill_store_to_gpu; the engine passes
+    False on CPU, where the "GPU" budget is the same host memory)."""
     for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                         ("page_size", page_size)):
         if value < 1:
@@ -117,8 +162,6 @@ def plan_capacity(
     heads = (num_kv_heads, head_dim, torch.empty(0, dtype=bank_dtype).element_size())
     bank_bytes = (KVBank.device_bytes(*shape, config.mask_bank_tokens, *heads, with_values=False)
                   + KVBank.device_bytes(*shape, config.attention_bank_tokens, *heads, with_values=True))
-    gpu_per_token = 2 * num_layers * 4
-    host_per_token = 2 * num_layers * num_kv_heads * head_dim * element
     gpu_budget = int(gpu_free * config.gpu_memory_fraction)
     host_budget = int(host_available * config.host_memory_fraction)
     if bank_bytes > gpu_budget:
@@ -127,19 +170,19 @@ def plan_capacity(
             f"need {bank_bytes / GIB:.2f} GiB of GPU memory but only {gpu_budget / GIB:.2f} GiB is usable "
             f"(gpu_memory_fraction={config.gpu_memory_fraction} of {gpu_free / GIB:.2f} GiB free)"
         )
-    by_host = host_budget // host_per_token
-    by_gpu = (gpu_budget - bank_bytes) // gpu_per_token
-    tokens = min(by_host, by_gpu) // page_size * page_size
-    return CapacityPlan(
-        max_tokens=tokens,
-        mask_bank_tokens=config.mask_bank_tokens,
-        attention_bank_tokens=config.attention_bank_tokens,
-        kv_dtype=kv_dtype,
-        bank_dtype=bank_dtype,
-        host_bytes_per_token=host_per_token,
-        gpu_bytes_per_token=gpu_per_token,
-        gpu_bank_bytes=bank_bytes,
-        host_budget_bytes=host_budget,
-        gpu_budget_bytes=gpu_budget,
-        limited_by="host" if by_host <= by_gpu else "gpu",
+    plan = CapacityPlan(
+        max_tokens=0, mask_bank_tokens=config.mask_bank_tokens, attention_bank_tokens=config.attention_bank_tokens,
+        kv_dtype=kv_dtype, bank_dtype=bank_dtype, num_layers=num_layers,
+        layer_bytes_per_token=2 * num_kv_heads * head_dim * element, gpu_bytes_per_token=2 * num_layers * 4,
+        gpu_bank_bytes=bank_bytes, host_budget_bytes=host_budget, gpu_budget_bytes=gpu_budget,
+        spill=config.spill_store_to_gpu if spill is None else spill, limited_by="",
     )
+    # fits() is monotone in tokens: binary search over whole pages
+    lo, hi = 0, (host_budget + gpu_budget) // plan.layer_bytes_per_token // page_size + 1  # hi pages never fit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if plan.fits(mid * page_size) else (lo, mid)
+    tokens = lo * page_size
+    beyond = plan.store_device_layers(tokens + page_size)  # why one more page does not fit
+    limited = "host" if beyond > num_layers else "host + gpu" if beyond else "gpu"
+    return replace(plan, max_tokens=tokens, limited_by=limited)

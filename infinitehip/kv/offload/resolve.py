@@ -60,7 +60,7 @@ import torch
 
 from infinitehip.kv.offload.bank import KVBank
 from infinitehip.kv.offload.copy_rows import COPY_IMPLS, copy_rows
-from infinitehip.kv.offload.host_store import HostKVStore
+from infinitehip.kv.offload.store import KVStore
 
 
 def _scalar(value: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -73,7 +73,7 @@ def _check_impl(impl: str) -> None:
         raise ValueError(f"unknown copy impl {impl!r}; expected one of {COPY_IMPLS}")
 
 
-def resolve(bank: KVBank, store: HostKVStore, layer: int, slots: torch.Tensor, impl: str = "reference") -> torch.Tensor:
+def resolve(bank: KVBank, store: KVStore, layer: int, slots: torch.Tensor, impl: str = "reference") -> torch.Tensor:
     """slots [N] (or any shape) store slots on the bank's device, < 0 = padding -> bank indices, same shape, int32."""
     if slots.device != bank.device:
         raise ValueError(f"resolve: slots are on {slots.device} but the {bank.name} bank is on {bank.device}")

@@ -16,7 +16,7 @@ from typing import Iterable
 import torch
 
 from infinitehip.kv.offload.bank import BankStats
-from infinitehip.kv.offload.host_store import to_storage_dtype
+from infinitehip.kv.offload.store import to_storage_dtype
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.paged_cache import PagedKVCache
 

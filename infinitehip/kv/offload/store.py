@@ -1,10 +1,13 @@
-"""Host-memory KV store: every token's K and V of every layer, as flat slots [layers, slots, Hkv, d].
+"""The KV store of an offloaded cache: every token's K and V of every layer, as flat slots [slots, Hkv, d] per layer.
 
 Slot numbering is `PagedKVCache`'s (slot = page * page_size + offset), so a sequence's page table maps
-its tokens to store slots unchanged. The store is pinned when CUDA is available: pinned host memory is
-addressable from GPU kernels (UVA), which is how the Triton row copy reads and writes it without a host
-sync. FP8 storage (e4m3 / e5m2) saturates values to the format's finite range when writing (a plain cast
-would turn out-of-range values into NaN / inf); readers upcast.
+its tokens to store slots unchanged. A layer's store lives in host memory, pinned when CUDA is available:
+pinned host memory is addressable from GPU kernels (UVA), which is how the Triton row copy reads and writes
+it without a host sync. When the host budget cannot hold every layer (a 2M-token FP8 store of an 8B model is
+128 GiB), the planner spills whole layers to GPU memory (`device_layers`, the last ones): the banks and the
+kernels treat them like the others (a miss of such a layer is a device-to-device row copy). FP8 storage
+(e4m3 / e5m2) saturates values to the format's finite range when writing (a plain cast would turn
+out-of-range values into NaN / inf); readers upcast.
 """
 
 from __future__ import annotations
@@ -60,7 +63,9 @@ def _unregister(pointers: list[int]) -> None:
         cudart.cudaHostUnregister(pointer)
 
 
-class HostKVStore:
+class KVStore:
+    """k[layer] / v[layer]: [num_slots, Hkv, d] in `dtype`; layers >= num_layers - device_layers on `device`."""
+
     def __init__(
         self,
         num_layers: int,
@@ -69,37 +74,53 @@ class HostKVStore:
         head_dim: int,
         dtype: torch.dtype,
         pin_memory: bool | None = None,
+        device_layers: int = 0,
+        device: torch.device | str = "cpu",
     ):
         for name, value in (("num_layers", num_layers), ("num_slots", num_slots), ("num_kv_heads", num_kv_heads),
                             ("head_dim", head_dim)):
             if value < 1:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if not 0 <= device_layers <= num_layers:
+            raise ValueError(f"device_layers must be in [0, num_layers={num_layers}], got {device_layers}")
         dtype_label(dtype)  # validates the dtype
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
-        self.num_layers, self.num_slots = num_layers, num_slots
+        self.num_layers, self.num_slots, self.device_layers = num_layers, num_slots, device_layers
         self.dtype = dtype
-        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        host_layers = num_layers - device_layers
+        host_shape, row = (host_layers, num_slots, num_kv_heads, head_dim), (num_slots, num_kv_heads, head_dim)
         # Uninitialised like PagedKVCache: a slot is written before any bank reads it.
-        if pin_memory:
-            self.k, self.v = page_locked_empty(shape, dtype), page_locked_empty(shape, dtype)
+        if pin_memory and host_layers:
+            host_k, host_v = page_locked_empty(host_shape, dtype), page_locked_empty(host_shape, dtype)
             # Unlocked when the store goes away (the cache owns the store for its whole life).
-            weakref.finalize(self, _unregister, [self.k.data_ptr(), self.v.data_ptr()])
+            weakref.finalize(self, _unregister, [host_k.data_ptr(), host_v.data_ptr()])
         else:
-            self.k, self.v = torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)
+            host_k, host_v = torch.empty(host_shape, dtype=dtype), torch.empty(host_shape, dtype=dtype)
+        self._pinned = pin_memory and host_layers > 0
+        spilled = [(torch.empty(row, dtype=dtype, device=device), torch.empty(row, dtype=dtype, device=device))
+                   for _ in range(device_layers)]
+        self.k = [*host_k.unbind(0), *(k for k, _ in spilled)]
+        self.v = [*host_v.unbind(0), *(v for _, v in spilled)]
 
     @property
     def is_pinned(self) -> bool:
-        return self.k.is_pinned()
+        """Whether the host-memory layers are page-locked (UVA-addressable)."""
+        return self._pinned
 
     @property
     def row_shape(self) -> tuple[int, int]:
-        return tuple(self.k.shape[-2:])
+        return tuple(self.k[0].shape[-2:])
 
     @property
     def bytes_per_token(self) -> int:
-        """Host bytes of one token: K and V of every layer."""
-        return 2 * self.num_layers * self.k.shape[-2] * self.k.shape[-1] * self.k.element_size()
+        """Store bytes of one token: K and V of every layer (host and spilled layers together)."""
+        return 2 * self.num_layers * self.k[0][0].numel() * self.k[0].element_size()
+
+    @property
+    def device_bytes(self) -> int:
+        """GPU memory of the spilled layers."""
+        return self.device_layers * self.num_slots * self.bytes_per_token // self.num_layers
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "reference") -> None:
         """k/v [T, Hkv, d] (any device, any float dtype) into slots [T] of `layer`.
@@ -112,9 +133,9 @@ class HostKVStore:
         copy_rows(to_storage_dtype(v, self.dtype), rows, self.v[layer], dst, impl)
 
     def read(self, layer: int, slots: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows [N, Hkv, d] of slots [N] (on the host), upcast to `dtype` if given."""
-        idx = slots.reshape(-1).cpu()
-        k, v = self.k[layer].index_select(0, idx), self.v[layer].index_select(0, idx)
+        """Rows [N, Hkv, d] of slots [N] (returned on the host), upcast to `dtype` if given."""
+        idx = slots.reshape(-1).to(self.k[layer].device)
+        k, v = self.k[layer].index_select(0, idx).cpu(), self.v[layer].index_select(0, idx).cpu()
         if dtype is not None:
             k, v = k.to(dtype), v.to(dtype)
         return k, v
