@@ -47,10 +47,13 @@ def host_available_bytes() -> int:
 
 
 def gpu_free_bytes(device: torch.device | str = "cuda") -> int:
-    """Free memory of a CUDA device (torch.cuda.mem_get_info); 0 without CUDA."""
+    """Free memory of a CUDA device (the driver's free memory + what torch's allocator caches unused); 0 without CUDA."""
     if not torch.cuda.is_available():
         return 0
-    return torch.cuda.mem_get_info(torch.device(device))[0]
+    device = torch.device(device)
+    # memory PyTorch's caching allocator holds but does not use is free for the store and banks too
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return torch.cuda.mem_get_info(device)[0] + cached
 
 
 @dataclass(frozen=True)
