@@ -175,6 +175,8 @@ def test_store_layers_the_planner_spills_give_the_resident_output(llama3_dir, mo
     store = ours[3].cache.kv.store
     assert store.device_layers == layers - layers // 2 > 0
     assert ours[3].kv_plan.store_device_layers(tokens) == store.device_layers
+    # the planner counted the method's landmark saliency (H query heads + a count, fp32, per slot and layer)
+    assert ours[3].kv_plan.gpu_bytes_per_token == 2 * layers * 4 + layers * (HEADS + 1) * 4
     assert ours[3].kv_plan.layout(tokens).startswith(f"KV store: {tokens:,} tokens: {layers // 2} layers in host "
                                                      f"memory (0.0 GiB), {store.device_layers} in GPU memory")
     _assert_same(ours, resident)

@@ -183,6 +183,11 @@ class AttentionMethod(ABC):
         raise ValueError(f"method {self.name!r} does not support KV offloading (offload-enabled); "
                          "use method 'infinitehip' (or 'dense' for validation)")
 
+    def device_bytes_per_slot(self) -> int:
+        """Device memory the method keeps per cache slot beside the KV itself (all layers), e.g. per-key statistics;
+        the offload planner counts it with the banks' tables. Default: none."""
+        return 0
+
     @property
     def kv_token_limit(self) -> int | None:
         """Most cache slots one sequence ever holds (methods that compact their cache); None: one per token."""

@@ -36,7 +36,8 @@ def plan_offload(offload: OffloadConfig, method: AttentionMethod, mc: ModelConfi
     cuda = device.type == "cuda"
     gpu = planner.gpu_free_bytes(device) if cuda else host
     plan = planner.plan_capacity(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype, offload, gpu, host, page_size,
-                                 bank_dtype=dtype, spill=offload.spill_store_to_gpu and cuda)
+                                 bank_dtype=dtype, spill=offload.spill_store_to_gpu and cuda,
+                                 method_bytes_per_token=method.device_bytes_per_slot())
     plan.check(kv_tokens, f"the KV cache (kv-cache-tokens / max-context-tokens: {kv_tokens:,} tokens)")
     return plan
 

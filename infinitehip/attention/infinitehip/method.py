@@ -81,6 +81,12 @@ class InfiniteHiPAttention(AttentionMethod):
     def check_offload(self, offload, max_context_tokens: int, max_num_seqs: int) -> None:
         check_offload(self.config, offload, max_context_tokens, self.model_config.num_heads, max_num_seqs)
 
+    def device_bytes_per_slot(self) -> int:
+        """Landmark saliency: a sum [H] and a count, fp32, per slot and layer (`saliency.KeySaliency`)."""
+        if self.saliency is None:
+            return 0
+        return self.model_config.num_layers * (self.model_config.num_heads + 1) * 4
+
     def new_state(self) -> InfiniteHiPState:
         L, S = self.model_config.num_layers, self.config.num_stages
         return InfiniteHiPState(stage_cache=[None] * L, decode_steps=[0] * L, refreshes=[0] * S,

@@ -4,7 +4,7 @@ Host: the store holds K and V of every layer for every token: 2 * Hkv * d * elem
 token and layer, within `host_memory_fraction` of the available host memory.
 GPU: both banks' rows (in bank_dtype, the model's: misses are upcast from an FP8 store), reverse maps and
 stamps are fixed (set by mask_bank_tokens / attention_bank_tokens); the two slot -> bank-index tables add
-2 * L * 4 bytes per token; all within `gpu_memory_fraction` of the free GPU memory (measured after the model
+2 * L * 4 bytes per token, the attention method's per-slot state (landmark saliency: L * (H + 1) * 4) more; all within `gpu_memory_fraction` of the free GPU memory (measured after the model
 is loaded).
 Spill (`spill_store_to_gpu`, CUDA only): when the host budget cannot hold every layer's store, the fewest
 whole layers that make it fit live in GPU memory instead (`store_device_layers(tokens)`), if the GPU budget
@@ -65,7 +65,7 @@ class CapacityPlan:
     bank_dtype: torch.dtype
     num_layers: int
     layer_bytes_per_token: int  # store bytes of one token in one layer (K and V)
-    gpu_bytes_per_token: int  # the two slot tables
+    gpu_bytes_per_token: int  # the two slot tables + the method's per-slot state
     gpu_bank_bytes: int  # both banks' rows, reverse maps, stamps (independent of max_tokens)
     host_budget_bytes: int
     gpu_budget_bytes: int
@@ -146,16 +146,19 @@ def plan_capacity(
     *,
     bank_dtype: torch.dtype,
     spill: bool | None = None,
+    method_bytes_per_token: int = 0,
 ) -> CapacityPlan:
     """The largest KV (in tokens, a multiple of page_size) that host memory and the GPU allow.
 
     spill: whether layers may be spilled to GPU memory (default config.spill_store_to_gpu; the engine passes
-    False on CPU, where the "GPU" budget is the same host memory)."""
+    False on CPU, where the "GPU" budget is the same host memory). method_bytes_per_token: device memory the
+    attention method keeps per slot (`AttentionMethod.device_bytes_per_slot`)."""
     for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                         ("page_size", page_size)):
         if value < 1:
             raise ValueError(f"{name} must be positive, got {value}")
-    for name, value in (("gpu_free", gpu_free), ("host_available", host_available)):
+    for name, value in (("gpu_free", gpu_free), ("host_available", host_available),
+                        ("method_bytes_per_token", method_bytes_per_token)):
         if value < 0:
             raise ValueError(f"{name} must be >= 0 bytes, got {value}")
     dtype_label(kv_dtype)
@@ -176,7 +179,8 @@ def plan_capacity(
     plan = CapacityPlan(
         max_tokens=0, mask_bank_tokens=config.mask_bank_tokens, attention_bank_tokens=config.attention_bank_tokens,
         kv_dtype=kv_dtype, bank_dtype=bank_dtype, num_layers=num_layers,
-        layer_bytes_per_token=2 * num_kv_heads * head_dim * element, gpu_bytes_per_token=2 * num_layers * 4,
+        layer_bytes_per_token=2 * num_kv_heads * head_dim * element,
+        gpu_bytes_per_token=2 * num_layers * 4 + method_bytes_per_token,
         gpu_bank_bytes=bank_bytes, host_budget_bytes=host_budget, gpu_budget_bytes=gpu_budget,
         spill=config.spill_store_to_gpu if spill is None else spill, limited_by="",
     )
