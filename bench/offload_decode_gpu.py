@@ -22,6 +22,7 @@ attention bank at least --min-attention-bank tokens; the planner's summary line 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -205,6 +206,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64, help="timed decode steps")
     p.add_argument("--warmup-steps", type=int, default=40, help="decode steps before timing (graph captures)")
     p.add_argument("--preset", default="3k-fast")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
+                   help="InfiniteHiPConfig overrides of the preset, e.g. chunk_sizes=[256,32,16]")
     p.add_argument("--model", choices=("random8b", "embedded"), default="random8b")
     p.add_argument("--model-cache-dir", default=None)
     p.add_argument("--passkey", action="store_true", help="passkey prompt (with --model embedded)")
@@ -229,6 +232,7 @@ def main() -> None:
     args = p.parse_args()
     if args.passkey and args.model != "embedded":
         p.error("--passkey needs --model embedded (random weights cannot answer)")
+    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     if args.fast_prefill and args.model != "random8b":
         p.error("--fast-prefill is for random weights only (a real model's answer needs the real prefill)")
     if args.fast_prefill:
@@ -245,13 +249,13 @@ def main() -> None:
     elif args.model == "random8b":
         model = random_model(LLAMA_31_8B, torch.device("cuda"), torch.bfloat16)
         loaded = LoadedModel(LLAMA_31_8B, model, None, "random Llama-3.1-8B-shaped weights", Path("."))
-        method = infinitehip_preset(args.preset)
+        method = infinitehip_preset(args.preset, **overrides)
     else:
         from infinitehip.engine.llm_engine import load_engine_model
 
         loaded = load_engine_model(EngineConfig(model=args.gguf, model_cache_dir=args.model_cache_dir, device="cuda",
                                                 dtype=args.dtype))
-        method = infinitehip_preset(args.preset)
+        method = infinitehip_preset(args.preset, **overrides)
     weights_gb = sum(t.numel() * t.element_size() for t in loaded.model.parameters()) / 1e9
 
     rows, failures = [], 0
@@ -284,7 +288,7 @@ def main() -> None:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke else "cpu"
     print(f"\ndevice: {device}, torch {torch.__version__}; model: {loaded.source} ({weights_gb:.2f} GB weights); "
-          f"preset {'tiny' if args.smoke else args.preset}; graphs {'off' if args.no_graphs else 'on'}; "
+          f"preset {'tiny' if args.smoke else args.preset} {overrides or ''}; graphs {'off' if args.no_graphs else 'on'}; "
           f"prefill {'FAST (attention replaced by zeros)' if args.fast_prefill else 'real'}\n")
     print("| context | KV | prefill s | decode ms/step | tok/s | peak GPU GB | banks GB | store on GPU GB | resident KV GB | "
           "mask hit (prefill/decode) | attention hit (prefill/decode) | graphs | passkey |")
