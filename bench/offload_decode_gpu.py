@@ -179,6 +179,7 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
         mode="offloaded" if offload is not None else "resident", context=len(ids), prefill_s=prefill_s,
         step_ms=statistics.fmean(timed) * 1e3, tokens=list(seq.output_ids),
         passkey=sample.is_correct(text) if sample is not None else None,
+        answer=sample.answer if sample is not None else None, output=text,
         # what a resident cache in the model's dtype would hold (an FP8 store is half of it, on the host)
         resident_kv_gb=2 * loaded.config.num_layers * loaded.config.num_kv_heads * loaded.config.head_dim
         * torch.empty(0, dtype=getattr(torch, args.dtype)).element_size() * len(ids) / 1e9,
