@@ -304,7 +304,7 @@ def test_offloaded_prefill_logits_equal_resident_with_dense_shortcut(llama3_dir)
             return attend(*args)
         return inner_groups(cache, layer, page_table, tokens, counts, block_size, n, counted)
 
-    inner_call = offload_access.RepresentativeKeys.distinct  # prefill resolves each distinct representative once
+    inner_call = offload_access.RepresentativeKeys.__call__
 
     def call(self, reps, lens):
         calls["groups"] += 1
@@ -313,7 +313,7 @@ def test_offloaded_prefill_logits_equal_resident_with_dense_shortcut(llama3_dir)
     import infinitehip.attention.infinitehip.method as method_module
     with pytest.MonkeyPatch.context() as m:
         m.setattr(offload_access.RepresentativeKeys, "score_in_groups", stage)
-        m.setattr(offload_access.RepresentativeKeys, "distinct", call)
+        m.setattr(offload_access.RepresentativeKeys, "__call__", call)
         m.setattr(method_module, "prefill_attention_in_groups", groups)
         logits = engine.prompt_logits(ids)
     torch.testing.assert_close(logits, resident, rtol=1e-5, atol=1e-5)

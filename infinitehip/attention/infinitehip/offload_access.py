@@ -10,8 +10,7 @@ kernels get a different (k_flat, page_table, page_size) triple over the bank's r
 - decode block-sparse attention (attention bank): each sequence's listed keys are resolved and the list
   positions 0..K-1 replace the token positions (`decode_attention_rows`; the RoPE positions are separate);
 - prefill block-sparse attention: query blocks go in groups whose key lists fit the bank, through the token
-  table (its causal mask needs token positions) (`prefill_attention_in_groups`); prefill resolves each
-  distinct key of a group once (a compaction that syncs), decode the lists as they are (sync-free);
+  table (its causal mask needs token positions) (`prefill_attention_in_groups`);
 - the landmark saliency update and the dense shortcut use the cache's `read_k` / `read` (attention bank).
 Decode paths are sync-free with static shapes (CUDA-graph capturable); prefill grouping syncs to size groups.
 A resident cache gets its own rows back unchanged, so the method has one code path.
@@ -54,14 +53,6 @@ class RepresentativeKeys:
         slots = torch.where(listed, token_slots(self.page_table, reps, self.cache.page_size), -1)
         index = self.cache.kv.resolve_mask(self.layer, slots)
         return self.bank.flat_k(self.layer), self.cache.token_table(reps, index, self.bank, listed), 1
-
-    def distinct(self, reps: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Prefill: as __call__, but each distinct representative is requested once (query blocks share chunks:
-        stage 1 lists every chunk's M times). Same bank state and statistics (resolve counts distinct slots);
-        the resolve kernels walk U distinct requests instead of M * N * H. Syncs (the compaction)."""
-        tokens = torch.unique(reps[(lens > 0)[..., None].expand_as(reps)])
-        index = self.cache.kv.resolve_mask(self.layer, token_slots(self.page_table, tokens, self.cache.page_size))
-        return self.bank.flat_k(self.layer), self.cache.token_table(tokens, index, self.bank), 1
 
     def chunks_per_group(self, chunk_size: int, num_heads: int) -> int:
         """Chunks whose representatives always fit the mask bank together: a chunk has at most min(H, chunk_size)
@@ -110,7 +101,7 @@ class RepresentativeKeys:
         parts = []
         for a, b, R in groups:
             cols = slice(a, b)
-            parts.append(torch.cat([score(self.distinct(reps[r : r + R, cols], lens[r : r + R, cols]), slice(r, r + R), cols)
+            parts.append(torch.cat([score(self(reps[r : r + R, cols], lens[r : r + R, cols]), slice(r, r + R), cols)
                                     for r in range(0, M, R)]))
         return torch.cat(parts, dim=1)
 
@@ -156,12 +147,10 @@ def prefill_attention_in_groups(cache, layer: int, page_table: torch.Tensor, key
     groups.append((start, len(counts)))
     outs = []
     for a, b in groups:
-        # each distinct key once: the blocks of a group share the sink, most of the stream window and chunks
         tokens, cnt = key_tokens[a:b], key_counts[a:b]
-        listed = torch.arange(tokens.shape[1], device=tokens.device) < cnt[:, None]
-        distinct = torch.unique(tokens[listed])
-        index = cache.kv.resolve_attention(layer, token_slots(page_table, distinct, cache.page_size))
-        table = cache.token_table(distinct, index, bank)
+        slots = list_slots(page_table[None].expand(b - a, -1), cache.page_size, tokens, cnt)
+        index = cache.kv.resolve_attention(layer, slots)
+        table = cache.token_table(tokens, index, bank, slots >= 0)
         rows = slice(a * block_size, min(b * block_size, num_queries))
         outs.append(attend(bank.flat_k(layer), bank.flat_v(layer), table, 1, slice(a, b), rows))
     return torch.cat(outs)
