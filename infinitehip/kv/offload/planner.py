@@ -4,8 +4,8 @@ Host: the store holds K and V of every layer for every token: 2 * Hkv * d * elem
 token and layer, within `host_memory_fraction` of the available host memory.
 GPU: both banks' rows (in bank_dtype, the model's: misses are upcast from an FP8 store), reverse maps and
 stamps are fixed (set by mask_bank_tokens / attention_bank_tokens); the two slot -> bank-index tables add
-2 * L * 4 bytes per token, the attention method's per-slot state (landmark saliency: L * (H + 1) * 4) more; all within `gpu_memory_fraction` of the free GPU memory (measured after the model
-is loaded).
+2 * L * 4 bytes per token and the attention method's per-slot state (landmark saliency: L * (H + 1) * 4) more;
+all within `gpu_memory_fraction` of the free GPU memory (measured after the model is loaded).
 Spill (`spill_store_to_gpu`, CUDA only): when the host budget cannot hold every layer's store, the fewest
 whole layers that make it fit live in GPU memory instead (`store_device_layers(tokens)`), if the GPU budget
 left after the banks and tables holds them. A 2M-token FP8 store of an 8B model (128 GiB) needs it on a host
