@@ -1,8 +1,14 @@
-"""Sparse attention through torch SDPA: all blocks' key lists gathered at once, one batched GQA call.
+"""Sparse attention through torch SDPA (the CPU path): same signatures and semantics as `reference.py`
+(tested against it), for CPU, where the reference's per-block loop is too slow for long prompts and Triton
+needs a GPU.
 
-Same signatures and semantics as `reference.py` (tested against it). Used on CPU, where the eager
-per-block loop of the reference is too slow for long prompts and Triton needs a GPU; memory is
-[blocks, max keys, Hkv, d] per K and V.
+Prefill takes the query blocks in groups of G (G * max keys ~ GROUP_KEYS, a few MB of K and V): per group the
+listed keys and values are gathered into reused buffers ([G, K, Hkv, d]; padding entries read the block's
+first listed key and are masked), the keys rotated once with full-width cos/sin rows of their RoPE positions
+(one [K] row shared by all blocks when their positions agree, as the streaming style's 0..K-1 do), and one
+batched GQA SDPA call attends them under an additive mask [G, 1, b, K] (listed key token <= query position).
+Small groups keep the buffers in cache between the gather, rotation and attention passes. Decode gathers
+every sequence's list at once (one query each: the gather is the cost, not the attention).
 """
 
 from __future__ import annotations
@@ -11,7 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.sparse.reference import _rope
+from infinitehip.attention.sparse.scratch import ScratchBuffers
 from infinitehip.kv.paged_cache import token_slots
+
+GROUP_KEYS = 1 << 14  # listed keys gathered per SDPA call in prefill (a few MB of K and V per group)
+_SCRATCH = ScratchBuffers()  # reused gather buffers (one engine thread per process)
 
 
 def _gathered(k_flat, v_flat, page_table, page_size, key_tokens, key_counts, key_rope_pos, cos, sin, dtype):
@@ -28,23 +38,66 @@ def _gathered(k_flat, v_flat, page_table, page_size, key_tokens, key_counts, key
     return k.to(dtype).transpose(1, 2), v.to(dtype).transpose(1, 2), valid
 
 
+def _rope_tables(key_rope_pos: torch.Tensor, valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Full-width rotation tables of every listed key: (cos | cos, -sin | sin) [1, K, 1, d] when all blocks' rows
+    agree (the streaming style numbers every list 0..K-1), else [M, K, 1, d]. Padding takes the longest list's."""
+    pos = key_rope_pos.long()
+    longest = valid.sum(1).argmax()
+    row = torch.where(valid[longest], pos[longest], 0)  # [K] in range
+    pos = torch.where(valid, pos, row[None, :])
+    if bool((pos == row[None, :]).all()):
+        pos = row[None, :]
+    c, s = cos[pos], sin[pos]  # [M or 1, K, d/2]
+    return torch.cat([c, c], -1)[:, :, None], torch.cat([-s, s], -1)[:, :, None]
+
+
+def _rotate_into(out: torch.Tensor, x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor) -> None:
+    """out = x * (cos | cos) + (x2 | x1) * (-sin | sin): rotate-half RoPE, x and out [..., d] fp32."""
+    half = x.shape[-1] // 2
+    torch.cat([x[..., half:], x[..., :half]], dim=-1, out=out)
+    out.mul_(sin_signed).addcmul_(x, cos_full)
+
+
 def sparse_attention_prefill(q, k_flat, v_flat, page_table, page_size, key_tokens, key_counts, key_rope_pos,
                              query_pos, query_rope_pos, query_block_size, cos, sin, sm_scale):
     n, H, d = q.shape
-    M = key_tokens.shape[0]
+    M, K = key_tokens.shape
+    Hkv, b = k_flat.shape[1], query_block_size
     compute = torch.float32
-    k, v, valid = _gathered(k_flat, v_flat, page_table, page_size, key_tokens, key_counts, key_rope_pos, cos, sin, compute)
-    pad = M * query_block_size - n
-    q_rot = _rope(q, query_rope_pos, cos, sin).to(compute)
-    q_rot = F.pad(q_rot, (0, 0, 0, 0, 0, pad)).view(M, query_block_size, H, d).transpose(1, 2)  # [M, H, b, d]
-    qpos = F.pad(query_pos.long(), (0, pad), value=-1).view(M, query_block_size)
-    visible = valid[:, None, :] & (key_tokens.long()[:, None, :] <= qpos[:, :, None])  # [M, b, K]
-    seen = visible.any(-1)
-    # Rows that see nothing would be NaN in SDPA: let them see everything, then zero them.
-    visible = visible | ~seen[:, :, None]
-    out = F.scaled_dot_product_attention(q_rot, k, v, attn_mask=visible[:, None], scale=sm_scale, enable_gqa=True)
-    out = out.masked_fill(~seen[:, None, :, None], 0.0)
-    return out.transpose(1, 2).reshape(M * query_block_size, H, d)[:n].to(q.dtype)
+    pad = M * b - n
+    q_rot = F.pad(_rope(q, query_rope_pos, cos, sin), (0, 0, 0, 0, 0, pad)).view(M, b, H, d).transpose(1, 2)  # [M, H, b, d]
+    qpos = F.pad(query_pos.long(), (0, pad), value=-1).view(M, b)
+    tokens = key_tokens.long()
+    valid = torch.arange(K, device=q.device)[None, :] < key_counts.long()[:, None]  # [M, K]
+    # Padding entries read the block's first listed key (finite: listed keys are written); the mask hides them.
+    first = torch.where(key_counts > 0, tokens[:, 0], 0)
+    slots = token_slots(page_table, torch.where(valid, tokens, first[:, None]), page_size)  # [M, K]
+    rope_cos, rope_sin = _rope_tables(key_rope_pos, valid, cos, sin)
+    k_rows, v_rows = k_flat.view(k_flat.shape[0], -1), v_flat.view(v_flat.shape[0], -1)  # [S, Hkv * d]
+    out = torch.empty(M, H, b, d, dtype=compute, device=q.device)
+    G = max(1, GROUP_KEYS // max(1, K))
+    for m0 in range(0, M, G):  # G blocks at a time: their buffers stay in cache between the passes
+        m1 = min(M, m0 + G)
+        g, rows = m1 - m0, slots[m0:m1].flatten()
+        visible = valid[m0:m1, None, :] & (tokens[m0:m1, None, :] <= qpos[m0:m1, :, None])  # [g, b, K]
+        seen = visible.any(-1)  # [g, b]; rows that see nothing would be NaN in SDPA: they see all, then are zeroed
+        bias = _SCRATCH.take("bias", (g, 1, b, K), compute, q.device).fill_(0.0)
+        bias.masked_fill_(~(visible | ~seen[:, :, None])[:, None], float("-inf"))
+        k_raw = _SCRATCH.take("k_raw", (g, K, Hkv, d), k_flat.dtype, q.device)
+        torch.index_select(k_rows, 0, rows, out=k_raw.view(g * K, Hkv * d))
+        if k_raw.dtype != compute:
+            k_raw = _SCRATCH.take("k32", k_raw.shape, compute, q.device).copy_(k_raw)
+        k = _SCRATCH.take("k", (g, K, Hkv, d), compute, q.device)
+        tables = slice(m0, m1) if rope_cos.shape[0] > 1 else slice(None)
+        _rotate_into(k, k_raw, rope_cos[tables], rope_sin[tables])
+        v = _SCRATCH.take("v", (g, K, Hkv, d), v_flat.dtype, q.device)
+        torch.index_select(v_rows, 0, rows, out=v.view(g * K, Hkv * d))
+        if v.dtype != compute:
+            v = _SCRATCH.take("v32", v.shape, compute, q.device).copy_(v)
+        o = F.scaled_dot_product_attention(q_rot[m0:m1], k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias,
+                                           scale=sm_scale, enable_gqa=True)  # [g, H, b, d]
+        out[m0:m1] = o.masked_fill_(~seen[:, None, :, None], 0.0)
+    return out.transpose(1, 2).reshape(M * b, H, d)[:n].to(q.dtype)
 
 
 def sparse_attention_decode(q, k_flat, v_flat, page_tables, page_size, key_tokens, key_counts, key_rope_pos,
