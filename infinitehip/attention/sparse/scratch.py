@@ -22,6 +22,7 @@ class ScratchBuffers:
         numel = math.prod(shape)
         buf = self._buffers.get(name)
         if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
-            buf = torch.empty(numel, dtype=dtype, device=device)
+            with torch.inference_mode(False):  # a normal tensor: usable (in place) inside and outside inference mode
+                buf = torch.empty(numel, dtype=dtype, device=device)
             self._buffers[name] = buf
         return buf[:numel].view(shape)
