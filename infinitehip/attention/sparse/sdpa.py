@@ -5,10 +5,11 @@ needs a GPU.
 Prefill takes the query blocks in groups of G (G * max keys ~ GROUP_KEYS, a few MB of K and V): per group the
 listed keys and values are gathered into reused buffers ([G, K, Hkv, d]; padding entries read the block's
 first listed key and are masked), the keys rotated once with full-width cos/sin rows of their RoPE positions
-(one [K] row shared by all blocks when their positions agree, as the streaming style's 0..K-1 do), and one
-batched GQA SDPA call attends them under an additive mask [G, 1, b, K] (listed key token <= query position).
-Small groups keep the buffers in cache between the gather, rotation and attention passes. Decode gathers
-every sequence's list at once (one query each: the gather is the cost, not the attention).
+(one [K] row shared by all blocks when their positions agree, as the streaming style's 0..K-1 do), and the
+group attended in two parts (`two_part_attention.py`): the leading keys every query of the group sees through
+torch's CPU flash kernel without a mask, GQA heads packed into its query rows, the rest (the blocks' own
+tokens, padding) as a masked softmax, merged by log-sum-exp. Small groups keep the buffers in cache between
+the passes. Decode gathers every sequence's list at once (one query each: the gather is the cost).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from infinitehip.attention.sparse.reference import _rope
 from infinitehip.attention.sparse.scratch import ScratchBuffers
+from infinitehip.attention.sparse.two_part_attention import attend_two_parts, pack_gqa, unpack_gqa
 from infinitehip.kv.paged_cache import token_slots
 
 GROUP_KEYS = 1 << 14  # listed keys gathered per SDPA call in prefill (a few MB of K and V per group)
@@ -65,39 +67,49 @@ def sparse_attention_prefill(q, k_flat, v_flat, page_table, page_size, key_token
     Hkv, b = k_flat.shape[1], query_block_size
     compute = torch.float32
     pad = M * b - n
-    q_rot = F.pad(_rope(q, query_rope_pos, cos, sin), (0, 0, 0, 0, 0, pad)).view(M, b, H, d).transpose(1, 2)  # [M, H, b, d]
+    q_rot = pack_gqa(F.pad(_rope(q, query_rope_pos, cos, sin), (0, 0, 0, 0, 0, pad)).view(M, b, H, d), Hkv)
     qpos = F.pad(query_pos.long(), (0, pad), value=-1).view(M, b)
     tokens = key_tokens.long()
-    valid = torch.arange(K, device=q.device)[None, :] < key_counts.long()[:, None]  # [M, K]
+    counts = key_counts.long()
+    valid = torch.arange(K, device=q.device)[None, :] < counts[:, None]  # [M, K]
+    # Leading entries every query of the block sees (token <= the block's first query): attended without a mask.
+    first_query = torch.where(qpos >= 0, qpos, torch.iinfo(torch.int64).max).amin(1)
+    hidden = ~(valid & (tokens <= first_query[:, None]))
+    prefix = torch.where(hidden.any(1), hidden.long().argmax(1), K)  # [M]
     # Padding entries read the block's first listed key (finite: listed keys are written); the mask hides them.
-    first = torch.where(key_counts > 0, tokens[:, 0], 0)
+    first = torch.where(counts > 0, tokens[:, 0], 0)
     slots = token_slots(page_table, torch.where(valid, tokens, first[:, None]), page_size)  # [M, K]
     rope_cos, rope_sin = _rope_tables(key_rope_pos, valid, cos, sin)
     k_rows, v_rows = k_flat.view(k_flat.shape[0], -1), v_flat.view(v_flat.shape[0], -1)  # [S, Hkv * d]
-    out = torch.empty(M, H, b, d, dtype=compute, device=q.device)
+    out = torch.empty(M, b, H, d, dtype=compute, device=q.device)
     G = max(1, GROUP_KEYS // max(1, K))
-    for m0 in range(0, M, G):  # G blocks at a time: their buffers stay in cache between the passes
-        m1 = min(M, m0 + G)
-        g, rows = m1 - m0, slots[m0:m1].flatten()
-        visible = valid[m0:m1, None, :] & (tokens[m0:m1, None, :] <= qpos[m0:m1, :, None])  # [g, b, K]
-        seen = visible.any(-1)  # [g, b]; rows that see nothing would be NaN in SDPA: they see all, then are zeroed
-        bias = _SCRATCH.take("bias", (g, 1, b, K), compute, q.device).fill_(0.0)
-        bias.masked_fill_(~(visible | ~seen[:, :, None])[:, None], float("-inf"))
-        k_raw = _SCRATCH.take("k_raw", (g, K, Hkv, d), k_flat.dtype, q.device)
-        torch.index_select(k_rows, 0, rows, out=k_raw.view(g * K, Hkv * d))
+    for m0, m1, p, end in _groups(prefix, counts, G):  # G blocks at a time: their buffers stay in cache
+        g, rows = m1 - m0, slots[m0:m1, :end].flatten()
+        k_raw = _SCRATCH.take("k_raw", (g, end, Hkv, d), k_flat.dtype, q.device)
+        torch.index_select(k_rows, 0, rows, out=k_raw.view(g * end, Hkv * d))
         if k_raw.dtype != compute:
             k_raw = _SCRATCH.take("k32", k_raw.shape, compute, q.device).copy_(k_raw)
-        k = _SCRATCH.take("k", (g, K, Hkv, d), compute, q.device)
+        k = _SCRATCH.take("k", (g, end, Hkv, d), compute, q.device)
         tables = slice(m0, m1) if rope_cos.shape[0] > 1 else slice(None)
-        _rotate_into(k, k_raw, rope_cos[tables], rope_sin[tables])
-        v = _SCRATCH.take("v", (g, K, Hkv, d), v_flat.dtype, q.device)
-        torch.index_select(v_rows, 0, rows, out=v.view(g * K, Hkv * d))
+        _rotate_into(k, k_raw, rope_cos[tables, :end], rope_sin[tables, :end])
+        v = _SCRATCH.take("v", (g, end, Hkv, d), v_flat.dtype, q.device)
+        torch.index_select(v_rows, 0, rows, out=v.view(g * end, Hkv * d))
         if v.dtype != compute:
             v = _SCRATCH.take("v32", v.shape, compute, q.device).copy_(v)
-        o = F.scaled_dot_product_attention(q_rot[m0:m1], k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias,
-                                           scale=sm_scale, enable_gqa=True)  # [g, H, b, d]
-        out[m0:m1] = o.masked_fill_(~seen[:, None, :, None], 0.0)
-    return out.transpose(1, 2).reshape(M * b, H, d)[:n].to(q.dtype)
+        tail_visible = valid[m0:m1, None, p:end] & (tokens[m0:m1, None, p:end] <= qpos[m0:m1, :, None])  # [g, b, W]
+        o = unpack_gqa(attend_two_parts(q_rot[m0:m1], k, v, p, tail_visible, sm_scale), b)  # [g, b, H, d]
+        seen = (p > 0) | tail_visible.any(-1)  # [g, b]
+        out[m0:m1] = o.masked_fill_(~seen[:, :, None, None], 0.0)  # also clears NaN read through empty lists
+    return out.view(M * b, H, d)[:n].to(q.dtype)
+
+
+def _groups(prefix: torch.Tensor, counts: torch.Tensor, G: int):
+    """(m0, m1, shared prefix, listed end) of consecutive groups of G blocks: the group's keys [0, end) are
+    gathered and [0, shared prefix) attended without a mask (the smallest of its blocks' prefixes)."""
+    prefix, counts = prefix.tolist(), counts.tolist()
+    for m0 in range(0, len(prefix), G):
+        m1 = min(len(prefix), m0 + G)
+        yield m0, m1, min(prefix[m0:m1]), max(counts[m0:m1])
 
 
 def sparse_attention_decode(q, k_flat, v_flat, page_tables, page_size, key_tokens, key_counts, key_rope_pos,
