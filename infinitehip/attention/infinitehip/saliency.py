@@ -84,12 +84,12 @@ class KeySaliency:
         float64 prefix sum of the queries (exact to fp32, and no [n, window] logits)."""
         n, H, d = q_rot.shape
         L, Hkv, _ = k.shape
-        prefix = F.pad(q_rot.double().cumsum(0), (0, 0, 0, 0, 1, 0))  # [n + 1, H, d]: prefix[i] = sum of q_rot[:i]
+        prefix = _prefix_sums(q_rot.view(n, H * d))  # [n + 1, H * d]: row i = sum of q_rot[:i]
         t = torch.arange(lo, lo + L, device=q_rot.device) - start_pos  # key positions relative to the chunk
         first, end = t.clamp(min=0), (t + self.window).clamp(max=n)  # queries [first, end) reach key t
-        window_q = (prefix[end] - prefix[first]).view(L, Hkv, H // Hkv, d)
-        logits = (window_q * k.double()[:, :, None, :]).sum(-1).view(L, H)  # [L, H]; head h reads kv head h // group
-        total.index_add_(0, key_slots, logits.float())
+        window_q = prefix.index_select(0, end).sub_(prefix.index_select(0, first)).float()  # [L, H * d]
+        logits = torch.matmul(window_q.view(L, Hkv, H // Hkv, d), k[..., None])  # [L, Hkv, group, 1]: head h, kv head h // group
+        total.index_add_(0, key_slots, logits.view(L, H))
         count.index_add_(0, key_slots, (end - first).float())
 
     def update_decode(self, layer: int, q: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor,
@@ -138,3 +138,15 @@ class KeySaliency:
         u_starts, u_lens = uniq // (chunk_size + 1), uniq % (chunk_size + 1)
         reps = salient_tokens(total, count, page_table, page_size, u_starts, u_lens, chunk_size, impl=impl)
         return reps[inverse].view(*starts.shape, H)
+
+
+def _prefix_sums(x: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """x [n, F] -> float64 [n + 1, F], row i = sum of x[:i]: cumulative sums inside blocks of rows, then the
+    blocks' running totals added (torch's cumsum along a leading dim is several times slower on CPU)."""
+    n, width = x.shape
+    rows = -(-(n + 1) // block) * block
+    sums = torch.zeros(rows, width, dtype=torch.float64, device=x.device)
+    sums[1 : n + 1] = x
+    sums = sums.view(rows // block, block, width).cumsum_(1)
+    sums[1:] += sums[:-1, -1].cumsum(0)[:, None]
+    return sums.view(rows, width)[: n + 1]

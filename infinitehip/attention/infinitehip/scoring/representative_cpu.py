@@ -49,9 +49,10 @@ def representative_scores_cpu(
 
     kv_head = torch.arange(H, device=q.device) // (H // Hkv)
     rows = (token_slots(page_table, reps, page_size) * Hkv + kv_head).transpose(1, 2).contiguous()  # [M, H, N]
-    if not keys_unrotated:
-        pos = key_pos_base[..., None] + rep_offset + (reps // token_pos_group if token_pos_group else 0)
-        pos = pos.transpose(1, 2)  # [M, H, N]
+    if not keys_unrotated:  # positions [M, H, N], or [M, 1, N] when they depend on the chunk only
+        pos = key_pos_base[:, None, :] + rep_offset
+        if token_pos_group:
+            pos = pos + (reps // token_pos_group).transpose(1, 2)
     k_rows = k_flat.view(S * Hkv, d)
     out = torch.empty(M, N, dtype=torch.float32, device=q.device)
     step = max(1, group_elements // (H * N * d))
