@@ -215,3 +215,25 @@ def test_scratch_buffers_serve_inside_and_outside_inference_mode():
     x = scratch.take("x", (2, 6), torch.float32, torch.device("cpu")).fill_(2.0)  # same buffer, in place outside
     assert x.shape == (2, 6) and (x == 2).all()
     assert scratch.take("x", (100,), torch.float32, torch.device("cpu")).numel() == 100  # grows
+
+
+@pytest.mark.parametrize("prefix,W", [(0, 9), (7, 0), (7, 9), (1, 30)])
+def test_two_part_attention_equals_one_masked_softmax(prefix, W):
+    """Prefix seen by all + masked tail (some rows see no tail key) == one softmax over the visible keys."""
+    from infinitehip.attention.sparse.two_part_attention import attend_two_parts, pack_gqa, unpack_gqa
+
+    gen = torch.Generator().manual_seed(prefix * 100 + W)
+    m, b, H, Hkv, d = 3, 5, 6, 2, 16
+    K = prefix + W + 2  # entries past the tail are never read
+    q = torch.randn(m, b, H, d, generator=gen)
+    k, v = torch.randn(m, K, Hkv, d, generator=gen), torch.randn(m, K, Hkv, d, generator=gen)
+    tail = torch.rand(m, b, W, generator=gen) < 0.5
+    tail[0, 1] = False  # a row without a visible tail key
+    out = unpack_gqa(attend_two_parts(pack_gqa(q, Hkv), k, v, prefix, tail, 0.3), b)
+    visible = torch.cat([torch.ones(m, b, prefix, dtype=torch.bool), tail], -1)  # [m, b, prefix + W]
+    kk = k[:, : prefix + W].repeat_interleave(H // Hkv, 2)
+    vv = v[:, : prefix + W].repeat_interleave(H // Hkv, 2)
+    s = torch.einsum("mbhd,mkhd->mbhk", q, kk).mul(0.3).masked_fill(~visible[:, :, None], float("-inf"))
+    expect = torch.einsum("mbhk,mkhd->mbhd", s.softmax(-1), vv)
+    seen = visible.any(-1)
+    torch.testing.assert_close(out[seen], expect[seen], rtol=1e-5, atol=1e-5)

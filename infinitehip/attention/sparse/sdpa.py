@@ -22,7 +22,10 @@ from infinitehip.attention.sparse.scratch import ScratchBuffers
 from infinitehip.attention.sparse.two_part_attention import attend_two_parts, pack_gqa, unpack_gqa
 from infinitehip.kv.paged_cache import token_slots
 
-GROUP_KEYS = 1 << 14  # listed keys gathered per SDPA call in prefill (a few MB of K and V per group)
+# Listed keys gathered per run of blocks in prefill: few, large ops (with a core taken by another process every
+# parallel op waits for it, so many small ones cost far more than the cache misses of large ones).
+GROUP_KEYS = 1 << 18
+MAX_TAIL_KEYS = 1024  # most keys per run attended under a mask
 _SCRATCH = ScratchBuffers()  # reused gather buffers (one engine thread per process)
 
 
@@ -82,8 +85,7 @@ def sparse_attention_prefill(q, k_flat, v_flat, page_table, page_size, key_token
     rope_cos, rope_sin = _rope_tables(key_rope_pos, valid, cos, sin)
     k_rows, v_rows = k_flat.view(k_flat.shape[0], -1), v_flat.view(v_flat.shape[0], -1)  # [S, Hkv * d]
     out = torch.empty(M, b, H, d, dtype=compute, device=q.device)
-    G = max(1, GROUP_KEYS // max(1, K))
-    for m0, m1, p, end in _groups(prefix, counts, G):  # G blocks at a time: their buffers stay in cache
+    for m0, m1, p, end in _groups(prefix, counts, GROUP_KEYS):
         g, rows = m1 - m0, slots[m0:m1, :end].flatten()
         k_raw = _SCRATCH.take("k_raw", (g, end, Hkv, d), k_flat.dtype, q.device)
         torch.index_select(k_rows, 0, rows, out=k_raw.view(g * end, Hkv * d))
@@ -103,13 +105,21 @@ def sparse_attention_prefill(q, k_flat, v_flat, page_table, page_size, key_token
     return out.view(M * b, H, d)[:n].to(q.dtype)
 
 
-def _groups(prefix: torch.Tensor, counts: torch.Tensor, G: int):
-    """(m0, m1, shared prefix, listed end) of consecutive groups of G blocks: the group's keys [0, end) are
-    gathered and [0, shared prefix) attended without a mask (the smallest of its blocks' prefixes)."""
+def _groups(prefix: torch.Tensor, counts: torch.Tensor, max_keys: int):
+    """(m0, m1, shared prefix, listed end) of runs of consecutive blocks: a run's keys [0, end) are gathered
+    together (at most max_keys of them) and [0, shared prefix) attended without a mask, so a run ends before
+    its masked tail (end - shared prefix) would pass MAX_TAIL_KEYS (where lists still grow, in a first chunk)."""
     prefix, counts = prefix.tolist(), counts.tolist()
-    for m0 in range(0, len(prefix), G):
-        m1 = min(len(prefix), m0 + G)
-        yield m0, m1, min(prefix[m0:m1]), max(counts[m0:m1])
+    m0 = 0
+    while m0 < len(prefix):
+        p, end, m1 = prefix[m0], counts[m0], m0 + 1
+        while m1 < len(prefix):
+            p_next, end_next = min(p, prefix[m1]), max(end, counts[m1])
+            if end_next - p_next > max(MAX_TAIL_KEYS, end - p) or (m1 + 1 - m0) * end_next > max_keys:
+                break
+            p, end, m1 = p_next, end_next, m1 + 1
+        yield m0, m1, p, end
+        m0 = m1
 
 
 def sparse_attention_decode(q, k_flat, v_flat, page_tables, page_size, key_tokens, key_counts, key_rope_pos,

@@ -3,9 +3,9 @@
 In prefill a query block's sorted key list is visible to all its queries except the last entries (the block's
 own tokens, causal) and the padding. The prefix goes through torch's CPU flash kernel without a mask (and with
 the GQA heads of a kv head packed into its query rows, so each key tile is read once per kv head); the tail is
-an explicit masked softmax; the two merge through their log-sum-exps:
+the same kernel with an additive mask; the two merge through their log-sum-exps:
     out = out_p * exp(lse_p - lse) + out_t * exp(lse_t - lse),  lse = logaddexp(lse_p, lse_t).
-Exact up to fp32 rounding; a row that sees nothing comes out as zeros.
+Exact up to fp32 rounding. A row that sees no key at all is left undefined: the caller zeroes it.
 """
 
 from __future__ import annotations
@@ -34,30 +34,26 @@ def attend_two_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: 
     """q [m, Hkv, group * b, d] (packed), k / v [m, K, Hkv, d] (any strides, fp32) -> [m, Hkv, group * b, d].
 
     Keys [0, prefix) are visible to every query; key prefix + j is visible to query i iff tail_visible[:, i, j]
-    ([m, b, W], W <= K - prefix). Rows that see no key are zeros (finite only if every listed k / v is)."""
+    ([m, b, W], W <= K - prefix). Rows that see no key: undefined (the caller zeroes them)."""
     m, Hkv, rows, d = q.shape
     b, W = tail_visible.shape[1:]
-    parts = []  # (out, lse) per part
+    if prefix == 0 and W == 0:
+        return q.new_zeros(q.shape)
     if prefix > 0:
         out, lse = _flash_with_lse(q, k[:, :prefix].transpose(1, 2), v[:, :prefix].transpose(1, 2), scale=scale)
-        parts.append((out, lse))
-    if W > 0:
-        k_t, v_t = k[:, prefix : prefix + W].transpose(1, 2), v[:, prefix : prefix + W].transpose(1, 2)  # [m, Hkv, W, d]
-        s = torch.matmul(q, k_t.transpose(-1, -2)).mul_(scale)  # [m, Hkv, group * b, W]
-        s.view(m, Hkv, rows // b, b, W).masked_fill_(~tail_visible[:, None, None], float("-inf"))
-        top = s.amax(-1, keepdim=True)
-        top = torch.where(torch.isneginf(top), 0.0, top)  # rows with no visible tail key: all weights 0
-        p = s.sub_(top).exp_()
-        total = p.sum(-1, keepdim=True)
-        out = torch.matmul(p, v_t).div_(total.clamp(min=torch.finfo(total.dtype).tiny))
-        parts.append((out, (total.log() + top).squeeze(-1)))
-    if not parts:
-        return q.new_zeros(q.shape)
-    if len(parts) == 1:
-        out, lse = parts[0]
-        return out.masked_fill_(torch.isneginf(lse)[..., None], 0.0)
-    (out_p, lse_p), (out_t, lse_t) = parts
-    lse = torch.logaddexp(lse_p, lse_t)
-    lse = torch.where(torch.isneginf(lse), 0.0, lse)
-    out = out_p.mul_(torch.exp(lse_p - lse)[..., None]).add_(out_t * torch.exp(lse_t - lse)[..., None])
-    return out
+        if W == 0:
+            return out
+    # The tail through the same kernel with an additive mask, one row per packed query: [m, 1, group * b, W].
+    # A row that sees no tail key sees its first one instead and gets no weight below.
+    seen = tail_visible.any(-1, keepdim=True)  # [m, b, 1]
+    first = torch.arange(W, device=q.device) == 0
+    mask = torch.where(tail_visible | (~seen & first), 0.0, float("-inf")).to(q.dtype)
+    mask = mask[:, None, None].expand(m, 1, rows // b, b, W).reshape(m, 1, rows, W)
+    out_t, lse_t = _flash_with_lse(q, k[:, prefix : prefix + W].transpose(1, 2), v[:, prefix : prefix + W].transpose(1, 2),
+                                   attn_mask=mask, scale=scale)
+    if prefix == 0:
+        return out_t
+    # Merge: weights exp(lse_part - lse) of the two normalised outputs.
+    lse_t = lse_t.masked_fill(~seen[:, None, None, :, 0].expand(m, Hkv, rows // b, b).reshape(m, Hkv, rows), float("-inf"))
+    lse_all = torch.logaddexp(lse, lse_t)
+    return out.mul_(torch.exp(lse - lse_all)[..., None]).add_(out_t.mul_(torch.exp(lse_t - lse_all)[..., None]))
