@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from infinitehip.attention.infinitehip.representatives import salient_tokens
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
-from infinitehip.model.rope import RotaryEmbedding, apply_rotary
+from infinitehip.model.rope import RotaryEmbedding, apply_rotary, apply_rotary_fused
 
 
 class KeySaliency:
@@ -55,9 +55,9 @@ class KeySaliency:
         key_pos = torch.arange(lo, start_pos + n, device=q.device)
         key_slots = token_slots(page_table, key_pos, cache.page_size)
         rope.ensure(start_pos + n)
-        k = apply_rotary(cache.read_k(layer, key_slots).float(), rope.cos[key_pos][:, None], rope.sin[key_pos][:, None])
-        q_pos = torch.arange(start_pos, start_pos + n, device=q.device)
-        q_rot = apply_rotary(q.float(), rope.cos[q_pos][:, None], rope.sin[q_pos][:, None])
+        rotate = apply_rotary_fused if impl == "cpu" else apply_rotary
+        k = rotate(cache.read_k(layer, key_slots).float(), rope.cos[lo : start_pos + n, None], rope.sin[lo : start_pos + n, None])
+        q_rot = rotate(q.float(), rope.cos[start_pos : start_pos + n, None], rope.sin[start_pos : start_pos + n, None])
         add = self._add_window_sums if impl == "cpu" else self._add_pair_logits
         add(total, count, q_rot, k, key_slots, start_pos, lo, block)
 

@@ -21,6 +21,7 @@ from infinitehip.attention.sparse.reference import _rope
 from infinitehip.attention.sparse.scratch import ScratchBuffers
 from infinitehip.attention.sparse.two_part_attention import attend_two_parts, pack_gqa, unpack_gqa
 from infinitehip.kv.paged_cache import token_slots
+from infinitehip.model.rope import apply_rotary_fused
 
 # Listed keys gathered per run of blocks in prefill: few, large ops (with a core taken by another process every
 # parallel op waits for it, so many small ones cost far more than the cache misses of large ones).
@@ -70,7 +71,9 @@ def sparse_attention_prefill(q, k_flat, v_flat, page_table, page_size, key_token
     Hkv, b = k_flat.shape[1], query_block_size
     compute = torch.float32
     pad = M * b - n
-    q_rot = pack_gqa(F.pad(_rope(q, query_rope_pos, cos, sin), (0, 0, 0, 0, 0, pad)).view(M, b, H, d), Hkv)
+    qr = query_rope_pos.long()
+    q_rot = apply_rotary_fused(q.float(), cos[qr][:, None], sin[qr][:, None])  # [n, H, d]
+    q_rot = pack_gqa(F.pad(q_rot, (0, 0, 0, 0, 0, pad)).view(M, b, H, d), Hkv)
     qpos = F.pad(query_pos.long(), (0, pad), value=-1).view(M, b)
     tokens = key_tokens.long()
     counts = key_counts.long()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.kv.paged_cache import token_slots
-from infinitehip.model.rope import apply_rotary
+from infinitehip.model.rope import apply_rotary, apply_rotary_fused
 
 
 def representative_scores_cpu(
@@ -60,7 +60,7 @@ def representative_scores_cpu(
         m1 = min(M, m0 + step)
         k = k_rows.index_select(0, rows[m0:m1].flatten()).view(m1 - m0, H, N, d).float()
         if not keys_unrotated:
-            k = apply_rotary(k, cos[pos[m0:m1]], sin[pos[m0:m1]])
+            k = apply_rotary_fused(k, cos[pos[m0:m1]], sin[pos[m0:m1]])
         logits = torch.matmul(k, q[m0:m1])  # [m, H, N, b]
         out[m0:m1] = logits.amax(-1).amax(1)
     out = out.masked_fill_(~any_valid[:, None], torch.finfo(torch.float32).min)
