@@ -2,14 +2,14 @@
 (tested against it), for CPU, where the reference's per-block loop is too slow for long prompts and Triton
 needs a GPU.
 
-Prefill takes the query blocks in groups of G (G * max keys ~ GROUP_KEYS, a few MB of K and V): per group the
-listed keys and values are gathered into reused buffers ([G, K, Hkv, d]; padding entries read the block's
-first listed key and are masked), the keys rotated once with full-width cos/sin rows of their RoPE positions
-(one [K] row shared by all blocks when their positions agree, as the streaming style's 0..K-1 do), and the
-group attended in two parts (`two_part_attention.py`): the leading keys every query of the group sees through
-torch's CPU flash kernel without a mask, GQA heads packed into its query rows, the rest (the blocks' own
-tokens, padding) as a masked softmax, merged by log-sum-exp. Small groups keep the buffers in cache between
-the passes. Decode gathers every sequence's list at once (one query each: the gather is the cost).
+Prefill takes the query blocks in runs (`_groups`: up to GROUP_KEYS listed keys, one run per chunk once the
+lists stop growing): per run the listed keys and values are gathered into reused buffers ([g, K, Hkv, d];
+padding entries read the block's first listed key and are masked), the keys rotated once with full-width
+cos/sin rows of their RoPE positions (one [K] row shared by all blocks when their positions agree, as the
+streaming style's 0..K-1 do), and the run attended in two parts (`two_part_attention.py`): the leading keys
+every query of the run sees through torch's CPU flash kernel without a mask, GQA heads packed into its query
+rows, the rest (the blocks' own tokens, padding) through the same kernel with a mask, merged by log-sum-exp.
+Decode gathers every sequence's list at once (one query each: the gather is the cost).
 """
 
 from __future__ import annotations
