@@ -1,18 +1,24 @@
-"""Choosing between an op's eager reference and its Triton kernel (imported on first use: the CPU path never
-compiles Triton unless asked)."""
+"""Choosing between an op's eager reference, its CPU formulation and its Triton kernel (imported on first use:
+the CPU path never compiles Triton unless asked)."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Callable
 
-KERNEL_IMPLS = ("triton", "reference")
+# "cpu": the op's CPU formulation where it has one (same results up to fp32 rounding, tested against the
+# reference), else the reference itself.
+KERNEL_IMPLS = ("triton", "cpu", "reference")
 
 
-def select_impl(impl: str, reference: Callable, triton_module: str, triton_name: str, what: str) -> Callable:
-    """`reference` for impl "reference", `triton_module.triton_name` for "triton"; anything else is an error."""
+def select_impl(impl: str, reference: Callable, triton_module: str, triton_name: str, what: str,
+                cpu: Callable | None = None) -> Callable:
+    """`reference` for impl "reference", `cpu` (or `reference`) for "cpu", `triton_module.triton_name` for
+    "triton"; anything else is an error."""
     if impl == "reference":
         return reference
+    if impl == "cpu":
+        return cpu or reference
     if impl == "triton":
         return getattr(importlib.import_module(triton_module), triton_name)
     raise ValueError(f"unknown {what} impl {impl!r}; expected one of {KERNEL_IMPLS}")

@@ -32,7 +32,7 @@ class InfiniteHiPConfig:
     early_pruning_rope: str = "chunk_indexed"
     late_pruning_rope: str = "relative"
     attention_rope: str = "streaming"
-    impl: str = "auto"  # "auto": triton on CUDA, reference elsewhere
+    impl: str = "auto"  # "auto": triton on CUDA, the CPU formulations (kernel_impl.py) elsewhere
     # How a chunk's representative token is found: "landmark" (the key with the highest mean logit from its
     # next landmark_window queries; see attention/infinitehip/saliency.py) or "bisection" (the paper's SelectRep,
     # Alg. 3). Landmark is the default: on the embedded model's passkey (H100, depths 10-90%) bisection found

@@ -93,8 +93,9 @@ class InfiniteHiPAttention(AttentionMethod):
                                 pending_q=[None] * L, pending_pos=[None] * L)
 
     def _impl(self, x: torch.Tensor) -> str:
+        """Pruning ops: Triton on CUDA; on CPU their CPU formulations ("auto") or the eager oracles."""
         if self.config.impl == "auto":
-            return "triton" if x.is_cuda else "reference"
+            return "triton" if x.is_cuda else "cpu"
         return self.config.impl
 
     def _attention_impl(self, x: torch.Tensor) -> str:
@@ -120,7 +121,7 @@ class InfiniteHiPAttention(AttentionMethod):
 
     def _update_saliency(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> None:
         if self.saliency is not None:
-            self.saliency.update(layer, q, seq.start_pos, seq.page_table, seq.cache, batch.rope)
+            self.saliency.update(layer, q, seq.start_pos, seq.page_table, seq.cache, batch.rope, impl=self._impl(q))
 
     def _keeps_every_key(self, layer: int, context_len: int) -> bool:
         """Every query of a chunk ending at context_len attends every earlier key, at its original position."""

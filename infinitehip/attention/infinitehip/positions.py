@@ -84,9 +84,12 @@ def attention_positions(
         K = key_tokens.shape[1]
         key_pos = torch.arange(K, device=key_tokens.device).expand_as(key_tokens)
         valid = torch.arange(K, device=key_tokens.device)[None, :] < key_counts[:, None]
-        padded = torch.where(valid, key_tokens, torch.iinfo(torch.int32).max)
-        # A query's number = keys listed before its own token = its rank in the sorted list.
-        q_pos = torch.searchsorted(padded[query_block].contiguous(), query_pos[:, None].to(padded.dtype)).squeeze(1)
+        padded = torch.where(valid, key_tokens.long(), torch.iinfo(torch.int32).max)
+        # A query's number = keys listed before its own token = its rank in the sorted list. One search in all
+        # rows laid end to end (row m's tokens offset by m * 2^32 stay sorted), not a row copy per query.
+        row_offset = torch.arange(key_tokens.shape[0], device=key_tokens.device) << 32
+        flat = (padded + row_offset[:, None]).flatten()
+        q_pos = torch.searchsorted(flat, query_pos.long() + row_offset[query_block]) - query_block * K
         return key_pos.int(), q_pos.int()
     if style == "none":
         return key_tokens.int(), query_pos.int()

@@ -10,6 +10,7 @@ implementations with identical signatures and outputs:
 
 - `reference`: eager PyTorch, the oracle (CPU and GPU).
 - `triton`: one Triton kernel for every stage (stages differ only in the arguments).
+- `cpu`: `representative_scores` as batched GEMMs (`representative_cpu.py`); `chunk_scores` uses the reference.
 
 `chunk_scores(..., impl=...)` dispatches between them; see `reference.py` for the argument meanings. The
 Triton module is imported on first use. `per_head=True` returns each query head's score [M, N, H] instead of
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from infinitehip.attention.infinitehip.scoring.representative_cpu import representative_scores_cpu
 from infinitehip.attention.infinitehip.scoring.reference import chunk_scores_reference, representative_scores_reference
 from infinitehip.attention.kernel_impl import KERNEL_IMPLS as IMPLS
 from infinitehip.attention.kernel_impl import select_impl
@@ -77,7 +79,7 @@ def representative_scores(
                                   key_pos_base, token_pos_group, rep_offset, cos, sin, impl=impl)
             for q_h, k_h, h in _head_slices(q_rot, k_flat)], -1)
     fn = select_impl(impl, representative_scores_reference, f"{__name__}.representative_triton",
-                     "representative_scores_triton", "chunk scoring")
+                     "representative_scores_triton", "chunk scoring", cpu=representative_scores_cpu)
     return fn(q_rot, q_valid, k_flat, page_table, page_size, reps, chunk_lens, key_pos_base, token_pos_group,
               rep_offset, cos, sin)
 
