@@ -3,6 +3,7 @@
 Stops starting new lengths once --budget-s is spent, so a time-boxed GPU run still returns what it did.
 
     python bench/passkey_sweep.py --method infinitehip --lengths 65536 131072 --depths 0.1 0.5 0.9 --output out.json
+    ... --offload-enabled --mask-bank-tokens 36864 --attention-bank-tokens 65536     # KV in host memory, GPU banks
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from infinitehip import LLM, EngineConfig
 from infinitehip.config.infinitehip import infinitehip_preset
+from infinitehip.config.offload import OffloadConfig
 from infinitehip.eval.runner import EvalConfig, context_tokens_needed, run_eval
 
 
@@ -32,6 +34,9 @@ def main() -> None:
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
                    help="InfiniteHiPConfig overrides, e.g. refresh_intervals=[1,1,1] stream_tokens=2048")
     p.add_argument("--budget-s", type=float, default=1e9)
+    p.add_argument("--offload-enabled", action="store_true", help="every token's K/V in host memory behind GPU banks")
+    p.add_argument("--mask-bank-tokens", type=int, default=OffloadConfig.mask_bank_tokens)
+    p.add_argument("--attention-bank-tokens", type=int, default=OffloadConfig.attention_bank_tokens)
     p.add_argument("--output", required=True)
     args = p.parse_args()
 
@@ -40,7 +45,9 @@ def main() -> None:
                           show_progress=False)
     overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     method_config = infinitehip_preset(args.preset, **overrides) if args.method == "infinitehip" else None
-    llm = LLM(config=engine, method_config=method_config)
+    offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=args.mask_bank_tokens,
+                            attention_bank_tokens=args.attention_bank_tokens) if args.offload_enabled else None
+    llm = LLM(config=engine, method_config=method_config, offload_config=offload)
     start, results = time.time(), []
     for length in args.lengths:
         if time.time() - start > args.budget_s:
@@ -48,6 +55,7 @@ def main() -> None:
             break
         results += [dataclasses.asdict(r) for r in run_eval(llm, args.task, EvalConfig(lengths=(length,), depths=tuple(args.depths)))]
         Path(args.output).write_text(json.dumps({"method": args.method, "preset": args.preset, "overrides": overrides,
+                                                 "offload": dataclasses.asdict(offload) if offload else None,
                                                  "device": str(llm.engine.device),
                                                  "results": results}, indent=1))
     print(f"{'length':>8} {'correct':>8} {'mean s':>8}")
