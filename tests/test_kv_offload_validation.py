@@ -84,7 +84,7 @@ def test_validation_detects_a_stale_bank_row():
     kv = offloaded("reference", mask_bank=20, attention_bank=28)
     mirror_paged_cache(cache, kv)
     slot = int(list_slots(page_tables[:1], PAGE, torch.tensor([[5]], device=DEVICE), torch.tensor([1], device=DEVICE)))
-    kv.store.k[1, slot] = 0  # the store no longer matches the cache (written behind the banks' back)
+    kv.store.k[1][slot] = 0  # the store no longer matches the cache (written behind the banks' back)
     with pytest.raises(OffloadMismatchError, match=f"k of slot {slot} read through the mask bank \\(layer 1\\)"):
         validate_against_paged(cache, kv, [(1, torch.tensor([slot, -1], device=DEVICE))])
 
