@@ -2,8 +2,6 @@
 sparse attention (method-shaped key lists), streaming RoPE positions, the landmark saliency update (window
 sums), representative chunk scores (batched GEMMs), and whole pruning stages (same chunks kept)."""
 
-import math
-
 import pytest
 import torch
 
@@ -16,6 +14,7 @@ from infinitehip.attention.infinitehip.scoring.representative_cpu import represe
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding
+from tests.test_landmark_kernels import make_scores_case
 
 
 def rope_tables(positions: int, d: int, theta: float = 10000.0):
@@ -144,34 +143,17 @@ def test_saliency_window_sums_equal_pair_logits(chunks):
                        ref.representatives(0, starts, lens, page_table, 16, 8))
 
 
-def _scores_case(M, b, H, Hkv, d, N, page_size, group, base_kind, rep_offset, seed, chunk=8):
-    g = torch.Generator().manual_seed(seed)
-    T = N * chunk + 64
-    n_pages = math.ceil(T / page_size)
-    page_table = torch.randperm(n_pages + 5, generator=g)[:n_pages].to(torch.int32)
-    k_flat = torch.randn((n_pages + 5) * page_size, Hkv, d, generator=g)
-    q_rot = torch.randn(M, b, H, d, generator=g)
-    q_valid = torch.rand(M, b, generator=g) < 0.7
-    q_valid[:, 0] = True
-    q_valid[-1] = False  # a block without a valid query: finfo.min
-    lens = torch.where(torch.rand(M, N, generator=g) < 0.2, 0, torch.randint(1, chunk + 1, (M, N), generator=g))
-    starts = torch.randint(0, T - chunk, (M, N), generator=g)
-    reps = starts[..., None] + (torch.rand(M, N, H, generator=g) * lens[..., None].clamp(min=1)).long()
-    base = {"zero": torch.zeros(M, N, dtype=torch.long), "const": torch.full((M, N), 5, dtype=torch.long),
-            "rank": torch.cumsum((lens > 0).long(), 1) - 1}[base_kind]
-    cos, sin = rope_tables(int(base.max()) + rep_offset + (T // group if group else 0) + 2, d)
-    return q_rot, q_valid, k_flat, page_table, page_size, reps, lens, base, group, rep_offset, cos, sin
-
-
 @pytest.mark.parametrize("group,base_kind,rep_offset", [(None, "zero", 1), (None, "rank", 0), (None, "const", 1),
                                                         (3, "zero", 0), (1, "zero", 0)])
 def test_representative_scores_cpu_equals_reference(group, base_kind, rep_offset):
-    args = _scores_case(5, 12, 6, 2, 32, 40, 8, group, base_kind, rep_offset, seed=rep_offset + (group or 0))
+    # block 2 has no valid query; chunks of up to 8 tokens, some padding
+    args = make_scores_case(5, 12, 6, 2, 32, 40, 8, torch.float32, group, base_kind, rep_offset,
+                            seed=rep_offset + (group or 0), chunk=8)
     ref = representative_scores(*args, impl="reference")
     for group_elements in (1 << 21, 1):  # one group; one block per group
         cpu = representative_scores_cpu(*args, group_elements=group_elements)
         assert torch.equal(torch.isneginf(cpu), args[6] == 0)
-        assert (cpu[-1][args[6][-1] > 0] == torch.finfo(torch.float32).min).all()
+        assert (cpu[2][args[6][2] > 0] == torch.finfo(torch.float32).min).all()
         torch.testing.assert_close(cpu, ref, rtol=1e-5, atol=1e-5)
         starts = args[5][..., 0]
         for keep in (3, 10):
@@ -193,7 +175,7 @@ def test_pruning_stages_cpu_keep_the_reference_chunks(style):
         store = KeySaliency(window=32)
         for a in range(0, T, 300):
             store.update(0, q[a : a + 300], a, page_table, cache, rope, impl=impl)
-        parent, start, n = None, T - 300, 300
+        parent, start = None, T - 300
         for spec in specs:
             blocks = query_blocks(q[start:], start, spec.query_block_size)
             if parent is not None:
