@@ -22,8 +22,10 @@ attention bank at least --min-attention-bank tokens; the planner's summary line 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -42,6 +44,7 @@ from infinitehip.attention.infinitehip.offload_access import check_offload  # no
 from infinitehip.config.infinitehip import InfiniteHiPConfig, infinitehip_preset  # noqa: E402
 from infinitehip.config.model import ModelConfig  # noqa: E402
 from infinitehip.config.offload import OffloadConfig  # noqa: E402
+from infinitehip.engine.graph_decode import CudaGraphRecorder  # noqa: E402
 from infinitehip.engine.llm_engine import LLMEngine  # noqa: E402
 from infinitehip.model.loading import LoadedModel, random_model  # noqa: E402
 
@@ -120,6 +123,27 @@ def time_phases(device: torch.device) -> None:
     timed(OffloadedPagedCache, "token_table", "token tables")
 
 
+def time_graph_replays() -> list:
+    """From now on, every CUDA-graph replay is bracketed by CUDA events: [(start, end), ...] (GPU time per replay)."""
+    events = []
+    plain = CudaGraphRecorder.replay
+
+    def replay(self):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = plain(self)
+        end.record()
+        events.append((start, end))
+        return out
+
+    CudaGraphRecorder.replay, CudaGraphRecorder._plain_replay = replay, plain
+    return events
+
+
+def untime_graph_replays() -> None:
+    CudaGraphRecorder.replay = CudaGraphRecorder._plain_replay
+
+
 def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig | None, context: int, args) -> dict:
     device = loaded.model.embed_tokens.weight.device if hasattr(loaded.model, "embed_tokens") else next(loaded.model.parameters()).device
     engine = LLMEngine(EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype,
@@ -153,10 +177,14 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
             print(prof.key_averages().table(sort_by=key, row_limit=args.profile_rows, max_name_column_width=60))
         prof = None
     prefill_stats = engine.kv_stats()
-    step_s = []
+    step_s, replay_events, host_prof = [], [], None
     while not seq.is_finished:
         if len(step_s) == args.warmup_steps and offload is not None:
             engine.cache.reset_stats()  # decode hit ratios over the timed steps (graph replays included)
+        if len(step_s) == args.warmup_steps and args.host_profile:
+            replay_events = time_graph_replays()
+            host_prof = cProfile.Profile()
+            host_prof.enable()
         if args.profile_steps and len(step_s) == args.warmup_steps + args.steps - args.profile_steps:
             sync(device)
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
@@ -165,6 +193,14 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
         t = time.perf_counter()
         engine.step()
         step_s.append(time.perf_counter() - t)
+    if host_prof is not None:
+        host_prof.disable()
+        untime_graph_replays()
+        sync(device)
+        graph_ms = [a.elapsed_time(b) for a, b in replay_events[: args.steps - args.profile_steps]]
+        print(f"host profile of {len(graph_ms)} timed decode steps: GPU time of each step's graph replay "
+              f"{statistics.fmean(graph_ms):.2f} ms (min {min(graph_ms):.2f}, max {max(graph_ms):.2f}); by own time:")
+        pstats.Stats(host_prof).sort_stats("tottime").print_stats(args.profile_rows)
     if prof is not None:
         sync(device)
         prof.__exit__(None, None, None)
@@ -225,6 +261,8 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps after the timed ones (kernel table; --steps counts them, they are not timed)")
     p.add_argument("--profile-rows", type=int, default=25)
+    p.add_argument("--host-profile", action="store_true",
+                   help="cProfile of the timed decode steps and the GPU time of each graph replay (CUDA events)")
     p.add_argument("--profile-prefill", action="store_true", help="kernel and host tables of the prefill")
     p.add_argument("--kv-dtype", default="auto", help="host store dtype when offloaded (auto, fp8_e4m3, fp8_e5m2)")
     p.add_argument("--fast-prefill", action="store_true", help="random8b: prefill attention replaced by zeros (see above)")

@@ -231,3 +231,10 @@ def test_kv_scratch_tokens_give_room_past_the_limit_but_not_to_chunks():
         Scheduler(PageAllocator(4, PAGE), 2, 256, kv_token_limit=64, kv_scratch_tokens=8).add(make_seq(100, 1))
     with pytest.raises(ValueError, match="kv_scratch_tokens"):
         Scheduler(PageAllocator(4, PAGE), 2, 256, kv_scratch_tokens=-1)
+
+
+@pytest.mark.parametrize("start,end", [(0, 3), (2, 5), (4, 6), (5, 7), (6, 7), (0, 7), (3, 9)])
+def test_token_ids_spans_prompt_and_output(start, end):
+    seq = Sequence([10, 11, 12, 13, 14], SamplingParams(max_tokens=4), 4)
+    seq.output_ids += [20, 21]
+    assert seq.token_ids(start, end) == ([10, 11, 12, 13, 14] + [20, 21])[start:end]

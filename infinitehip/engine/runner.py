@@ -19,14 +19,25 @@ class ModelRunner:
         self.model, self.cache, self.rope, self.method = model, cache, rope, method
         self.device = cache.device
         self.graph_decoder = graph_decoder  # decode-only steps of one sequence replay CUDA graphs (CUDA only)
-        self._page_tables: dict[int, torch.Tensor] = {}
+        # Per sequence: a device copy of its page table [capacity] (int32) and how many entries are valid.
+        self._page_tables: dict[int, tuple[torch.Tensor, int]] = {}
 
     def page_table(self, seq: Sequence) -> torch.Tensor:
-        table = self._page_tables.get(seq.seq_id)
-        if table is None or table.numel() != len(seq.page_table):
-            table = torch.tensor(seq.page_table, dtype=torch.int32, device=self.device)
-            self._page_tables[seq.seq_id] = table
-        return table
+        """The sequence's page table on the device [num_pages]. A sequence's table only grows while it runs (it
+        is released when preempted or finished), so only new pages are copied: at 1M tokens the table has 16K
+        entries, and rebuilding it from the Python list costs milliseconds per decode step."""
+        n = len(seq.page_table)
+        table, valid = self._page_tables.get(seq.seq_id, (None, 0))
+        if table is None or n < valid:
+            table, valid = torch.empty(max(n, 1), dtype=torch.int32, device=self.device), 0
+        if n > table.numel():
+            grown = torch.empty(max(n, 2 * table.numel()), dtype=torch.int32, device=self.device)
+            grown[:valid] = table[:valid]
+            table = grown
+        if n > valid:
+            table[valid:n] = torch.tensor(seq.page_table[valid:n], dtype=torch.int32).to(self.device)
+        self._page_tables[seq.seq_id] = (table, n)
+        return table[:n]
 
     def release(self, seq: Sequence) -> None:
         self._page_tables.pop(seq.seq_id, None)

@@ -66,10 +66,13 @@ class Sequence:
         return self.num_prompt_tokens + self.max_tokens
 
     def token_ids(self, start: int, end: int) -> list[int]:
-        prompt = self.prompt_ids
-        if end <= len(prompt):
+        # Slices only: a decode step asks for one token of a sequence that may hold a million.
+        prompt, n = self.prompt_ids, len(self.prompt_ids)
+        if end <= n:
             return prompt[start:end]
-        return (prompt + self.output_ids)[start:end]
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return prompt[start:] + self.output_ids[: end - n]
 
     @property
     def is_finished(self) -> bool:
