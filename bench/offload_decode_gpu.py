@@ -177,12 +177,16 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
             print(prof.key_averages().table(sort_by=key, row_limit=args.profile_rows, max_name_column_width=60))
         prof = None
     prefill_stats = engine.kv_stats()
-    step_s, replay_events, host_prof = [], [], None
+    step_s, replay_events, host_prof, captures_before = [], [], None, 0
     while not seq.is_finished:
         if len(step_s) == args.warmup_steps and offload is not None:
             engine.cache.reset_stats()  # decode hit ratios over the timed steps (graph replays included)
-        if len(step_s) == args.warmup_steps and args.host_profile:
+        if len(step_s) == args.warmup_steps:
+            graphs = engine.runner.graph_decoder
+            captures_before = graphs.captures if graphs else 0
+        if len(step_s) == args.warmup_steps and (args.host_profile or args.graph_times):
             replay_events = time_graph_replays()
+        if len(step_s) == args.warmup_steps and args.host_profile:
             host_prof = cProfile.Profile()
             host_prof.enable()
         if args.profile_steps and len(step_s) == args.warmup_steps + args.steps - args.profile_steps:
@@ -193,13 +197,16 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
         t = time.perf_counter()
         engine.step()
         step_s.append(time.perf_counter() - t)
-    if host_prof is not None:
-        host_prof.disable()
+    graph_ms = []
+    if replay_events:
         untime_graph_replays()
         sync(device)
         graph_ms = [a.elapsed_time(b) for a, b in replay_events[: args.steps - args.profile_steps]]
-        print(f"host profile of {len(graph_ms)} timed decode steps: GPU time of each step's graph replay "
-              f"{statistics.fmean(graph_ms):.2f} ms (min {min(graph_ms):.2f}, max {max(graph_ms):.2f}); by own time:")
+        print(f"{len(graph_ms)} of the timed decode steps replayed a graph: GPU time per replay "
+              f"{statistics.fmean(graph_ms):.2f} ms (min {min(graph_ms):.2f}, max {max(graph_ms):.2f})")
+    if host_prof is not None:
+        host_prof.disable()
+        print("host profile of the timed decode steps (cProfile slows the host: their times are not the table's):")
         pstats.Stats(host_prof).sort_stats("tottime").print_stats(args.profile_rows)
     if prof is not None:
         sync(device)
@@ -213,7 +220,8 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
     text = engine.tokenizer.decode(seq.output_ids, skip_special_tokens=True) if engine.tokenizer is not None else ""
     out = dict(
         mode="offloaded" if offload is not None else "resident", context=len(ids), prefill_s=prefill_s,
-        step_ms=statistics.fmean(timed) * 1e3, tokens=list(seq.output_ids),
+        step_ms=statistics.fmean(timed) * 1e3, graph_ms=statistics.fmean(graph_ms) if graph_ms else None,
+        captures_in_timed=graphs.captures - captures_before if graphs else 0, tokens=list(seq.output_ids),
         passkey=sample.is_correct(text) if sample is not None else None,
         answer=sample.answer if sample is not None else None, output=text,
         # what a resident cache in the model's dtype would hold (an FP8 store is half of it, on the host)
@@ -240,8 +248,13 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", type=int, nargs="+", default=[131072])
-    p.add_argument("--steps", type=int, default=64, help="timed decode steps")
-    p.add_argument("--warmup-steps", type=int, default=40, help="decode steps before timing (graph captures)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="timed decode steps (default: two of the longest refresh interval, so every refresh pattern "
+                        "is timed in its proportion)")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="decode steps before timing (default: the longest refresh interval + 2, so every refresh "
+                        "pattern's graph is captured before timing)")
+    p.add_argument("--graph-times", action="store_true", help="GPU time of each graph replay (CUDA events)")
     p.add_argument("--preset", default="3k-fast")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
                    help="InfiniteHiPConfig overrides of the preset, e.g. chunk_sizes=[256,32,16]")
@@ -295,6 +308,9 @@ def main() -> None:
         loaded = load_engine_model(EngineConfig(model=args.gguf, model_cache_dir=args.model_cache_dir, device="cuda",
                                                 dtype=args.dtype))
         method = infinitehip_preset(args.preset, **overrides)
+    longest_refresh = max(method.refresh_intervals)
+    args.warmup_steps = longest_refresh + 2 if args.warmup_steps is None else args.warmup_steps
+    args.steps = 2 * longest_refresh if args.steps is None else args.steps
     weights_gb = sum(t.numel() * t.element_size() for t in loaded.model.parameters()) / 1e9
 
     rows, failures = [], 0
@@ -330,15 +346,15 @@ def main() -> None:
           f"preset {'tiny' if args.smoke else args.preset} {overrides or ''}; graphs {'off' if args.no_graphs else 'on'}; "
           f"prefill {'FAST (attention replaced by zeros)' if args.fast_prefill else 'real'}\n")
     print("| context | KV | prefill s | decode ms/step | tok/s | peak GPU GB | banks GB | store on GPU GB | resident KV GB | "
-          "mask hit (prefill/decode) | attention hit (prefill/decode) | graphs | passkey |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :-: |")
+          "mask hit (prefill/decode) | attention hit (prefill/decode) | graphs | captures timed | graph GPU ms | passkey |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :-: |")
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     for r in rows:
         print(f"| {r['context']:,} | {r['mode']} | {r['prefill_s']:.1f} | {r['step_ms']:.2f} | {1e3 / r['step_ms']:.1f} | "
               f"{r['peak_gpu_gb']:.1f} | {r['bank_gb']:.2f} | {r['store_gpu_gb']:.2f} | {r['resident_kv_gb']:.2f} | "
               f"{fmt(r['prefill_mask_hit'])} / {fmt(r['decode_mask_hit'])} | "
               f"{fmt(r['prefill_attention_hit'])} / {fmt(r['decode_attention_hit'])} | {r['captures']}/{r['replays']} | "
-              f"{r['passkey']} |")
+              f"{r['captures_in_timed']} | {fmt(r['graph_ms'])} | {r['passkey']} |")
     overflows = sum(r[f"{ph}_{b}_overflows"] for r in rows for ph in ("prefill", "decode") for b in ("mask", "attention"))
     if overflows:
         print(f"ERROR: {overflows} resolve calls asked a bank for more rows than it holds")
