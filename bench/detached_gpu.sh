@@ -3,7 +3,8 @@
 # may last longer) and polls it back. A plan is a bash file of `run NAME COMMAND...` lines; each command's
 # output goes to DIR/NAME.log, and `wait_file PATH` waits for a file another call brings (the joined GGUF).
 #   bench/detached_gpu.sh start PLAN DIR   (returns at once)
-#   bench/detached_gpu.sh poll DIR SECS    (waits up to SECS for the plan to end, prints each log's tail)
+#   bench/detached_gpu.sh poll DIR SECS    (waits up to SECS for the plan to end, prints each log's tail and
+#                                           copies the logs and JSON files to $OUT)
 # The machine is given back 30 s after a call ends, detached runs with it: poll back to back.
 set -u
 cmd=$1
@@ -22,5 +23,6 @@ else
   while [ ! -e "$dir/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
   cat "$dir/progress"
   for f in "$dir"/*.log; do echo "== $f"; grep -v -i warn "$f" | tail -${TAIL:-12}; done
+  [ -n "${OUT:-}" ] && cp "$dir"/*.log "$dir"/*.json "$OUT"/ 2>/dev/null  # a device call's results come back from $OUT
   [ -e "$dir/done" ] && echo DONE
 fi
