@@ -123,6 +123,46 @@ def time_phases(device: torch.device) -> None:
     timed(OffloadedPagedCache, "token_table", "token tables")
 
 
+def dense_layerwise(loaded: LoadedModel, contexts: list[int], device: torch.device) -> list[dict]:
+    """The paper's dense decode comparison, measured in this run: a graph-replayed decode step of the same model
+    with attention replaced by the identity (weights, norms, MLP, logits: what every method pays) + num_layers x
+    one layer's SDPA-flash decode over the context (cold L2; a dense KV of 1M tokens would not fit, one layer does)."""
+    from bench.attention_latency import Timer, backend_ctx, sdpa
+
+    mc, model = loaded.config, loaded.model
+    ids = torch.zeros(1, dtype=torch.long, device=device)
+    timer = Timer(device, warmup=3, min_reps=20, max_reps=200, budget_s=2.0)
+    with torch.inference_mode():
+        def step():
+            return model.compute_logits(model(ids, lambda layer, q, k, v: q))
+
+        for _ in range(2):
+            step()
+        replay, graph = step, None
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            replay = graph.replay
+        rest_ms = timer(replay)["ms"]
+        def layer_ms(context: int) -> float:
+            q = torch.randn(1, mc.num_heads, mc.head_dim, dtype=torch.bfloat16, device=device)
+            k = torch.randn(context, mc.num_kv_heads, mc.head_dim, dtype=torch.bfloat16, device=device)
+            v = torch.randn_like(k)
+            with backend_ctx(device):
+                return timer(lambda: sdpa(q, k, v, causal=False))["ms"]
+
+        rows = []
+        for context in contexts:
+            ms = layer_ms(context)
+            rows.append(dict(context=context, rest_ms=rest_ms, layer_ms=ms, dense_ms=rest_ms + mc.num_layers * ms))
+    del graph
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
 def time_graph_replays() -> list:
     """From now on, every CUDA-graph replay is bracketed by CUDA events: [(start, end), ...] (GPU time per replay)."""
     events = []
@@ -254,6 +294,8 @@ def main() -> None:
     p.add_argument("--warmup-steps", type=int, default=None,
                    help="decode steps before timing (default: the longest refresh interval + 2, so every refresh "
                         "pattern's graph is captured before timing)")
+    p.add_argument("--dense-layerwise", action="store_true",
+                   help="GPU: the paper's layer-wise dense decode estimate at each context, measured after the runs")
     p.add_argument("--graph-times", action="store_true", help="GPU time of each graph replay (CUDA events)")
     p.add_argument("--preset", default="3k-fast")
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
@@ -355,6 +397,16 @@ def main() -> None:
               f"{fmt(r['prefill_mask_hit'])} / {fmt(r['decode_mask_hit'])} | "
               f"{fmt(r['prefill_attention_hit'])} / {fmt(r['decode_attention_hit'])} | {r['captures']}/{r['replays']} | "
               f"{r['captures_in_timed']} | {fmt(r['graph_ms'])} | {r['passkey']} |")
+    if args.dense_layerwise:
+        dense = dense_layerwise(loaded, args.contexts, torch.device("cpu" if args.smoke else "cuda"))
+        print("\ndense decode, layer-wise (graph step without attention + layers x SDPA-flash decode of one layer):")
+        print("| context | step without attention ms | one layer's SDPA ms | dense step ms | dense tok/s | offloaded ms/step | offloaded / dense speed |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for d in dense:
+            ours = [r["step_ms"] for r in rows if r["context"] >= d["context"] and r["mode"] == "offloaded"][:1]
+            tail = f"{ours[0]:.2f} | {d['dense_ms'] / ours[0]:.2f}x" if ours else "- | -"
+            print(f"| {d['context']:,} | {d['rest_ms']:.2f} | {d['layer_ms']:.3f} | {d['dense_ms']:.2f} | "
+                  f"{1e3 / d['dense_ms']:.1f} | {tail} |")
     overflows = sum(r[f"{ph}_{b}_overflows"] for r in rows for ph in ("prefill", "decode") for b in ("mask", "attention"))
     if overflows:
         print(f"ERROR: {overflows} resolve calls asked a bank for more rows than it holds")

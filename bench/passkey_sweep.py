@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from infinitehip import LLM, EngineConfig
-from infinitehip.config.infinitehip import infinitehip_preset
+from infinitehip.attention.registry import method_spec
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.eval.runner import EvalConfig, context_tokens_needed, run_eval
 
@@ -24,7 +24,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--task", default="passkey")
     p.add_argument("--method", default="infinitehip")
-    p.add_argument("--preset", default="3k")
+    p.add_argument("--preset", default=None, help="the method's named preset (default: the method's default)")
     p.add_argument("--lengths", type=int, nargs="+", required=True)
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     p.add_argument("--model", default=None)
@@ -32,7 +32,8 @@ def main() -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--prefill-chunk-size", type=int, default=32768)
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
-                   help="InfiniteHiPConfig overrides, e.g. refresh_intervals=[1,1,1] stream_tokens=2048")
+                   help="overrides of the method's config, e.g. refresh_intervals=[1,1,1] (infinitehip), "
+                        "selection_cache=false (tokenselect), 'catalyst_question=\"What is the pass key?\"' (infinipot)")
     p.add_argument("--budget-s", type=float, default=1e9)
     p.add_argument("--offload-enabled", action="store_true", help="every token's K/V in host memory behind GPU banks")
     p.add_argument("--mask-bank-tokens", type=int, default=OffloadConfig.mask_bank_tokens)
@@ -44,7 +45,7 @@ def main() -> None:
                           max_context_tokens=context_tokens_needed(args.task, tuple(args.lengths)), prefill_chunk_size=args.prefill_chunk_size,
                           show_progress=False)
     overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
-    method_config = infinitehip_preset(args.preset, **overrides) if args.method == "infinitehip" else None
+    method_config = method_spec(args.method).config(args.preset, **overrides)
     offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=args.mask_bank_tokens,
                             attention_bank_tokens=args.attention_bank_tokens) if args.offload_enabled else None
     llm = LLM(config=engine, method_config=method_config, offload_config=offload)
