@@ -14,13 +14,8 @@ from infinitehip.attention.infinitehip.scoring.representative_cpu import represe
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding
+from tests.rope_helpers import rope_tables  # noqa: E402
 from tests.test_landmark_kernels import make_scores_case
-
-
-def rope_tables(positions: int, d: int, theta: float = 10000.0):
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = torch.outer(torch.arange(positions, dtype=torch.float64), inv)
-    return ang.cos().float(), ang.sin().float()
 
 
 def method_lists(start, n, b, sink, stream, keep, chunk, gen):
@@ -57,7 +52,7 @@ def test_sdpa_prefill_equals_reference_on_method_lists(start, n):
     tokens, counts, ws = method_lists(start, n, b, sink=16, stream=64, keep=96, chunk=4, gen=gen)
     query_pos = torch.arange(start, L)
     key_rope, query_rope = attention_positions("streaming", tokens, counts, ws, query_pos, torch.arange(n) // b, L, 4096)
-    cos, sin = rope_tables(L + tokens.shape[1], d)
+    cos, sin = rope_tables(L + tokens.shape[1], d, device=torch.device("cpu"))
     args = (q, k, v, page_table, page_size, tokens.int(), counts.int(), key_rope, query_pos.int(), query_rope, b,
             cos, sin, d**-0.5)
     torch.testing.assert_close(sparse.sparse_attention_prefill(*args, impl="sdpa"),
@@ -79,7 +74,7 @@ def test_sdpa_prefill_empty_block_and_small_groups(monkeypatch):
     counts[2] = 0
     query_pos = torch.arange(start, L)
     key_rope, query_rope = attention_positions("streaming", tokens, counts, ws, query_pos, torch.arange(n) // b, L, 4096)
-    cos, sin = rope_tables(L + tokens.shape[1], d)
+    cos, sin = rope_tables(L + tokens.shape[1], d, device=torch.device("cpu"))
     args = (q, k, v, page_table, page_size, tokens.int(), counts.int(), key_rope, query_pos.int(), query_rope, b,
             cos, sin, d**-0.5)
     expect = sparse.sparse_attention_prefill(*args, impl="reference")

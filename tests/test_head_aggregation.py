@@ -31,14 +31,9 @@ from infinitehip.config.infinitehip import InfiniteHiPConfig  # noqa: E402
 from infinitehip.config.model import ModelConfig  # noqa: E402
 from infinitehip.kv.paged_cache import token_slots  # noqa: E402
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary  # noqa: E402
+from tests.rope_helpers import rope_tables  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def rope_tables(positions: int, d: int):
-    inv = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = torch.outer(torch.arange(positions, dtype=torch.float64), inv)
-    return ang.cos().float().to(DEVICE), ang.sin().float().to(DEVICE)
 
 
 def make_case(M=3, b=8, H=6, Hkv=2, d=32, N=9, page_size=8, chunk=8, seed=0):

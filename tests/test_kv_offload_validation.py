@@ -24,6 +24,7 @@ from infinitehip.kv.offload import OffloadedKV  # noqa: E402
 from infinitehip.kv.offload.compose import decode_tables, list_slots  # noqa: E402
 from infinitehip.kv.offload.validate import OffloadMismatchError, mirror_paged_cache, validate_against_paged  # noqa: E402
 from infinitehip.kv.paged_cache import PagedKVCache  # noqa: E402
+from tests.rope_helpers import rope_tables  # noqa: E402
 
 for _name in ("infinitehip.kv.offload.triton", "infinitehip.attention.sparse.triton"):
     if _name in sys.modules:  # decorated before TRITON_INTERPRET was set
@@ -87,12 +88,6 @@ def test_validation_detects_a_stale_bank_row():
     kv.store.k[1][slot] = 0  # the store no longer matches the cache (written behind the banks' back)
     with pytest.raises(OffloadMismatchError, match=f"k of slot {slot} read through the mask bank \\(layer 1\\)"):
         validate_against_paged(cache, kv, [(1, torch.tensor([slot, -1], device=DEVICE))])
-
-
-def rope_tables(positions: int, d: int):
-    inv = 1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = torch.outer(torch.arange(positions, dtype=torch.float64), inv)
-    return ang.cos().float().to(DEVICE), ang.sin().float().to(DEVICE)
 
 
 @pytest.mark.parametrize("impl", ["reference", "triton"])

@@ -33,15 +33,10 @@ from infinitehip.attention.infinitehip.scoring import representative_scores  # n
 from infinitehip.config.model import ModelConfig  # noqa: E402
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots  # noqa: E402
 from infinitehip.model.rope import RotaryEmbedding  # noqa: E402
+from tests.rope_helpers import rope_tables  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 FP32_MIN = torch.finfo(torch.float32).min
-
-
-def rope_tables(positions: int, d: int, theta: float = 10000.0):
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = torch.outer(torch.arange(positions, dtype=torch.float64), inv)
-    return ang.cos().float().to(DEVICE), ang.sin().float().to(DEVICE)
 
 
 def make_scores_case(M, b, H, Hkv, d, N, page_size, dtype, group, base_kind, rep_offset, seed, chunk=16):

@@ -21,6 +21,7 @@ pytest.importorskip("triton")
 
 from infinitehip.attention.infinitehip.scoring import chunk_scores  # noqa: E402
 from infinitehip.attention.infinitehip.scoring.reference import chunk_scores_reference  # noqa: E402
+from tests.rope_helpers import rope_tables  # noqa: E402
 
 if "infinitehip.attention.infinitehip.scoring.triton" in sys.modules:  # decorated before TRITON_INTERPRET was set
     importlib.reload(sys.modules["infinitehip.attention.infinitehip.scoring.triton"])
@@ -28,12 +29,6 @@ tri = importlib.import_module("infinitehip.attention.infinitehip.scoring.triton"
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 FP32_MIN = torch.finfo(torch.float32).min
-
-
-def rope_tables(positions: int, d: int, theta: float = 10000.0):
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = torch.outer(torch.arange(positions, dtype=torch.float64), inv)
-    return ang.cos().float().to(DEVICE), ang.sin().float().to(DEVICE)
 
 
 def make_case(M, b, H, Hkv, d, chunk_size, N, page_size, dtype, group, offsets, seed, gap=3, tie_chunks=True):

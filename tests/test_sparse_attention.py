@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 from infinitehip.attention import sparse  # noqa: E402
 from infinitehip.attention.sparse import reference  # noqa: E402
 from infinitehip.model.rope import apply_rotary  # noqa: E402
+from tests.rope_helpers import rope_tables  # noqa: E402
 
 if "infinitehip.attention.sparse.triton" in sys.modules:  # decorated before TRITON_INTERPRET was set
     importlib.reload(sys.modules["infinitehip.attention.sparse.triton"])
@@ -30,12 +31,6 @@ tri = importlib.import_module("infinitehip.attention.sparse.triton")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 PAD_TOKEN = 1 << 20  # fills key lists past key_counts: must never be read
-
-
-def rope_tables(positions: int, d: int, theta: float = 10000.0):
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = torch.outer(torch.arange(positions, dtype=torch.float64), inv)
-    return ang.cos().float().to(DEVICE), ang.sin().float().to(DEVICE)
 
 
 def make_cache(num_pages: int, page_size: int, hkv: int, d: int, dtype, gen):
