@@ -9,6 +9,6 @@ O="python3 bench/offload_decode_gpu.py --warmup-steps 40"
 run offload_8b_256k_real $O --contexts 262144 --steps 64 --preset 3k-flash --phase-times
 run offload_8b_256k_fast $O --contexts 262144 --steps 64 --preset 3k-flash --fast-prefill
 run offload_8b_1m_fp8_3k-flash $O --contexts 1048576 --steps 88 --profile-steps 24 --preset 3k-flash --kv-dtype fp8_e4m3 --fast-prefill
-run offload_8b_2m_fp8_3k-flash $O --contexts 2097152 --steps 64 --preset 3k-flash --kv-dtype fp8_e4m3 --fast-prefill --mask-bank-tokens 352256
+run offload_8b_2m_fp8_3k-flash $O --contexts 2097152 --steps 64 --preset 3k-flash --kv-dtype fp8_e4m3 --fast-prefill --mask-bank-tokens 131072
 run offload_8b_1m_fp8_3k $O --contexts 1048576 --steps 64 --preset 3k --kv-dtype fp8_e4m3 --fast-prefill
 run offload_8b_1m_fp8_3k-fast $O --contexts 1048576 --steps 64 --preset 3k-fast --kv-dtype fp8_e4m3 --fast-prefill
