@@ -146,6 +146,7 @@ def dense_layerwise(loaded: LoadedModel, contexts: list[int], device: torch.devi
                 step()
             replay = graph.replay
         rest_ms = timer(replay)["ms"]
+
         def layer_ms(context: int) -> float:
             q = torch.randn(1, mc.num_heads, mc.head_dim, dtype=torch.bfloat16, device=device)
             k = torch.randn(context, mc.num_kv_heads, mc.head_dim, dtype=torch.bfloat16, device=device)

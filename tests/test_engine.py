@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from infinitehip import ContextLengthError, EngineConfig, SamplingParams
+from infinitehip.engine.runner import ModelRunner
+from infinitehip.engine.sequence import Sequence
 from tests.conftest import engine_for_dir
 
 
@@ -148,3 +152,17 @@ def test_preemption_under_kv_pressure_gives_the_same_greedy_outputs(tiny_hf_mode
     assert [s.output_ids for s in _run(tight, prompts, params)] == expected
     assert preempted, "the tight cache must have forced a preemption"
     assert tight.scheduler.allocator.num_free == tight.scheduler.allocator.num_pages
+
+
+def test_runner_page_table_grows_in_place_and_is_rebuilt_after_release():
+    """The device page table follows the sequence's list as it grows page by page (only new entries copied),
+    and a released sequence (preempted: its pages freed and re-allocated) gets a fresh table."""
+    runner = ModelRunner(None, SimpleNamespace(device=torch.device("cpu")), None, None)
+    seq = Sequence([1, 2, 3], SamplingParams(max_tokens=4), 4)
+    for pages in (1, 2, 3, 7, 20):
+        seq.page_table.extend(100 + 3 * i for i in range(len(seq.page_table), pages))
+        table = runner.page_table(seq)
+        assert table.dtype == torch.int32 and table.tolist() == seq.page_table
+    runner.release(seq)
+    seq.page_table[:] = [5, 6]
+    assert runner.page_table(seq).tolist() == [5, 6]
