@@ -498,3 +498,41 @@ def test_row_copy_converts_every_code_of_a_narrower_store_exactly(impl, store_dt
     want[dst_rows[live]] = src[src_rows[live]].to(bank_dtype)
     nan = got.isnan() & want.isnan()
     assert torch.equal(raw(torch.where(nan, 0, got)), raw(torch.where(nan, 0, want)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_prefill_representatives_resolved_once_per_repeat_read_the_same_rows(impl):
+    """Prefill lists each representative once however many query blocks repeat it (`compact=True`): the rows the
+    scoring kernel reads through the token table, the bank's hit / miss counts and its LRU order equal those of
+    resolving every block's copy."""
+    from infinitehip.attention.infinitehip.offload_access import RepresentativeKeys
+    from infinitehip.kv.offload.paged import OffloadedPagedCache
+
+    page_size, pages, layer = 4, 24, 1
+    g = torch.Generator().manual_seed(7)
+    k = torch.randn(pages * page_size, HKV, D, generator=g)
+    page_table = torch.randperm(pages, generator=g).to(DEVICE, torch.int32)
+    M, N, H = 6, 5, 3  # blocks x chunk columns x heads; stage-1 like: blocks share chunks, the last ones grow
+    reps = torch.randint(0, pages * page_size, (N, H), generator=g).expand(M, N, H).clone()
+    reps[4:, 3] = torch.randint(0, pages * page_size, (2, H), generator=g)  # a chunk that changes for late blocks
+    lens = torch.full((M, N), 4)
+    lens[:2, 4] = 0  # not yet a candidate for the first blocks (causal)
+    lens[0, 2] = 0
+    reps, lens = reps.to(DEVICE), lens.to(DEVICE)
+    results = []
+    for compact in (False, True):
+        cfg = OffloadConfig(offload_enabled=True, mask_bank_tokens=40, attention_bank_tokens=8, kv_dtype="float32",
+                            offload_impl=impl)
+        cache = OffloadedPagedCache(cfg, LAYERS, pages, page_size, HKV, D, torch.float32, DEVICE)
+        for l in range(LAYERS):
+            cache.write(l, torch.arange(pages * page_size, device=DEVICE), k.to(DEVICE), k.to(DEVICE))
+        keys = RepresentativeKeys(cache, layer, page_table)
+        keys(reps[:1, :2], lens[:1, :2])  # an earlier call: some representatives are hits
+        k_flat, table, one = keys(reps, lens, compact=compact)
+        listed = (lens > 0)[..., None].expand_as(reps)
+        rows = k_flat[table[reps[listed].long()].long()].cpu()
+        want = k[(page_table.cpu().long()[reps[listed].cpu() // page_size] * page_size + reps[listed].cpu() % page_size)]
+        torch.testing.assert_close(rows, want, rtol=0, atol=0)
+        bank = cache.kv.mask_bank
+        results.append((bank.hits[layer].item(), bank.misses[layer].item(), bank.order[layer].cpu().tolist()))
+    assert results[0] == results[1]
