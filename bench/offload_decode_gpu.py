@@ -322,8 +322,6 @@ def main() -> None:
     p.add_argument("--profile-prefill", action="store_true", help="kernel and host tables of the prefill")
     p.add_argument("--kv-dtype", default="auto", help="host store dtype when offloaded (auto, fp8_e4m3, fp8_e5m2)")
     p.add_argument("--fast-prefill", action="store_true", help="random8b: prefill attention replaced by zeros (see above)")
-    p.add_argument("--resolve-every-copy", action="store_true",
-                   help="prefill resolves every query block's copy of a representative (the code before compaction)")
     p.add_argument("--phase-times", action="store_true", help="synchronised wall time per prefill phase")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny random model, 700 tokens, 8 steps, tokens checked")
     args = p.parse_args()
@@ -334,11 +332,6 @@ def main() -> None:
         p.error("--fast-prefill is for random weights only (a real model's answer needs the real prefill)")
     if args.fast_prefill:
         use_fast_prefill()
-    if args.resolve_every_copy:  # A/B of the prefill's compacted representative requests
-        from infinitehip.attention.infinitehip.offload_access import RepresentativeKeys
-
-        every_copy = RepresentativeKeys.__call__
-        RepresentativeKeys.__call__ = lambda self, reps, lens, compact=False: every_copy(self, reps, lens)
     if args.phase_times:
         time_phases(torch.device("cpu" if args.smoke else "cuda"))
 
