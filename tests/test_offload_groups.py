@@ -19,7 +19,7 @@ class FakeKeys(RepresentativeKeys):
     def __init__(self, bank_tokens: int):
         self.bank, self.calls = SimpleNamespace(bank_tokens=bank_tokens), []
 
-    def __call__(self, reps, lens, compact=False):
+    def __call__(self, reps, lens):
         listed = (lens > 0)[..., None].expand_as(reps)
         self.calls.append(int(reps[listed].unique().numel()))
         return ("k", "table", 1)

@@ -47,24 +47,12 @@ class RepresentativeKeys:
         self.cache, self.layer, self.page_table = cache, layer, page_table
         self.bank = cache.kv.mask_bank
 
-    def __call__(self, reps: torch.Tensor, lens: torch.Tensor, compact: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """reps [M, N, H] token positions, lens [M, N] (0: padding chunk, not read) -> (k_flat, table, 1).
-
-        Sync-free unless `compact` (prefill): query blocks list the same chunks (stage 1: all M blocks the same
-        ones), so a representative the previous block listed at the same chunk column and head is not requested
-        again, and the requests left are compacted (a sync), so the resolve sorts what is requested instead of
-        M x N x H mostly repeated entries. Same bank state and statistics: the resolve counts distinct slots."""
+    def __call__(self, reps: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """reps [M, N, H] token positions, lens [M, N] (0: padding chunk, not read) -> (k_flat, table, 1). Sync-free."""
         listed = (lens > 0)[..., None].expand_as(reps)
-        tokens = reps
-        if compact:
-            first = listed.clone()
-            first[1:] &= ~((reps[1:] == reps[:-1]) & listed[:-1])  # listed by the block before: a repeat
-            tokens, listed = reps[first], None
-            slots = token_slots(self.page_table, tokens, self.cache.page_size)
-        else:
-            slots = torch.where(listed, token_slots(self.page_table, reps, self.cache.page_size), -1)
+        slots = torch.where(listed, token_slots(self.page_table, reps, self.cache.page_size), -1)
         index = self.cache.kv.resolve_mask(self.layer, slots)
-        return self.bank.flat_k(self.layer), self.cache.token_table(tokens, index, self.bank, listed), 1
+        return self.bank.flat_k(self.layer), self.cache.token_table(reps, index, self.bank, listed), 1
 
     def chunks_per_group(self, chunk_size: int, num_heads: int) -> int:
         """Chunks whose representatives always fit the mask bank together: a chunk has at most min(H, chunk_size)
@@ -113,8 +101,8 @@ class RepresentativeKeys:
         parts = []
         for a, b, R in groups:
             cols = slice(a, b)
-            parts.append(torch.cat([score(self(reps[r : r + R, cols], lens[r : r + R, cols], compact=True),
-                                          slice(r, r + R), cols) for r in range(0, M, R)]))
+            parts.append(torch.cat([score(self(reps[r : r + R, cols], lens[r : r + R, cols]), slice(r, r + R), cols)
+                                    for r in range(0, M, R)]))
         return torch.cat(parts, dim=1)
 
 
