@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Baselines vs InfiniteHiP on the GPU: passkey + NIAH accuracy, prefill time, decode tok/s, peak KV memory,
 # dropped tokens (truncate). Dense runs up to --max-context past the model's trained length, to show it fail.
-# Usage: bench/compare_gpu.sh [MODEL] [OUT_DIR]   (MODEL: HF dir or .gguf; default: the embedded SmolLM2-135M, trained to 8K)
+# Usage: bench/plans/compare_gpu.sh [MODEL] [OUT_DIR]   (MODEL: HF dir or .gguf; default: the embedded SmolLM2-135M, trained to 8K)
 set -eu
 model=${1:-}; out=${2:-bench/results/compare_gpu}
 python3 -m infinitehip.cli.main eval compare ${model:+--model "$model"} \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU batch for the sync-free / CUDA-graph decode (device time is scarce: two calls, the GGUF carried in parts).
-#   bench/graph_gpu.sh latency OUT   one Llama-3-8B layer: decode step profile, engine decode step replayed from
+#   bench/plans/graph_gpu.sh latency OUT   one Llama-3-8B layer: decode step profile, engine decode step replayed from
 #                                    CUDA graphs vs dense, offloaded-KV resolve latency
-#   bench/graph_gpu.sh model OUT     embedded model graph == eager tokens; 8B-shaped random model tok/s vs dense
+#   bench/plans/graph_gpu.sh model OUT     embedded model graph == eager tokens; 8B-shaped random model tok/s vs dense
 set -u
 part=$1; out=$2
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One time-boxed GPU batch per part (device time is scarce). Usage: bench/session_gpu.sh PART MODEL.gguf OUT_DIR
+# One time-boxed GPU batch per part (device time is scarce). Usage: bench/plans/session_gpu.sh PART MODEL.gguf OUT_DIR
 #   recall   top-k recall at 32K (passkey, NIAH), TokenSelect single-layer latency, all six methods compared at 16K/128K
 #   long     methods compared at 1M (all but dense and infinitehip, whose 1M runs are in the passkey sweeps), latency
 set -u

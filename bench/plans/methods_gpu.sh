@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TokenSelect and InfiniPot on the GPU in one time-boxed batch (issue 6): passkey with the embedded model,
 # TokenSelect single-layer latency, InfiniPot memory vs length.
-# Usage: bench/methods_gpu.sh PART MODEL.gguf OUT_DIR   (PART: accuracy | speed)
+# Usage: bench/plans/methods_gpu.sh PART MODEL.gguf OUT_DIR   (PART: accuracy | speed)
 set -u
 part=$1; model=$2; out=$3
 sweep() { method=$1; budget=$2; shift 2; echo "== passkey $method"; python3 bench/passkey_sweep.py --method "$method" --model "$model" \

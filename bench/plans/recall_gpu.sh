@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Top-k recall at 32K (paper Fig. 6) and a short passkey sweep at 64K/128K: the default vs the variants of
 # docs/results/recall_study_cpu.md. Designed for < 8 min on one H100 (typical ~5; hard cap 4 x 75 s + 3 x 70 s). Prints a table last.
-# Usage: bench/recall_gpu.sh [MODEL.gguf|""] [OUT_DIR]    (empty model: the embedded SmolLM2-135M)
+# Usage: bench/plans/recall_gpu.sh [MODEL.gguf|""] [OUT_DIR]    (empty model: the embedded SmolLM2-135M)
 set -u
 model=${1:-}; out=${2:-docs/results/recall_gpu}
 mkdir -p "$out"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Passkey accuracy with landmark vs bisection representatives on the embedded model (GPU).
-# Usage: bench/representative_gpu.sh MODEL.gguf OUT_DIR [LENGTHS...]
+# Usage: bench/plans/representative_gpu.sh MODEL.gguf OUT_DIR [LENGTHS...]
 set -u
 model=$1; out=$2; shift 2; lengths=${*:-"16384 65536 131072 262144"}
 run() { name=$1; budget=$2; shift 2; echo "== $name"; python3 bench/passkey_sweep.py --model "$model" --model-cache-dir /root/cache \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Screen config variants on the passkey cases the 64K-1M sweep missed (needs /root/smol.gguf, see the device README).
-#   bench/passkey_screen_gpu.sh OUT [VARIANT=JSON ...]
+#   bench/plans/passkey_screen_gpu.sh OUT [VARIANT=JSON ...]
 set -u
 out=$1; shift
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU runs the second 2026-11-24 session left open (issues 3, 4, 6), batched for device calls.
-#   bench/next_gpu.sh model OUT    needs /root/smol.gguf (carried in parts, see the device README): where the
+#   bench/plans/next_gpu.sh model OUT    needs /root/smol.gguf (carried in parts, see the device README): where the
 #                                  offloaded prefill's time goes (embedded model, 64K, profile), then the passkey
 #                                  sweep 64K-512K with the paper's 3k preset on the current code (1M: ~40 s/sample)
-#   bench/next_gpu.sh offload OUT  8B-shaped random model offloaded at 256K: 3k and 3k-fast (per-preset table)
+#   bench/plans/next_gpu.sh offload OUT  8B-shaped random model offloaded at 256K: 3k and 3k-fast (per-preset table)
 set -u
 part=$1; out=$2
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null

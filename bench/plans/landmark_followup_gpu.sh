@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Follow-ups for landmark representatives (GPU): the failed passkey samples re-run with every-step mask
-# refresh, top-k recall at 32K, one-layer latency at 1M. Usage: bench/landmark_followup_gpu.sh MODEL.gguf OUT_DIR
+# refresh, top-k recall at 32K, one-layer latency at 1M. Usage: bench/plans/landmark_followup_gpu.sh MODEL.gguf OUT_DIR
 set -u
 model=$1; out=$2
 for case in "65536 0.5" "262144 0.3" "524288 0.1" "1048576 0.5"; do

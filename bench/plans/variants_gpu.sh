@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Passkey accuracy of InfiniteHiP variants on the embedded model (GPU), one short sweep each.
-# Usage: bench/variants_gpu.sh MODEL.gguf OUT_DIR
+# Usage: bench/plans/variants_gpu.sh MODEL.gguf OUT_DIR
 set -u
 model=$1; out=$2; lengths="16384 65536 131072"
 run() { name=$1; shift; echo "== $name"; timeout 120 python3 bench/passkey_sweep.py --model "$model" --model-cache-dir /root/cache \
