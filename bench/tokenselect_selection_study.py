@@ -1,0 +1,97 @@
+"""What TokenSelect's decode selection holds on a passkey prompt, per layer: the share of the needle's digit
+tokens selected, and the share of the selection taken by the single most selected token id (repeated filler).
+
+The question behind it (issue 6): at 512K-1M the needle at depth 10% is not selected. The scoring is
+position-free (keys without RoPE), and the filler is a cycle of five sentences, so its copies have near-identical
+keys and votes; `--select-tokens` small enough for the budget / context ratio of 2,048 / 1M reproduces that
+ratio at a length this CPU can run.
+
+    python bench/tokenselect_selection_study.py --length 16384 --depth 0.1 --select-tokens 32 --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+
+from infinitehip import LLM, EngineConfig, SamplingParams
+from infinitehip.attention.tokenselect.method import TokenSelectAttention
+from infinitehip.config.tokenselect import TokenSelectConfig
+from infinitehip.eval.passkey import make_passkey_sample
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--length", type=int, default=16384)
+    p.add_argument("--depth", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=None, help="default: the sweep's seed for this length and depth")
+    p.add_argument("--select-tokens", type=int, default=2048)
+    p.add_argument("--selection-cache", action="store_true", help="default off: every decode step selects")
+    p.add_argument("--model", default=None)
+    p.add_argument("--model-cache-dir", default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--max-tokens", type=int, default=12)
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+
+    config = TokenSelectConfig(select_tokens=args.select_tokens, selection_cache=args.selection_cache)
+    llm = LLM(config=EngineConfig(model=args.model, model_cache_dir=args.model_cache_dir, method="tokenselect",
+                                  device=args.device, max_context_tokens=args.length + 256, show_progress=False),
+              method_config=config)
+    tokenizer = llm.tokenizer
+    seed = args.seed if args.seed is not None else args.length + int(round(args.depth * 100))  # run_eval's seed
+    sample = make_passkey_sample(tokenizer, args.length, args.depth, seed)
+    ids = llm.engine.encode_chat(sample.messages)
+    texts = [tokenizer.decode([t]) for t in ids]
+    question_start = len(ids) - 40  # the question names "5-digit": its digit is not the needle's
+    needle = {i for i, t in enumerate(texts[:question_start]) if any(ch.isdigit() for ch in t)}
+
+    records: list[tuple[int, list[int]]] = []  # (layer, selected tokens) per decode selection
+    decode, select = TokenSelectAttention.decode, TokenSelectAttention.select
+
+    def decode_spy(self, layer, q, seqs, batch):
+        self.study_layer = layer
+        return decode(self, layer, q, seqs, batch)
+
+    def select_spy(self, q, *rest):
+        picked = select(self, q, *rest)
+        if getattr(self, "study_layer", None) is not None and q.shape[0] == 1:
+            records.append((self.study_layer, picked[0].tolist()))
+        return picked
+
+    TokenSelectAttention.decode, TokenSelectAttention.select = decode_spy, select_spy
+    original_prefill = TokenSelectAttention.prefill
+
+    def prefill_spy(self, layer, q, seq, batch):
+        self.study_layer = None  # prefill selections are per query block: not recorded
+        return original_prefill(self, layer, q, seq, batch)
+
+    TokenSelectAttention.prefill = prefill_spy
+    (out,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=args.max_tokens))
+
+    per_layer = collections.defaultdict(list)
+    for layer, picked in records:
+        tops = collections.Counter(ids[t] for t in picked).most_common(1)
+        per_layer[layer].append((len(needle & set(picked)) / max(1, len(needle)), tops[0][1] / len(picked)))
+    rows = [dict(layer=layer, needle_selected=statistics.fmean(v[0] for v in vals),
+                 top_token_share=statistics.fmean(v[1] for v in vals)) for layer, vals in sorted(per_layer.items())]
+    print(f"length {len(ids)}, depth {args.depth}, seed {seed}, select_tokens {args.select_tokens}, "
+          f"needle digit tokens {len(needle)}, answer {sample.answer!r}, output {out.text!r}")
+    print("| layer | needle digits selected | selection taken by its most frequent token id |")
+    print("| ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['layer']} | {r['needle_selected']:.2f} | {r['top_token_share']:.2f} |")
+    mean_needle = statistics.fmean(r["needle_selected"] for r in rows)
+    mean_top = statistics.fmean(r["top_token_share"] for r in rows)
+    print(f"mean over layers: needle digits selected {mean_needle:.2f}, top token id share {mean_top:.2f}")
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(dict(length=len(ids), depth=args.depth, seed=seed, select_tokens=args.select_tokens,
+                           answer=sample.answer, output=out.text, correct=sample.is_correct(out.text),
+                           layers=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
