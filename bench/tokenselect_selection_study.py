@@ -32,13 +32,15 @@ def main() -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--model-cache-dir", default=None)
     p.add_argument("--device", default="auto")
+    p.add_argument("--prefill-chunk-size", type=int, default=32768)
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--output", default=None)
     args = p.parse_args()
 
     config = TokenSelectConfig(select_tokens=args.select_tokens, selection_cache=args.selection_cache)
     llm = LLM(config=EngineConfig(model=args.model, model_cache_dir=args.model_cache_dir, method="tokenselect",
-                                  device=args.device, max_context_tokens=args.length + 256, show_progress=False),
+                                  device=args.device, max_context_tokens=args.length + 256, show_progress=False,
+                                  prefill_chunk_size=args.prefill_chunk_size),
               method_config=config)
     tokenizer = llm.tokenizer
     seed = args.seed if args.seed is not None else args.length + int(round(args.depth * 100))  # run_eval's seed
