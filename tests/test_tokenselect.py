@@ -95,6 +95,8 @@ def oracle_selection(setup: Setup, q: torch.Tensor, limit: int) -> set[int]:
     q_rot = apply_rotary(q, rope.cos[c.local_tokens], rope.sin[c.local_tokens])  # keys at 0, query at local
     logits = torch.einsum("hd,nhd->hn", q_rot, k.repeat_interleave(2, dim=1)) / 4.0  # d = 16
     votes = torch.softmax(logits, dim=-1).sum(0)
+    half = c.vote_pool_size // 2  # each candidate takes the best vote within `half` candidates of it
+    votes = torch.stack([votes[max(0, i - half): i + half + 1].max() for i in range(votes.numel())])
     return set((tokens[votes.topk(c.select_tokens).indices]).tolist())
 
 
@@ -136,6 +138,25 @@ def test_decode_attends_sink_top_soft_vote_and_local_at_contiguous_positions(mon
     assert listed.tolist() == expected
     assert len(expected) == c.attended_tokens
     torch.testing.assert_close(out[0], attention_oracle(setup, q[0], listed, len(expected) - 1), rtol=1e-5, atol=1e-5)
+
+
+def test_vote_pool_selects_spans_around_the_peaks(monkeypatch):
+    T = 300
+    setup = Setup(T, dataclasses.replace(SMALL, vote_pool_size=5))
+    c = setup.method.config
+    calls = recorded(monkeypatch, "sparse_attention_decode")
+    q = torch.randn(1, 4, 16, generator=setup.gen)
+    seq, batch = setup.slice(T - 1, 1, prefill=False)
+    setup.method.decode(0, q, [seq], batch)
+
+    listed = calls[0][5][0, : int(calls[0][6][0])].long()
+    window_start = T - c.local_tokens
+    chosen = oracle_selection(setup, q[0], window_start)
+    assert listed.tolist() == sorted(set(range(c.sink_tokens)) | chosen | set(range(window_start, T)))
+    assert all(c.sink_tokens <= t < window_start for t in chosen)  # pooling never reaches past the candidates
+    # spans: the selection differs from the unpooled one and most picks have a picked neighbour
+    assert chosen != oracle_selection(Setup(T), q[0], window_start)
+    assert sum((t - 1 in chosen) or (t + 1 in chosen) for t in chosen) >= len(chosen) // 2
 
 
 def test_prefill_blocks_select_with_their_mean_query(monkeypatch):
@@ -241,7 +262,7 @@ def test_embedded_model_finds_passkey_with_a_small_budget():
 # ---- configuration ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides, field", [
     (dict(select_tokens=0), "select_tokens"), (dict(sink_tokens=-1), "sink_tokens"), (dict(local_tokens=0), "local_tokens"),
-    (dict(query_block_size=0), "query_block_size"), (dict(selection_cache_threshold=1.5), "selection_cache_threshold"),
+    (dict(query_block_size=0), "query_block_size"), (dict(vote_pool_size=4), "vote_pool_size"), (dict(selection_cache_threshold=1.5), "selection_cache_threshold"),
     (dict(impl="cuda"), "impl"),
 ])
 def test_config_errors_name_the_field(overrides, field):

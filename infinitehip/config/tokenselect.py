@@ -20,6 +20,10 @@ class TokenSelectConfig:
     # Prefill: queries of a block share one selection, made with the block's mean query (chunk-wise selection,
     # Sec. 4.2). 512 = the chunk size of the paper's prefill measurements (Fig. 4, Fig. 6).
     query_block_size: int = 512
+    # Width of a max-pool over the votes before top-k (the authors' code has it as an option, off by default;
+    # not in the paper): a token scores the best vote within vote_pool_size // 2 of it, so the selection comes
+    # as short spans around the peaks instead of isolated tokens. 1 = off.
+    vote_pool_size: int = 1
     selection_cache: bool = True  # decode: reuse the last selection while queries stay similar (App. C, Alg. 1)
     selection_cache_threshold: float = 0.9  # theta: reuse when cos(query, query of the last selection) >= theta
     impl: str = "auto"  # "auto": triton on CUDA; on CPU eager scoring + batched-SDPA sparse attention
@@ -31,6 +35,8 @@ class TokenSelectConfig:
             raise ValueError(f"sink_tokens must be >= 0, got {self.sink_tokens}")
         if self.local_tokens < 1:
             raise ValueError(f"local_tokens must be >= 1 (the query's own token), got {self.local_tokens}")
+        if self.vote_pool_size < 1 or self.vote_pool_size % 2 == 0:
+            raise ValueError(f"vote_pool_size must be an odd width >= 1 (1 = off), got {self.vote_pool_size}")
         if self.query_block_size < 1:
             raise ValueError(f"query_block_size must be >= 1, got {self.query_block_size}")
         if not -1.0 <= self.selection_cache_threshold <= 1.0:

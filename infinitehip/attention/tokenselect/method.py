@@ -7,6 +7,7 @@ Every query block (prefill) or decoding sequence attends to
            query heads; GQA heads sharing a kv head vote separately); all candidates when they fit in k;
   local    tokens [window_start, last query], window_start = max(sink, first query + 1 - local_tokens).
 Prefill blocks of query_block_size queries share one selection, scored with the block's mean query (Sec. 4.2).
+With vote_pool_size > 1 each candidate takes the best vote within vote_pool_size // 2 tokens before top-k.
 
 Scoring positions. The cache holds keys without RoPE. Every candidate is scored as if it sat local_tokens
 before the query (InfLLM's context-memory distance, which TokenSelect's budget layout follows): only the query
@@ -129,6 +130,9 @@ class TokenSelectAttention(AttentionMethod):
                 device_tensor(need_counts, torch.int64, q.device), max(need_counts), self.sm_scale,
                 impl=self._score_impl(q),
             )
+            if c.vote_pool_size > 1:  # spans around the peaks; past a row's count stays -inf (never picked)
+                pooled = F.max_pool1d(votes[:, None], c.vote_pool_size, stride=1, padding=c.vote_pool_size // 2)
+                votes = pooled[:, 0].masked_fill(votes == float("-inf"), float("-inf"))
             top = torch.topk(votes, k, dim=1).indices.sort(dim=1).values + sink  # every row has > k candidates
             picked.update(zip(need, top))
         return [picked[r] for r in range(len(counts))]
