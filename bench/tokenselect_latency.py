@@ -104,6 +104,7 @@ def bench_context(T: int, args, timer: Timer, device, dtype) -> dict:
     cache, page_table = build_cache(T, args.page_size, dtype, device, args.seed)
     rope = RotaryEmbedding(mc, 1 << 14, device)
     base = TokenSelectConfig(select_tokens=args.select_tokens, sink_tokens=args.sink_tokens, local_tokens=args.local_tokens,
+                             vote_pool_size=args.vote_pool_size,
                              selection_cache_threshold=args.threshold, impl=args.impl)
     res: dict = {"T": T}
 
@@ -172,6 +173,7 @@ def main() -> None:
     parser.add_argument("--select-tokens", type=int, default=2048)
     parser.add_argument("--sink-tokens", type=int, default=128)
     parser.add_argument("--local-tokens", type=int, default=512)
+    parser.add_argument("--vote-pool-size", type=int, default=TokenSelectConfig.vote_pool_size)
     parser.add_argument("--threshold", type=float, default=0.9, help="Selection Cache cosine threshold")
     parser.add_argument("--query-correlation", type=float, default=0.98, help="rho of the AR(1) query stream")
     parser.add_argument("--steps", type=int, default=None, help="decode steps of the cache-on stream (default 200; smoke 12)")

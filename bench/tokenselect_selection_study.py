@@ -39,6 +39,7 @@ def main() -> None:
     p.add_argument("--depth", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=None, help="default: the sweep's seed for this length and depth")
     p.add_argument("--select-tokens", type=int, default=2048)
+    p.add_argument("--vote-pool-size", type=int, default=TokenSelectConfig.vote_pool_size)
     p.add_argument("--selection-cache", action="store_true", help="default off: every decode step selects")
     p.add_argument("--model", default=None)
     p.add_argument("--model-cache-dir", default=None)
@@ -49,7 +50,8 @@ def main() -> None:
     p.add_argument("--output", default=None)
     args = p.parse_args()
 
-    config = TokenSelectConfig(select_tokens=args.select_tokens, selection_cache=args.selection_cache)
+    config = TokenSelectConfig(select_tokens=args.select_tokens, selection_cache=args.selection_cache,
+                               vote_pool_size=args.vote_pool_size)
     llm = LLM(config=EngineConfig(model=args.model, model_cache_dir=args.model_cache_dir, method="tokenselect",
                                   device=args.device, max_context_tokens=args.length + 256, show_progress=False,
                                   prefill_chunk_size=args.prefill_chunk_size),

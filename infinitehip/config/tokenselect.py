@@ -20,10 +20,12 @@ class TokenSelectConfig:
     # Prefill: queries of a block share one selection, made with the block's mean query (chunk-wise selection,
     # Sec. 4.2). 512 = the chunk size of the paper's prefill measurements (Fig. 4, Fig. 6).
     query_block_size: int = 512
-    # Width of a max-pool over the votes before top-k (the authors' code has it as an option, off by default;
-    # not in the paper): a token scores the best vote within vote_pool_size // 2 of it, so the selection comes
-    # as short spans around the peaks instead of isolated tokens. 1 = off.
-    vote_pool_size: int = 1
+    # Width of a max-pool over the votes before top-k (not in the paper; an option of the authors' code): a token
+    # scores the best vote within vote_pool_size // 2 of it, so the selection comes as short spans around the
+    # peaks instead of isolated tokens. 1 = off. Default 5: on the embedded model's GPU passkey sweep (64K-1M x
+    # 5 depths) 24/25 against 21/25 without; the misses it removed were a needle found but its digits miscopied
+    # and two long-context depth-10% prompts (docs/benchmarks.md, issue 6).
+    vote_pool_size: int = 5
     selection_cache: bool = True  # decode: reuse the last selection while queries stay similar (App. C, Alg. 1)
     selection_cache_threshold: float = 0.9  # theta: reuse when cos(query, query of the last selection) >= theta
     impl: str = "auto"  # "auto": triton on CUDA; on CPU eager scoring + batched-SDPA sparse attention
