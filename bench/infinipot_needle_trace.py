@@ -1,0 +1,104 @@
+"""Where InfiniPot loses a passkey: the needle's digit tokens through every distillation of one prompt.
+
+Per distillation after the needle entered the pot: how many of its digit tokens NuC kept (token-level, every
+layer and KV head), how many layer/head rows hold each digit after it (CaP keeps per row), the needle digits'
+NLL, the lowest NLL NuC still kept and how much of NuC comes from the document before the needle. NuC reads
+each token's NLL from when the token was processed, so the NuC slots can fill with the most surprising tokens
+ever seen (say the document's first sentences) and a later needle must beat them to get in.
+
+    python bench/infinipot_needle_trace.py --length 131072 --depth 0.1 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from infinitehip import LLM, EngineConfig, SamplingParams
+from infinitehip.attention.infinipot import method as method_module
+from infinitehip.config.infinipot import InfiniPotConfig
+from infinitehip.eval.passkey import make_passkey_sample
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--length", type=int, default=131072)
+    p.add_argument("--depth", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=None, help="default: the sweep's seed for this length and depth")
+    p.add_argument("--novelty-fraction", type=float, default=InfiniPotConfig.novelty_fraction)
+    p.add_argument("--model", default=None)
+    p.add_argument("--model-cache-dir", default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--prefill-chunk-size", type=int, default=32768)
+    p.add_argument("--max-tokens", type=int, default=12)
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+
+    config = InfiniPotConfig(novelty_fraction=args.novelty_fraction)
+    llm = LLM(config=EngineConfig(model=args.model, model_cache_dir=args.model_cache_dir, method="infinipot",
+                                  device=args.device, max_context_tokens=args.length + 256, show_progress=False,
+                                  prefill_chunk_size=args.prefill_chunk_size),
+              method_config=config)
+    tokenizer = llm.tokenizer
+    seed = args.seed if args.seed is not None else args.length + int(round(args.depth * 100))  # run_eval's seed
+    sample = make_passkey_sample(tokenizer, args.length, args.depth, seed)
+    ids = llm.engine.encode_chat(sample.messages)
+    has_digit = {t: any(ch.isdigit() for ch in tokenizer.decode([t])) for t in set(ids)}
+    question_start = len(ids) - 40  # the question names "5-digit": its digit is not the needle's
+    needle = sorted(i for i, t in enumerate(ids[:question_start]) if has_digit[t])
+    needle_t = torch.tensor(needle)
+
+    rows: list[dict] = []
+    pending: dict = {}
+    novelty_tokens, select_slots = method_module.novelty_tokens, method_module.select_slots
+
+    def novelty_spy(slot_tokens, slot_nll, nll_known, count):
+        novel = novelty_tokens(slot_tokens, slot_nll, nll_known, count)
+        first_row, nll = slot_tokens[0, 0].cpu(), slot_nll[0, 0].cpu()
+        novel_cpu = novel.cpu()
+        at = torch.isin(first_row, novel_cpu)
+        digits_in_row0 = torch.isin(first_row, needle_t)
+        pending.update(
+            newest_token=int(slot_tokens.max()),
+            nuc_digits=int(torch.isin(needle_t, novel_cpu).sum()),
+            nuc_min_nll=float(nll[at].min()) if at.any() else None,
+            nuc_before_needle=float((novel_cpu < needle[0]).float().mean()) if novel_cpu.numel() else None,
+            digit_nll=[round(float(x), 2) for x in nll[digits_in_row0]],
+        )
+        return novel
+
+    def select_spy(cap_scores, slot_tokens, novel, keep):
+        kept = select_slots(cap_scores, slot_tokens, novel, keep)
+        kept_tokens = slot_tokens.gather(2, kept).cpu()  # [L, Hkv, C]
+        rows_holding = [int((kept_tokens == t).any(dim=2).sum()) for t in needle]  # of L * Hkv rows
+        if pending.get("newest_token", -1) >= needle[0]:
+            rows.append(dict(pending, rows_holding=rows_holding))
+        pending.clear()
+        return kept
+
+    method_module.novelty_tokens, method_module.select_slots = novelty_spy, select_spy
+    (out,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=args.max_tokens))
+
+    mc = llm.engine.model_config
+    total_rows = mc.num_layers * mc.num_kv_heads
+    print(f"length {len(ids)}, depth {args.depth}, seed {seed}, novelty_fraction {args.novelty_fraction}, needle "
+          f"tokens {needle[0]}..{needle[-1]}, answer {sample.answer!r}, output {out.text!r}")
+    print(f"| distillation (newest token) | NuC needle digits of {len(needle)} | lowest NuC NLL | NuC share from "
+          f"before the needle | needle digit NLLs | rows (of {total_rows}) holding each digit after it |")
+    print("| ---: | ---: | ---: | ---: | --- | --- |")
+    shown = [r for i, r in enumerate(rows) if i < 6 or i == len(rows) - 1 or i % max(1, len(rows) // 12) == 0]
+    for r in shown:
+        low = "-" if r["nuc_min_nll"] is None else f"{r['nuc_min_nll']:.2f}"
+        share = "-" if r["nuc_before_needle"] is None else f"{r['nuc_before_needle']:.2f}"
+        print(f"| {r['newest_token']} | {r['nuc_digits']} | {low} | {share} | {r['digit_nll']} | {r['rows_holding']} |")
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(dict(length=len(ids), depth=args.depth, seed=seed, novelty_fraction=args.novelty_fraction,
+                           needle=needle, answer=sample.answer, output=out.text, correct=sample.is_correct(out.text),
+                           distillations=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
