@@ -2,7 +2,8 @@
 
 Per distillation after the needle entered the pot: how many of its digit tokens NuC kept (token-level, every
 layer and KV head), how many layer/head rows hold each digit after it (CaP keeps per row), the needle digits'
-NLL, the lowest NLL NuC still kept and how much of NuC comes from the document before the needle. NuC reads
+NLL, the lowest NLL NuC still kept and how much of NuC comes from the document before the needle; at the end,
+how many rows hold each token of the needle sentence. NuC reads
 each token's NLL from when the token was processed, so the NuC slots can fill with the most surprising tokens
 ever seen (say the document's first sentences) and a later needle must beat them to get in.
 
@@ -49,6 +50,7 @@ def main() -> None:
     question_start = len(ids) - 40  # the question names "5-digit": its digit is not the needle's
     needle = sorted(i for i, t in enumerate(ids[:question_start]) if has_digit[t])
     needle_t = torch.tensor(needle)
+    span = list(range(needle[0] - 8, needle[-1] + 6))  # the needle sentence and a little around it
 
     rows: list[dict] = []
     pending: dict = {}
@@ -73,8 +75,9 @@ def main() -> None:
         kept = select_slots(cap_scores, slot_tokens, novel, keep)
         kept_tokens = slot_tokens.gather(2, kept).cpu()  # [L, Hkv, C]
         rows_holding = [int((kept_tokens == t).any(dim=2).sum()) for t in needle]  # of L * Hkv rows
+        sentence = [int((kept_tokens == t).any(dim=2).sum()) for t in span]
         if pending.get("newest_token", -1) >= needle[0]:
-            rows.append(dict(pending, rows_holding=rows_holding))
+            rows.append(dict(pending, rows_holding=rows_holding, sentence_rows_holding=sentence))
         pending.clear()
         return kept
 
@@ -93,11 +96,14 @@ def main() -> None:
         low = "-" if r["nuc_min_nll"] is None else f"{r['nuc_min_nll']:.2f}"
         share = "-" if r["nuc_before_needle"] is None else f"{r['nuc_before_needle']:.2f}"
         print(f"| {r['newest_token']} | {r['nuc_digits']} | {low} | {share} | {r['digit_nll']} | {r['rows_holding']} |")
+    if rows:  # what the pot holds of the needle sentence when the question arrives
+        print("\nneedle sentence after the last distillation: token, rows holding it")
+        print(" ".join(f"{tokenizer.decode([ids[t]])!r}:{n}" for t, n in zip(span, rows[-1]["sentence_rows_holding"])))
     if args.output:
         with open(args.output, "w") as f:
             json.dump(dict(length=len(ids), depth=args.depth, seed=seed, novelty_fraction=args.novelty_fraction,
                            needle=needle, answer=sample.answer, output=out.text, correct=sample.is_correct(out.text),
-                           distillations=rows), f, indent=1)
+                           sentence_tokens=[tokenizer.decode([ids[t]]) for t in span], distillations=rows), f, indent=1)
 
 
 if __name__ == "__main__":
