@@ -27,6 +27,7 @@ def main() -> None:
     p.add_argument("--preset", default=None, help="the method's named preset (default: the method's default)")
     p.add_argument("--lengths", type=int, nargs="+", required=True)
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    p.add_argument("--seed", type=int, default=0, help="base seed: another value gives other pass keys and fillers")
     p.add_argument("--model", default=None)
     p.add_argument("--model-cache-dir", default=None)
     p.add_argument("--device", default="auto")
@@ -54,8 +55,9 @@ def main() -> None:
         if time.time() - start > args.budget_s:
             print(f"budget spent: skipping length {length} and longer", flush=True)
             break
-        results += [dataclasses.asdict(r) for r in run_eval(llm, args.task, EvalConfig(lengths=(length,), depths=tuple(args.depths)))]
+        results += [dataclasses.asdict(r) for r in run_eval(llm, args.task, EvalConfig(lengths=(length,), depths=tuple(args.depths), seed=args.seed))]
         Path(args.output).write_text(json.dumps({"method": args.method, "preset": args.preset, "overrides": overrides,
+                                                 "seed": args.seed,
                                                  "offload": dataclasses.asdict(offload) if offload else None,
                                                  "device": str(llm.engine.device),
                                                  "results": results}, indent=1))
