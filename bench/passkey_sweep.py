@@ -27,7 +27,7 @@ def main() -> None:
     p.add_argument("--preset", default=None, help="the method's named preset (default: the method's default)")
     p.add_argument("--lengths", type=int, nargs="+", required=True)
     p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
-    p.add_argument("--seed", type=int, default=0, help="base seed: another value gives other pass keys and fillers")
+    p.add_argument("--seed", type=int, default=0, help="base seed: another value gives other pass keys (same filler)")
     p.add_argument("--model", default=None)
     p.add_argument("--model-cache-dir", default=None)
     p.add_argument("--device", default="auto")
