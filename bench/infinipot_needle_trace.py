@@ -16,39 +16,23 @@ import argparse
 import json
 
 import torch
+from passkey_probe import add_probe_args, load_probe  # bench/ is the script's directory, first on sys.path
 
-from infinitehip import LLM, EngineConfig, SamplingParams
+from infinitehip import SamplingParams
 from infinitehip.attention.infinipot import method as method_module
 from infinitehip.config.infinipot import InfiniPotConfig
-from infinitehip.eval.passkey import make_passkey_sample
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--length", type=int, default=131072)
-    p.add_argument("--depth", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=None, help="default: the sweep's seed for this length and depth")
+    add_probe_args(p, length=131072)
     p.add_argument("--novelty-fraction", type=float, default=InfiniPotConfig.novelty_fraction)
-    p.add_argument("--model", default=None)
-    p.add_argument("--model-cache-dir", default=None)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--prefill-chunk-size", type=int, default=32768)
-    p.add_argument("--max-tokens", type=int, default=12)
-    p.add_argument("--output", default=None)
     args = p.parse_args()
 
     config = InfiniPotConfig(novelty_fraction=args.novelty_fraction)
-    llm = LLM(config=EngineConfig(model=args.model, model_cache_dir=args.model_cache_dir, method="infinipot",
-                                  device=args.device, max_context_tokens=args.length + 256, show_progress=False,
-                                  prefill_chunk_size=args.prefill_chunk_size),
-              method_config=config)
+    probe = load_probe(args, "infinipot", config)
+    llm, sample, seed, ids, needle = probe.llm, probe.sample, probe.seed, probe.ids, probe.needle
     tokenizer = llm.tokenizer
-    seed = args.seed if args.seed is not None else args.length + int(round(args.depth * 100))  # run_eval's seed
-    sample = make_passkey_sample(tokenizer, args.length, args.depth, seed)
-    ids = llm.engine.encode_chat(sample.messages)
-    has_digit = {t: any(ch.isdigit() for ch in tokenizer.decode([t])) for t in set(ids)}
-    question_start = len(ids) - 40  # the question names "5-digit": its digit is not the needle's
-    needle = sorted(i for i, t in enumerate(ids[:question_start]) if has_digit[t])
     needle_t = torch.tensor(needle)
     span = list(range(needle[0] - 8, needle[-1] + 6))  # the needle sentence and a little around it
 

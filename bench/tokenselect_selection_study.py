@@ -24,45 +24,28 @@ import json
 import statistics
 
 import torch
+from passkey_probe import add_probe_args, load_probe  # bench/ is the script's directory, first on sys.path
 
-from infinitehip import LLM, EngineConfig, SamplingParams
+from infinitehip import SamplingParams
 from infinitehip.attention.tokenselect.method import TokenSelectAttention
 from infinitehip.config.tokenselect import TokenSelectConfig
-from infinitehip.eval.passkey import make_passkey_sample
 from infinitehip.kv.paged_cache import token_slots
 from infinitehip.model.rope import apply_rotary
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--length", type=int, default=16384)
-    p.add_argument("--depth", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=None, help="default: the sweep's seed for this length and depth")
+    add_probe_args(p, length=16384)
     p.add_argument("--select-tokens", type=int, default=2048)
     p.add_argument("--vote-pool-size", type=int, default=TokenSelectConfig.vote_pool_size)
     p.add_argument("--selection-cache", action="store_true", help="default off: every decode step selects")
-    p.add_argument("--model", default=None)
-    p.add_argument("--model-cache-dir", default=None)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--prefill-chunk-size", type=int, default=32768)
-    p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--project-length", type=int, default=1 << 20, help="length the vote ranks are projected to")
-    p.add_argument("--output", default=None)
     args = p.parse_args()
 
     config = TokenSelectConfig(select_tokens=args.select_tokens, selection_cache=args.selection_cache,
                                vote_pool_size=args.vote_pool_size)
-    llm = LLM(config=EngineConfig(model=args.model, model_cache_dir=args.model_cache_dir, method="tokenselect",
-                                  device=args.device, max_context_tokens=args.length + 256, show_progress=False,
-                                  prefill_chunk_size=args.prefill_chunk_size),
-              method_config=config)
-    tokenizer = llm.tokenizer
-    seed = args.seed if args.seed is not None else args.length + int(round(args.depth * 100))  # run_eval's seed
-    sample = make_passkey_sample(tokenizer, args.length, args.depth, seed)
-    ids = llm.engine.encode_chat(sample.messages)
-    has_digit = {t: any(ch.isdigit() for ch in tokenizer.decode([t])) for t in set(ids)}
-    question_start = len(ids) - 40  # the question names "5-digit": its digit is not the needle's
-    needle = {i for i, t in enumerate(ids[:question_start]) if has_digit[t]}
+    probe = load_probe(args, "tokenselect", config)
+    llm, sample, seed, ids, needle = probe.llm, probe.sample, probe.seed, probe.ids, set(probe.needle)
 
     needle_lo, needle_hi = min(needle) - 16, max(needle) + 16  # the needle sentence, roughly
     records: list[tuple[int, list[int]]] = []  # (layer, selected tokens) per decode selection
