@@ -60,6 +60,7 @@ def main() -> None:
         kept_tokens = slot_tokens.gather(2, kept).cpu()  # [L, Hkv, C]
         rows_holding = [int((kept_tokens == t).any(dim=2).sum()) for t in needle]  # of L * Hkv rows
         sentence = [int((kept_tokens == t).any(dim=2).sum()) for t in span]
+        pending["prompt_start_rows_holding"] = [int((kept_tokens == t).any(dim=2).sum()) for t in range(16)]
         if pending.get("newest_token", -1) >= needle[0]:
             rows.append(dict(pending, rows_holding=rows_holding, sentence_rows_holding=sentence))
         pending.clear()
@@ -83,6 +84,8 @@ def main() -> None:
     if rows:  # what the pot holds of the needle sentence when the question arrives
         print("\nneedle sentence after the last distillation: token, rows holding it")
         print(" ".join(f"{tokenizer.decode([ids[t]])!r}:{n}" for t, n in zip(span, rows[-1]["sentence_rows_holding"])))
+        print("the prompt's first 16 tokens after the last distillation: token, rows holding it")
+        print(" ".join(f"{tokenizer.decode([ids[t]])!r}:{n}" for t, n in enumerate(rows[-1]["prompt_start_rows_holding"])))
     if args.output:
         with open(args.output, "w") as f:
             json.dump(dict(length=len(ids), depth=args.depth, seed=seed, novelty_fraction=args.novelty_fraction,
