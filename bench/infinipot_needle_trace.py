@@ -27,9 +27,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_probe_args(p, length=131072)
     p.add_argument("--novelty-fraction", type=float, default=InfiniPotConfig.novelty_fraction)
+    p.add_argument("--sink-tokens", type=int, default=InfiniPotConfig.sink_tokens)
     args = p.parse_args()
 
-    config = InfiniPotConfig(novelty_fraction=args.novelty_fraction)
+    config = InfiniPotConfig(novelty_fraction=args.novelty_fraction, sink_tokens=args.sink_tokens)
     probe = load_probe(args, "infinipot", config)
     llm, sample, seed, ids, needle = probe.llm, probe.sample, probe.seed, probe.ids, probe.needle
     tokenizer = llm.tokenizer

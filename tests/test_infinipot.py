@@ -3,6 +3,8 @@ against oracles recomputed with Hugging Face transformers, and the embedded mode
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import transformers
@@ -107,6 +109,21 @@ def test_pot_is_never_exceeded_and_positions_restart_after_each_distillation(lla
                 assert torch.equal(k1[:C, h], k0[keep[layer, h], h]) and torch.equal(v1[:C, h], v0[keep[layer, h], h])
 
 
+def test_sink_tokens_are_kept_by_every_layer_and_head(llama3, tokenizer, distillations):
+    _, path = llama3
+    config = dataclasses.replace(SMALL, sink_tokens=4)
+    engine = _engine(path, tokenizer, config)
+    seq, _ = _run(engine, _ids(700, seed=5), max_tokens=1)
+    assert len(distillations) >= 3
+    held = seq.method_state.slot_tokens[:, :, : config.compressed_tokens]
+    assert torch.equal(held[:, :, :4], torch.arange(4).expand_as(held[:, :, :4]))  # slots 0..3: tokens 0..3
+    assert (held[:, :, 4:] >= 4).all()
+    # without sinks the catalyst's per-head scores drop some of them in some rows (this input, this model)
+    seq, _ = _run(_engine(path, tokenizer), _ids(700, seed=5), max_tokens=1)
+    plain = seq.method_state.slot_tokens[:, :, : SMALL.compressed_tokens]
+    assert not all(bool((plain == t).any(dim=2).all()) for t in range(4))
+
+
 def test_catalyst_tokens_are_never_kept(llama3, tokenizer, distillations):
     _, path = llama3
     engine = _engine(path, tokenizer)
@@ -190,6 +207,8 @@ def test_config_and_binding_errors_name_the_field(llama3, tokenizer):
         InfiniPotConfig(pot_tokens=128, compressed_tokens=128)
     with pytest.raises(ValueError, match="novelty_fraction"):
         InfiniPotConfig(novelty_fraction=1.5)
+    with pytest.raises(ValueError, match="sink_tokens"):
+        InfiniPotConfig(compressed_tokens=1024, novelty_fraction=1.0, sink_tokens=4)  # no room beside NuC
     with pytest.raises(ValueError, match="catalyst_question"):
         InfiniPotConfig(catalyst_question=" ")
     assert InfiniPotConfig(catalyst_question="Who won?").catalyst_text.endswith(" Question: Who won?")

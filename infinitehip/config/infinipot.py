@@ -23,6 +23,10 @@ class InfiniPotConfig:
     pot_tokens: int = 4096  # |M|: KV slots per sequence, catalyst prompt included; also the largest RoPE position
     compressed_tokens: int = 1024  # |C|: slots kept by each distillation (new tokens continue at position |C|)
     novelty_fraction: float = 0.5  # alpha: share of |C| filled first by the highest-NLL tokens (Table 3's best)
+    # First tokens of the sequence every layer/KV head keeps at every distillation, before NuC and CaP (attention
+    # sinks, as StreamingLLM keeps them). Not in the paper: 0 = its CCD, where the catalyst's attention decides
+    # per head (the embedded model keeps its first token in 79 of 90 rows that way, and with NuC alone in none).
+    sink_tokens: int = 0
     catalyst_prompt: str = GENERAL_CATALYST  # CaP text appended after the pot to score its tokens
     # Question-aware catalyst (CaP-Q): when the question is known up front, it is appended to the catalyst
     # as "<catalyst_prompt> Question: <catalyst_question>" (the paper's best QA setting). Engine-wide:
@@ -36,6 +40,9 @@ class InfiniPotConfig:
             raise ValueError(f"compressed_tokens must be in [1, pot_tokens={self.pot_tokens}), got {self.compressed_tokens}")
         if not 0.0 <= self.novelty_fraction <= 1.0:
             raise ValueError(f"novelty_fraction must be in [0, 1], got {self.novelty_fraction}")
+        if not 0 <= self.sink_tokens <= self.compressed_tokens - self.novelty_tokens:
+            raise ValueError(f"sink_tokens must be in [0, compressed_tokens - NuC tokens = "
+                             f"{self.compressed_tokens - self.novelty_tokens}], got {self.sink_tokens}")
         if not self.catalyst_prompt.strip():
             raise ValueError("catalyst_prompt must not be empty: its attention scores select the kept tokens")
         if self.catalyst_question is not None and not self.catalyst_question.strip():

@@ -4,7 +4,8 @@ A sequence's cache is a pot of at most |M| = pot_tokens slots. Prefill fills it 
 scheduler caps each chunk at the room left, kv_token_limit = |M| - |P|). When a step leaves it full, the
 catalyst prompt (|P| tokens, the scheduler's scratch slots) runs after it; each layer records how much
 attention the catalyst queries pay to every pot slot, per KV head. The pot is then distilled to |C| slots
-per layer and KV head: the NuC tokens (highest NLL, token-level) first, then the CaP-scored ones; the
+per layer and KV head: the sink tokens (sink_tokens, 0 by default) and the NuC tokens (highest NLL,
+token-level) first, then the CaP-scored ones; the
 catalyst's own k/v are never kept. CR-RoPE: a token's position is its cache slot, so after a distillation
 positions are 0..|C|-1 and new tokens continue from |C|. Decode distills the same way when the pot fills.
 
@@ -143,8 +144,11 @@ class InfiniPotAttention(AttentionMethod):
         cap = torch.stack(state.catalyst_scores)  # [L, Hkv, S]
         state.catalyst_scores = []
         tokens = state.slot_tokens[..., :S]
-        novel = novelty_tokens(tokens, state.slot_nll[..., :S], state.nll_known[..., :S], self.config.novelty_tokens)
-        keep = select_slots(cap, tokens, novel, C)  # [L, Hkv, C] ascending: original order kept
+        sinks = self.config.sink_tokens  # tokens 0..sinks-1: in every row, as every distillation keeps them
+        candidates = state.nll_known[..., :S] & (tokens >= sinks)
+        novel = novelty_tokens(tokens, state.slot_nll[..., :S], candidates, self.config.novelty_tokens)
+        kept_first = torch.cat([torch.arange(min(sinks, S), device=tokens.device), novel])  # sorted: sinks < novel
+        keep = select_slots(cap, tokens, kept_first, C)  # [L, Hkv, C] ascending: original order kept
         compact_cache(seq.cache, seq.page_table, keep)
         for t in (state.slot_tokens, state.slot_nll, state.nll_known):
             t[..., :C] = t[..., :S].gather(2, keep)
