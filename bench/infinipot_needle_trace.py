@@ -3,9 +3,10 @@
 Per distillation after the needle entered the pot: how many of its digit tokens NuC kept (token-level, every
 layer and KV head), how many layer/head rows hold each digit after it (CaP keeps per row), the needle digits'
 NLL, the lowest NLL NuC still kept and how much of NuC comes from the document before the needle; at the end,
-how many rows hold each token of the needle sentence. NuC reads
-each token's NLL from when the token was processed, so the NuC slots can fill with the most surprising tokens
-ever seen (say the document's first sentences) and a later needle must beat them to get in.
+how many rows hold each token of the needle sentence and of the prompt's start (the attention sink).
+The question behind it: NuC reads each token's NLL from when the token was processed, so could its slots fill
+with the most surprising tokens ever seen and shut a later needle out? (On the embedded model they do not: the
+needle stays in every row; docs/benchmarks.md, issue 6.)
 
     python bench/infinipot_needle_trace.py --length 131072 --depth 0.1 --device cuda
 """
@@ -59,11 +60,13 @@ def main() -> None:
     def select_spy(cap_scores, slot_tokens, novel, keep):
         kept = select_slots(cap_scores, slot_tokens, novel, keep)
         kept_tokens = slot_tokens.gather(2, kept).cpu()  # [L, Hkv, C]
-        rows_holding = [int((kept_tokens == t).any(dim=2).sum()) for t in needle]  # of L * Hkv rows
-        sentence = [int((kept_tokens == t).any(dim=2).sum()) for t in span]
-        pending["prompt_start_rows_holding"] = [int((kept_tokens == t).any(dim=2).sum()) for t in range(16)]
+
+        def rows_holding(tokens) -> list[int]:  # per token: how many of the L * Hkv rows still hold it
+            return [int((kept_tokens == t).any(dim=2).sum()) for t in tokens]
+
         if pending.get("newest_token", -1) >= needle[0]:
-            rows.append(dict(pending, rows_holding=rows_holding, sentence_rows_holding=sentence))
+            rows.append(dict(pending, rows_holding=rows_holding(needle), sentence_rows_holding=rows_holding(span),
+                             prompt_start_rows_holding=rows_holding(range(16))))
         pending.clear()
         return kept
 
@@ -72,7 +75,8 @@ def main() -> None:
 
     mc = llm.engine.model_config
     total_rows = mc.num_layers * mc.num_kv_heads
-    print(f"length {len(ids)}, depth {args.depth}, seed {seed}, novelty_fraction {args.novelty_fraction}, needle "
+    print(f"length {len(ids)}, depth {args.depth}, seed {seed}, novelty_fraction {args.novelty_fraction}, "
+          f"sink_tokens {args.sink_tokens}, needle "
           f"tokens {needle[0]}..{needle[-1]}, answer {sample.answer!r}, output {out.text!r}")
     print(f"| distillation (newest token) | NuC needle digits of {len(needle)} | lowest NuC NLL | NuC share from "
           f"before the needle | needle digit NLLs | rows (of {total_rows}) holding each digit after it |")
@@ -90,6 +94,7 @@ def main() -> None:
     if args.output:
         with open(args.output, "w") as f:
             json.dump(dict(length=len(ids), depth=args.depth, seed=seed, novelty_fraction=args.novelty_fraction,
+                           sink_tokens=args.sink_tokens,
                            needle=needle, answer=sample.answer, output=out.text, correct=sample.is_correct(out.text),
                            sentence_tokens=[tokenizer.decode([ids[t]]) for t in span], distillations=rows), f, indent=1)
 
