@@ -12,7 +12,7 @@ import transformers
 from infinitehip import LLM, EngineConfig, SamplingParams
 from infinitehip.attention.infinipot import method as infinipot_method
 from infinitehip.attention.registry import create_method
-from infinitehip.config.infinipot import InfiniPotConfig
+from infinitehip.config.infinipot import PRESETS, InfiniPotConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.eval.passkey import make_passkey_sample
 from infinitehip.model.gguf_convert import default_cache_root
@@ -233,6 +233,8 @@ def test_cli_flags_build_the_config():
     assert config == InfiniPotConfig(pot_tokens=2048, compressed_tokens=512, catalyst_question="What is the pass key?")
     args = parser.parse_args(["--preset", "2k"])
     assert method_config_from_args(EngineConfig(method="infinipot"), args).pot_tokens == 2048
+    args = parser.parse_args(["--preset", "4k-retrieval", "--sink-tokens", "2"])  # a flag overrides its preset
+    assert method_config_from_args(EngineConfig(method="infinipot"), args) == InfiniPotConfig(novelty_fraction=0.99, sink_tokens=2)
 
 
 def test_embedded_model_finds_passkey_beyond_a_small_pot():
@@ -246,3 +248,18 @@ def test_embedded_model_finds_passkey_beyond_a_small_pot():
     (out,) = llm.chat(sample.messages, SamplingParams(temperature=0.0, max_tokens=12))
     assert sample.is_correct(out.text), (sample.answer, out.text)
     assert engine.cache.num_pages * engine.config.page_size == 1024
+
+
+def test_embedded_model_finds_passkey_with_the_retrieval_preset(distillations):
+    """The `4k-retrieval` preset as it ships (4096-slot pot, NuC-dominated, 4 sink tokens) on a ~7.5K-token prompt:
+    the needle at 20% is read before the first distillation and must survive both."""
+    config = PRESETS["4k-retrieval"]
+    assert (config.novelty_tokens, config.sink_tokens) == (1014, 4)
+    loaded = load_model(None, default_cache_root(), torch.device("cpu"), torch.float32)
+    engine = LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, method="infinipot"),
+                       loaded, config)
+    llm = LLM.from_engine(engine)
+    sample = make_passkey_sample(loaded.tokenizer, 7500, 0.2, 5)
+    (out,) = llm.chat(sample.messages, SamplingParams(temperature=0.0, max_tokens=12))
+    assert sample.is_correct(out.text), (sample.answer, out.text)
+    assert len(distillations) == 2 and engine.cache.num_pages * engine.config.page_size == config.pot_tokens
