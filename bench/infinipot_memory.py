@@ -4,6 +4,8 @@ is one pot whatever the length, so memory should stay flat while TTFT grows line
 
     python bench/infinipot_memory.py --lengths 8192 32768 131072 --pot-tokens 4096 --random-8b
     python bench/infinipot_memory.py --lengths 2048 8192 --pot-tokens 1024 --device cpu   # embedded model
+    python bench/infinipot_memory.py --lengths 65536 1048576 --preset 4k-retrieval --model smol.gguf \
+        --prefill-chunk-size 32768                                                          # a named preset
 
 --random-8b: Llama-3.1-8B-shaped model with random bf16 weights (the embedded tokenizer encodes the
 catalyst; its ids are inside the 8B vocabulary). Prompts are random token ids.
@@ -12,6 +14,7 @@ catalyst; its ids are inside the 8B vocabulary). Prompts are random token ids.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -20,7 +23,7 @@ import torch
 
 from infinitehip import EngineConfig, SamplingParams
 from infinitehip.attention.infinipot import method as infinipot_method
-from infinitehip.config.infinipot import InfiniPotConfig
+from infinitehip.config.infinipot import PRESETS, InfiniPotConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.gguf_convert import default_cache_root
 from infinitehip.model.loading import LoadedModel, load_model, random_model
@@ -36,6 +39,11 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", required=True)
     parser.add_argument("--pot-tokens", type=int, default=4096)
     parser.add_argument("--compressed-tokens", type=int, default=None, help="default: pot_tokens / 4")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="a named InfiniPot preset instead of --pot-tokens / --compressed-tokens")
+    parser.add_argument("--model", default=None, help="HF dir or .gguf (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--model-cache-dir", default=None, help="GGUF conversion cache (default: the user cache dir)")
+    parser.add_argument("--prefill-chunk-size", type=int, default=EngineConfig.prefill_chunk_size)
     parser.add_argument("--decode-steps", type=int, default=64)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--random-8b", action="store_true")
@@ -44,7 +52,8 @@ def main() -> None:
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    embedded = load_model(None, default_cache_root(), device, dtype)
+    cache_root = Path(args.model_cache_dir) if args.model_cache_dir else default_cache_root()
+    embedded = load_model(args.model, cache_root, device, dtype)
     if args.random_8b:
         from decode_gpu import LLAMA_31_8B  # bench/ is the script's directory, first on sys.path
 
@@ -52,7 +61,10 @@ def main() -> None:
         loaded = LoadedModel(LLAMA_31_8B, model, embedded.tokenizer, "random Llama-3.1-8B-shaped weights", Path("."))
     else:
         loaded = embedded
-    config = InfiniPotConfig(pot_tokens=args.pot_tokens, compressed_tokens=args.compressed_tokens or args.pot_tokens // 4)
+    if args.preset is not None:
+        config = PRESETS[args.preset]
+    else:
+        config = InfiniPotConfig(pot_tokens=args.pot_tokens, compressed_tokens=args.compressed_tokens or args.pot_tokens // 4)
 
     distill_seconds = []
     distill = infinipot_method.InfiniPotAttention._distill
@@ -69,7 +81,8 @@ def main() -> None:
     rows = []
     for length in args.lengths:
         engine = LLMEngine(EngineConfig(method="infinipot", device=args.device, dtype=str(dtype).removeprefix("torch."),
-                                        show_progress=False, max_context_tokens=length + args.decode_steps + 8), loaded, config)
+                                        show_progress=False, max_context_tokens=length + args.decode_steps + 8,
+                                        prefill_chunk_size=args.prefill_chunk_size), loaded, config)
         ids = torch.randint(0, loaded.config.vocab_size, (length,), generator=torch.Generator().manual_seed(length)).tolist()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -97,7 +110,8 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         del engine
     if args.output:
-        Path(args.output).write_text(json.dumps(dict(pot_tokens=args.pot_tokens, rows=rows), indent=1))
+        Path(args.output).write_text(json.dumps(dict(config=dataclasses.asdict(config), preset=args.preset,
+                                                     prefill_chunk_size=args.prefill_chunk_size, rows=rows), indent=1))
 
 
 if __name__ == "__main__":
