@@ -37,10 +37,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--prefill-chunk-size", type=int, default=4096)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="weights, activations and KV of every run (bfloat16: this CPU's avx512_bf16 GEMMs)")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
 
-    loaded = load_model(None, default_cache_root(), torch.device("cpu"), torch.float32)
+    loaded = load_model(None, default_cache_root(), torch.device("cpu"), getattr(torch, args.dtype))
     ids = torch.randint(0, loaded.config.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     runs = {  # name -> (method, prefill chunk)
         "dense (chunked)": ("dense", args.prefill_chunk_size),
@@ -50,13 +52,13 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(args.repeats):
         for name, (method, chunk) in runs.items():
-            engine = LLMEngine(EngineConfig(method=method, device="cpu", dtype="float32", prefill_chunk_size=chunk,
+            engine = LLMEngine(EngineConfig(method=method, device="cpu", dtype=args.dtype, prefill_chunk_size=chunk,
                                             max_context_tokens=args.tokens + 64, show_progress=False), loaded)
             times[name].append(prefill_seconds(engine, ids))
             print(f"repeat {r}: {name}: {times[name][-1]:.1f} s", flush=True)
     med = {name: statistics.median(t) for name, t in times.items()}
     best_dense = min(med["dense (chunked)"], med["dense (one chunk)"])
-    print(f"\nprefill of {args.tokens} tokens, embedded model, fp32, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
+    print(f"\nprefill of {args.tokens} tokens, embedded model, {args.dtype}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
     print("| run | median s | tokens/s | infinitehip speedup |")
     print("| --- | ---: | ---: | ---: |")
     for name, s in med.items():
@@ -64,7 +66,7 @@ def main() -> None:
     print(f"target: infinitehip >= 2x faster than the best dense: {best_dense / med['infinitehip']:.2f}x")
     if args.output:
         with open(args.output, "w") as f:
-            json.dump({"tokens": args.tokens, "times_s": times, "median_s": med}, f, indent=1)
+            json.dump({"tokens": args.tokens, "dtype": args.dtype, "times_s": times, "median_s": med}, f, indent=1)
 
 
 if __name__ == "__main__":
