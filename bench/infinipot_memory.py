@@ -37,7 +37,7 @@ def _sync(device: torch.device) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", type=int, nargs="+", required=True)
-    parser.add_argument("--pot-tokens", type=int, default=4096)
+    parser.add_argument("--pot-tokens", type=int, default=None, help=f"default: {InfiniPotConfig.pot_tokens}")
     parser.add_argument("--compressed-tokens", type=int, default=None, help="default: pot_tokens / 4")
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
                         help="a named InfiniPot preset instead of --pot-tokens / --compressed-tokens")
@@ -50,6 +50,14 @@ def main() -> None:
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
 
+    if args.preset is not None:
+        if args.pot_tokens is not None or args.compressed_tokens is not None:
+            parser.error("--preset fixes the pot: drop --pot-tokens / --compressed-tokens")
+        config = PRESETS[args.preset]
+    else:
+        pot = args.pot_tokens or InfiniPotConfig.pot_tokens
+        config = InfiniPotConfig(pot_tokens=pot, compressed_tokens=args.compressed_tokens or pot // 4)
+
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     cache_root = Path(args.model_cache_dir) if args.model_cache_dir else default_cache_root()
@@ -61,10 +69,6 @@ def main() -> None:
         loaded = LoadedModel(LLAMA_31_8B, model, embedded.tokenizer, "random Llama-3.1-8B-shaped weights", Path("."))
     else:
         loaded = embedded
-    if args.preset is not None:
-        config = PRESETS[args.preset]
-    else:
-        config = InfiniPotConfig(pot_tokens=args.pot_tokens, compressed_tokens=args.compressed_tokens or args.pot_tokens // 4)
 
     distill_seconds = []
     distill = infinipot_method.InfiniPotAttention._distill
