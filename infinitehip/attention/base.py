@@ -44,6 +44,8 @@ class SequenceSlice:
     cache: PagedKVCache
     state: Any  # what the method's new_state() returned for this sequence
     is_prefill: bool
+    ends_prompt: bool = False  # a prefill chunk holding the prompt's last token (its last queries are the question)
+    probe: Any = None  # a NeedleProbe (attention/needle_probe.py) when the request is being diagnosed
 
     @property
     def context_len(self) -> int:

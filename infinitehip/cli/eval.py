@@ -1,12 +1,13 @@
 """`infinitehip eval passkey|niah`: accuracy over a length x depth sweep with any attention method;
-`infinitehip eval compare`: several methods side by side (cli/eval_compare.py)."""
+`infinitehip eval compare`: several methods side by side (cli/eval_compare.py);
+`infinitehip eval ruler` / `ruler-report`: RULER-style tasks over real prose (cli/eval_ruler.py)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 
-from infinitehip.cli import eval_compare
+from infinitehip.cli import eval_compare, eval_ruler
 from infinitehip.cli.method_options import add_method_flags, method_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.config.engine import EngineConfig
@@ -26,6 +27,7 @@ def register(subparsers) -> None:
         add_method_flags(t)
         t.set_defaults(func=run)
     eval_compare.register(tasks)
+    eval_ruler.register(tasks)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 IMPLEMENTATIONS = ("auto", "reference", "triton")
+VOTE_LOGITS = ("scaled", "raw")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,15 @@ class TokenSelectConfig:
     # 5 depths) 24/25 against 21/25 without; the misses it removed were a needle found but its digits miscopied
     # and two long-context depth-10% prompts (docs/benchmarks.md, issue 6).
     vote_pool_size: int = 5
+    # Logits of the vote's per-head softmax: "scaled" = q . k / sqrt(d) (the attention's own scale), "raw" = q . k
+    # (the paper's eq. 10 and the authors' code): sharper per-head distributions, so a token a few heads like
+    # strongly is not outvoted by tokens every head likes a little (delimiters, function words in real prose).
+    vote_logits: str = "scaled"
+    # Question-time selection: the prompt's last question_tokens queries (the question and the chat template's
+    # turn markers) select with their own queries in blocks of question_block_size instead of sharing the mean
+    # query of a query_block_size block that is mostly haystack. 0 = off (the paper).
+    question_tokens: int = 0
+    question_block_size: int = 8
     selection_cache: bool = True  # decode: reuse the last selection while queries stay similar (App. C, Alg. 1)
     selection_cache_threshold: float = 0.9  # theta: reuse when cos(query, query of the last selection) >= theta
     impl: str = "auto"  # "auto": triton on CUDA; on CPU eager scoring + batched-SDPA sparse attention
@@ -39,6 +49,12 @@ class TokenSelectConfig:
             raise ValueError(f"local_tokens must be >= 1 (the query's own token), got {self.local_tokens}")
         if self.vote_pool_size < 1 or self.vote_pool_size % 2 == 0:
             raise ValueError(f"vote_pool_size must be an odd width >= 1 (1 = off), got {self.vote_pool_size}")
+        if self.vote_logits not in VOTE_LOGITS:
+            raise ValueError(f"vote_logits must be one of {VOTE_LOGITS}, got {self.vote_logits!r}")
+        if self.question_tokens < 0:
+            raise ValueError(f"question_tokens must be >= 0 (0 = off), got {self.question_tokens}")
+        if self.question_block_size < 1:
+            raise ValueError(f"question_block_size must be >= 1, got {self.question_block_size}")
         if self.query_block_size < 1:
             raise ValueError(f"query_block_size must be >= 1, got {self.query_block_size}")
         if not -1.0 <= self.selection_cache_threshold <= 1.0:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from infinitehip.attention.needle_probe import NeedleProbe
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
@@ -20,6 +21,7 @@ class RequestOutput:
     text: str
     finish_reason: str
     dropped_prompt_tokens: int = 0  # prompt tokens the method did not read (`truncate`), reported, never silent
+    needle_trace: dict | None = None  # NeedleProbe.summary() of a diagnosed request (chat(needle_tokens=...))
 
 
 class LLM:
@@ -53,21 +55,35 @@ class LLM:
             prompts = [prompts]
         return self._run([self.engine.encode_prompt(p) for p in prompts], params or SamplingParams())
 
-    def chat(self, conversations: list[dict] | list[list[dict]], params: SamplingParams | None = None) -> list[RequestOutput]:
-        """One conversation (a list of messages) or several; the tokenizer's chat template is applied."""
+    def chat(self, conversations: list[dict] | list[list[dict]], params: SamplingParams | None = None,
+             needle_tokens: list[int] | None = None, oracle: bool = False) -> list[RequestOutput]:
+        """One conversation (a list of messages) or several; the tokenizer's chat template is applied.
+
+        Diagnostics, for one conversation: `needle_tokens` (positions in the templated prompt) are watched
+        through the method's selections and the output's `needle_trace` says what share each selection kept;
+        `oracle=True` forces them into every selection (attention/needle_probe.py)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]
-        return self._run([self.engine.encode_chat(c) for c in conversations], params or SamplingParams())
+        probes = None
+        if needle_tokens is not None:
+            if len(conversations) != 1:
+                raise ValueError("needle_tokens diagnose one conversation at a time")
+            probes = [NeedleProbe(tuple(needle_tokens), oracle=oracle)]
+        elif oracle:
+            raise ValueError("oracle=True needs needle_tokens (the prompt positions to force into the selection)")
+        return self._run([self.engine.encode_chat(c) for c in conversations], params or SamplingParams(), probes)
 
-    def _run(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
+    def _run(self, prompt_ids: list[list[int]], params: SamplingParams, probes: list | None = None) -> list[RequestOutput]:
         for ids in prompt_ids:  # fail before anything runs
             self.engine.check_request(ids, params.max_tokens)
-        seqs = [self.engine.add_request(ids, params) for ids in prompt_ids]
+        probes = probes or [None] * len(prompt_ids)
+        seqs = [self.engine.add_request(ids, params, probe) for ids, probe in zip(prompt_ids, probes)]
         total = sum(s.num_prompt_tokens for s in seqs)
         show = self.config.show_progress and total > 2 * self.config.prefill_chunk_size
         with tqdm(total=total, desc="prefill", unit="tok", unit_scale=True, disable=not show, leave=False) as bar:
             while self.engine.has_work:
                 _, prefilled = self.engine.step()
                 bar.update(prefilled)
-        return [RequestOutput(ids, s.output_ids, s.output_text, s.finish_reason, s.dropped_prompt_tokens)
+        return [RequestOutput(ids, s.output_ids, s.output_text, s.finish_reason, s.dropped_prompt_tokens,
+                              None if s.probe is None else s.probe.summary())
                 for ids, s in zip(prompt_ids, seqs)]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from infinitehip.attention.needle_probe import NeedleProbe
 from infinitehip.attention.registry import create_method
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
@@ -136,9 +137,19 @@ class LLMEngine:
             )
         return kept, budget
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, probe: NeedleProbe | None = None) -> Sequence:
+        """Queue a request. `probe` (diagnostics): watch these prompt tokens through the method's selections, or
+        force them in (attention/needle_probe.py)."""
         kept, max_tokens = self.check_request(prompt_ids, params.max_tokens)
         seq = Sequence(kept, params, max_tokens, dropped_prompt_tokens=len(prompt_ids) - len(kept))
+        if probe is not None:
+            if seq.dropped_prompt_tokens:
+                raise ValueError(f"method {self.method.name!r} drops prompt tokens: a needle probe's positions would "
+                                 "not match the tokens read")
+            if probe.tokens[-1] >= len(kept):
+                raise ValueError(f"needle token {probe.tokens[-1]} is past the prompt ({len(kept)} tokens)")
+            probe.prompt_tokens = len(kept)
+            seq.probe = probe
         if seq.dropped_prompt_tokens:
             logger.info("request %d: method %s truncated %d of %d prompt tokens", seq.seq_id, self.method.name,
                         seq.dropped_prompt_tokens, len(prompt_ids))

@@ -45,9 +45,11 @@ class ModelRunner:
             self.graph_decoder.release(seq.seq_id)
 
     def _slice(self, seq: Sequence, offset: int, n: int, is_prefill: bool) -> SequenceSlice:
+        ends_prompt = is_prefill and not seq.output_ids and seq.num_computed + n == seq.prefill_target
         return SequenceSlice(
             seq_id=seq.seq_id, query_start=offset, num_queries=n, start_pos=seq.num_cached, token_start=seq.num_computed,
             page_table=self.page_table(seq), cache=self.cache, state=seq.method_state, is_prefill=is_prefill,
+            ends_prompt=ends_prompt, probe=seq.probe,
         )
 
     def _forward(self, input_ids: list[int], slices: list[SequenceSlice]) -> torch.Tensor:
@@ -58,7 +60,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> tuple[list[Sequence], torch.Tensor]:
         """Compute the step; return the sequences that sample a token now and their logits [N, vocab]."""
-        if self.graph_decoder is not None and not plan.prefill and len(plan.decode) == 1:
+        graphs = self.graph_decoder is not None and not plan.prefill and len(plan.decode) == 1
+        if graphs and plan.decode[0].probe is None:  # a probe records on the host: eager steps only
             seq = plan.decode[0]
             s = self._slice(seq, 0, 1, is_prefill=False)
             key = self.graph_decoder.key(s)

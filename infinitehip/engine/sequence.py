@@ -34,6 +34,7 @@ class Sequence:
     method_state: Any = None  # owned by the attention method
     generator: Any = None  # torch.Generator when the request has a seed
     dropped_prompt_tokens: int = 0  # prompt tokens the method dropped (`truncate`); prompt_ids holds those kept
+    probe: Any = None  # NeedleProbe of a diagnosed request (attention/needle_probe.py); None normally
 
     @property
     def num_tokens(self) -> int:

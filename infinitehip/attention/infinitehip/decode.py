@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from infinitehip.attention.infinitehip.positions import scoring_positions
-from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, score_candidates, sparse_limit,
-                                                      subdivide)
+from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, force_chunks, score_candidates,
+                                                      sparse_limit, subdivide)
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.infinitehip.topchunks import keep_top_chunks
 from infinitehip.model.rope import apply_rotary
@@ -63,7 +63,7 @@ def refresh_stage(
     spec: StageSpec, q: torch.Tensor, position: torch.Tensor, parent: StageCache | None, out: StageCache,
     k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int, stream: int, rope, num_candidates: int,
     group: int, trained_len: int, impl: str, saliency: tuple[KeySaliency, int] | None, shared: dict | None = None,
-    rep_keys=None,
+    rep_keys=None, forced_tokens: torch.Tensor | None = None,
 ) -> None:
     """Recompute one stage for one sequence's decode query q [H, d] at position [1]; write `out` in place.
 
@@ -97,6 +97,8 @@ def refresh_stage(
         q_rot = shared["q_rot", spec.rope_style]
     scores = score_candidates(spec, blocks, q_rot, pos, starts, lens, k_flat, page_table, page_size, rope, impl,
                               saliency, rep_keys, static_groups=True)
+    if forced_tokens is not None:  # oracle diagnostics (needle_probe.py); eager steps only
+        scores = force_chunks(scores, starts, lens, forced_tokens)
     # The top chunks (ties: the earlier one), in position order: candidates are already in position order (stage 1
     # by construction, later stages subdivide an ordered parent); empty chunks are never kept.
     keep_top_chunks(scores[0], starts[0], lens[0], out.starts, out.lens, impl=impl)

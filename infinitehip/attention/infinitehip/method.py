@@ -65,6 +65,11 @@ def assemble_keys(final: StageOutput, last_position: torch.Tensor, window_start:
     return torch.where(tokens == big, 0, tokens), counts
 
 
+def _forced(probe, device: torch.device) -> torch.Tensor | None:
+    """The tokens an oracle probe forces into every selection (needle_probe.py), else None."""
+    return probe.on(device) if probe is not None and probe.oracle else None
+
+
 class InfiniteHiPAttention(AttentionMethod):
     name = "infinitehip"
 
@@ -117,7 +122,8 @@ class InfiniteHiPAttention(AttentionMethod):
         k_flat, rep_keys = scoring_access(seq.cache, layer, seq.page_table)
         return run_stage(spec, blocks, parent, k_flat, seq.page_table, seq.cache.page_size,
                          c.sink_tokens, c.stream_tokens, batch.rope, seq.context_len, self.trained_len, self._impl(blocks.q),
-                         None if self.saliency is None else (self.saliency, layer), rep_keys=rep_keys)
+                         None if self.saliency is None else (self.saliency, layer), rep_keys=rep_keys,
+                         forced_tokens=_forced(seq.probe, blocks.q.device))
 
     def _update_saliency(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> None:
         if self.saliency is not None:
@@ -140,17 +146,25 @@ class InfiniteHiPAttention(AttentionMethod):
             k, v = seq.cache.read(layer, seq.context_slots)
             return causal_sdpa(batch.rope.apply_range(q, seq.start_pos), batch.rope.apply_range(k, 0), v, seq.start_pos)
         parent, blocks = None, None
-        for spec in self._specs(layer, decode=False):
+        probe = seq.probe if seq.probe is not None and seq.probe.is_last_prefill(seq.context_len) else None
+        for s, spec in enumerate(self._specs(layer, decode=False)):
             blocks = query_blocks(q, seq.start_pos, spec.query_block_size)
             if parent is not None:  # child block m reads the candidates of the parent block containing it
                 rows = torch.arange(blocks.q.shape[0], device=q.device) * spec.query_block_size
                 parent = parent.for_blocks(rows // parent.query_block_size)
             parent = self._stage(spec, blocks, parent, layer, seq, batch)
+            if probe is not None:  # the block holding the prompt's last query
+                share = probe.share_of_chunks(parent.chunk_starts[-1], parent.chunk_lens[-1], c.sink_tokens,
+                                              int(parent.limit[-1]))
+                probe.record_prefill(f"stage{s}", layer, self.model_config.num_layers, share)
         window_start = sparse_limit(blocks.last_position, c.sink_tokens, c.stream_tokens)
         return self._attend_prefill(layer, q, seq, batch, parent, blocks, window_start)
 
     def _attend_prefill(self, layer, q, seq, batch, final: StageOutput, blocks: QueryBlocks, window_start) -> torch.Tensor:
         key_tokens, key_counts = assemble_keys(final, blocks.last_position, window_start, self.config.sink_tokens)
+        if seq.probe is not None and seq.probe.is_last_prefill(seq.context_len):
+            share = seq.probe.share_of_tokens(key_tokens[-1, : int(key_counts[-1])])
+            seq.probe.record_prefill("attended", layer, self.model_config.num_layers, share)
         query_pos = torch.arange(seq.start_pos, seq.context_len, device=q.device)
         query_block = torch.arange(q.shape[0], device=q.device) // blocks.size
         key_rope, query_rope = attention_positions(self.config.attention_rope, key_tokens, key_counts, window_start,
@@ -257,7 +271,8 @@ class InfiniteHiPAttention(AttentionMethod):
                     refresh_stage(spec, q[i], positions[i : i + 1], parent, caches[s], k_flat,
                                   page_tables[i], seq.cache.page_size, c.sink_tokens, c.stream_tokens, batch.rope,
                                   num_candidates, group, self.trained_len, self._impl(q),
-                                  None if self.saliency is None else (self.saliency, layer), shared, rep_keys)
+                                  None if self.saliency is None else (self.saliency, layer), shared, rep_keys,
+                                  _forced(seq.probe, q.device))
                     state.refreshes[s] += 1
                 parent = caches[s]
             state.decode_steps[layer] += 1
@@ -274,6 +289,9 @@ class InfiniteHiPAttention(AttentionMethod):
         key_tokens, key_counts, key_rope, query_rope = decode_key_list(
             starts, lens, c.chunk_sizes[-1], limits, positions, c.sink_tokens,
             window_width(c.stream_tokens, c.refresh_intervals), c.attention_rope, group, impl=self._impl(q))
+        for i, seq in enumerate(seqs):
+            if seq.probe is not None:
+                seq.probe.record_decode(layer, seq.probe.share_of_tokens(key_tokens[i, : int(key_counts[i])]))
         k_flat, v_flat, tables, page_size, key_tokens = decode_attention_rows(seqs[0].cache, layer, page_tables,
                                                                                key_tokens, key_counts)
         return sparse_attention_decode(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from infinitehip.attention.infinitehip.positions import scoring_positions
+from infinitehip.attention.needle_probe import FORCE_BONUS
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
 from infinitehip.attention.infinitehip.scoring.aggregate import aggregate_heads
@@ -139,16 +140,23 @@ def score_candidates(
     return scores
 
 
+def force_chunks(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Oracle diagnostics (needle_probe.py): chunks starts/lens [M, N] holding any of tokens [n] outrank the rest."""
+    holds = ((tokens >= starts[..., None]) & (tokens < (starts + lens)[..., None])).any(-1)
+    return scores.masked_fill(holds, FORCE_BONUS)
+
+
 def run_stage(
     spec: StageSpec, blocks: QueryBlocks, parent: StageOutput | None, k_flat: torch.Tensor, page_table: torch.Tensor,
     page_size: int, sink: int, stream: int, rope, context_len: int, trained_len: int, impl: str,
-    saliency: tuple[KeySaliency, int] | None = None, rep_keys=None,
+    saliency: tuple[KeySaliency, int] | None = None, rep_keys=None, forced_tokens: torch.Tensor | None = None,
 ) -> StageOutput:
     """One pruning stage for all query blocks (parent None: the first stage, all chunks of [sink, limit)).
 
     saliency (store, layer): representatives are the most salient keys (landmark mode), not SelectRep's.
     rep_keys: an offloaded cache's representative-key reader (`offload_access.RepresentativeKeys`): the
-    representatives are scored through the mask bank, in groups of chunks that fit it."""
+    representatives are scored through the mask bank, in groups of chunks that fit it.
+    forced_tokens (oracle diagnostics): chunks holding these tokens are kept first."""
     limit = sparse_limit(blocks.last_position, sink, stream)
     if parent is None:
         starts, lens = initial_chunks(limit, sink, spec.chunk_size)
@@ -165,5 +173,7 @@ def run_stage(
         rope.ensure(max_key_pos)
         scores = score_candidates(spec, blocks, q_rot, pos, starts, lens, k_flat, page_table, page_size, rope, impl,
                                   saliency, rep_keys, static_groups=False)
+        if forced_tokens is not None:
+            scores = force_chunks(scores, starts, lens, forced_tokens)
     starts, lens = keep_top_chunks(starts, lens, scores, keep)
     return StageOutput(starts, lens, spec.chunk_size, spec.query_block_size, limit)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
 from infinitehip.attention.host_values import device_tensor
+from infinitehip.attention.needle_probe import FORCE_BONUS
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.attention.tokenselect import soft_vote
 from infinitehip.config.model import ModelConfig
@@ -81,6 +82,7 @@ class TokenSelectAttention(AttentionMethod):
         super().__init__(model_config)
         self.config = config or TokenSelectConfig()
         self.sm_scale = model_config.head_dim ** -0.5
+        self.vote_scale = 1.0 if self.config.vote_logits == "raw" else self.sm_scale
 
     def default_max_context_tokens(self) -> int:
         return 1 << 17
@@ -108,9 +110,10 @@ class TokenSelectAttention(AttentionMethod):
 
     # ---- selection ----------------------------------------------------------------------------------------
     def select(self, q: torch.Tensor, k_flat: torch.Tensor, page_tables: torch.Tensor, page_size: int,
-               limits: list[int], rope: RotaryEmbedding) -> list[torch.Tensor]:
+               limits: list[int], rope: RotaryEmbedding, forced: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
         """q [R, H, d] pre-RoPE, one query per row (a block's mean or a decode query); row r's candidates are
-        [sink, limits[r]) of the sequence with page_tables[r] -> per row the sorted selected tokens (int64)."""
+        [sink, limits[r]) of the sequence with page_tables[r] -> per row the sorted selected tokens (int64).
+        forced[r] (oracle diagnostics, needle_probe.py): tokens ranked above every other candidate of row r."""
         c = self.config
         sink, k = c.sink_tokens, c.select_tokens
         counts = [max(0, limit - sink) for limit in limits]
@@ -127,12 +130,17 @@ class TokenSelectAttention(AttentionMethod):
             votes = soft_vote(
                 q_rot, k_flat, page_tables, page_size,
                 torch.full((len(need),), sink, dtype=torch.int64, device=q.device),
-                device_tensor(need_counts, torch.int64, q.device), max(need_counts), self.sm_scale,
+                device_tensor(need_counts, torch.int64, q.device), max(need_counts), self.vote_scale,
                 impl=self._score_impl(q),
             )
             if c.vote_pool_size > 1:  # spans around the peaks; past a row's count stays -inf (never picked)
                 pooled = F.max_pool1d(votes[:, None], c.vote_pool_size, stride=1, padding=c.vote_pool_size // 2)
                 votes = pooled[:, 0].masked_fill(votes == float("-inf"), float("-inf"))
+            if forced is not None:
+                for row, r in enumerate(need):
+                    if forced[r] is not None:
+                        f = forced[r][(forced[r] >= sink) & (forced[r] < limits[r])] - sink
+                        votes[row, f] = FORCE_BONUS
             top = torch.topk(votes, k, dim=1).indices.sort(dim=1).values + sink  # every row has > k candidates
             picked.update(zip(need, top))
         return [picked[r] for r in range(len(counts))]
@@ -144,23 +152,41 @@ class TokenSelectAttention(AttentionMethod):
         window = torch.arange(min(window_start, last + 1), last + 1, device=device)  # empty inside the sink
         return torch.cat([sink, selected, window])
 
-    # ---- prefill ------------------------------------------------------------------------------------------
+    # ---- prefill ----------------------------------------------------------------------------------------
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
+        """Blocks of query_block_size queries; when the chunk ends the prompt, its last question_tokens queries
+        (the question) in blocks of question_block_size, each block selecting with its own mean query."""
+        n = q.shape[0]
+        tail = min(n, self.config.question_tokens) if seq.ends_prompt else 0
+        parts = [(0, n - tail, self.config.query_block_size), (n - tail, tail, self.config.question_block_size)]
+        outs = [self._prefill_blocks(layer, q[r0 : r0 + m], seq, batch, r0, b) for r0, m, b in parts if m > 0]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _prefill_blocks(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch, row0: int,
+                        b: int) -> torch.Tensor:
+        """Queries q [n, H, d] = rows row0.. of the chunk, in blocks of b sharing one selection each."""
         n, H, d = q.shape
-        b = self.config.query_block_size
+        start = seq.start_pos + row0
+        end = start + n  # exclusive: the last query's position + 1
         M = -(-n // b)
-        firsts = [seq.start_pos + i * b for i in range(M)]
-        lasts = [min(f + b, seq.context_len) - 1 for f in firsts]
+        firsts = [start + i * b for i in range(M)]
+        lasts = [min(f + b, end) - 1 for f in firsts]
         limits = [self.window_start(f) for f in firsts]
         sizes = device_tensor([e - f + 1 for f, e in zip(firsts, lasts)], torch.int64, q.device)
         q_mean = F.pad(q.float(), (0, 0, 0, 0, 0, M * b - n)).view(M, b, H, d).sum(1) / sizes[:, None, None]
         k_flat = seq.cache.flat_k(layer)
-        picked = self.select(q_mean, k_flat, seq.page_table[None].expand(M, -1), seq.cache.page_size, limits, batch.rope)
-        key_tokens, key_counts = pad_rows([self.key_list(p, ws, e) for p, ws, e in zip(picked, limits, lasts)])
+        probe = seq.probe
+        forced = [probe.on(q.device)] * M if probe is not None and probe.oracle else None
+        picked = self.select(q_mean, k_flat, seq.page_table[None].expand(M, -1), seq.cache.page_size, limits, batch.rope,
+                             forced)
+        lists = [self.key_list(p, ws, e) for p, ws, e in zip(picked, limits, lasts)]
+        if probe is not None and probe.is_last_prefill(end):  # the block holding the prompt's last query
+            probe.record_prefill("attended", layer, self.model_config.num_layers, probe.share_of_tokens(lists[-1]))
+        key_tokens, key_counts = pad_rows(lists)
 
         # Keys numbered 0.. in order; a query gets its own token's number: keys listed before the window plus
         # its offset in the window, or its own index when it is a sink token (then nothing is selected).
-        query_pos = torch.arange(seq.start_pos, seq.context_len, device=q.device)
+        query_pos = torch.arange(start, end, device=q.device)
         block = torch.arange(n, device=q.device) // b
         ws = device_tensor(limits, torch.int64, q.device)[block]
         before = device_tensor([min(self.config.sink_tokens, e + 1) + p.numel() for p, e in zip(picked, lasts)],
@@ -196,8 +222,10 @@ class TokenSelectAttention(AttentionMethod):
         if miss:
             limits = [self.window_start(positions[i]) for i in miss]
             rows = slice(0, len(seqs)) if len(miss) == len(seqs) else device_tensor(miss, torch.int64, q.device)
+            forced = [seqs[i].probe.on(q.device) if seqs[i].probe is not None and seqs[i].probe.oracle else None
+                      for i in miss]
             picked = self.select(q[rows], seqs[0].cache.flat_k(layer), page_tables[rows], seqs[0].cache.page_size,
-                                 limits, batch.rope)
+                                 limits, batch.rope, forced if any(f is not None for f in forced) else None)
             for i, tokens, limit in zip(miss, picked, limits):
                 st = states[i]
                 st.selected[layer], st.window_start[layer] = tokens, limit
@@ -207,6 +235,9 @@ class TokenSelectAttention(AttentionMethod):
             states[i].hits[layer] += r
 
         lists = [self.key_list(st.selected[layer], st.window_start[layer], p) for st, p in zip(states, positions)]
+        for s, keys in zip(seqs, lists):
+            if s.probe is not None:
+                s.probe.record_decode(layer, s.probe.share_of_tokens(keys))
         key_tokens, key_counts = pad_rows(lists)
         K = key_tokens.shape[1]
         key_rope = torch.arange(K, device=q.device, dtype=torch.int32).expand(len(seqs), K).contiguous()

@@ -1,0 +1,67 @@
+"""`infinitehip eval ruler`: RULER-style retrieval tasks over real-prose haystacks, one attention method;
+`infinitehip eval ruler-report FILES... --output docs/x.md`: markdown tables from result files.
+
+Calibration is the same sweep with `--method dense --lengths 4096 7000`; the report marks tasks that dense
+gets below 90% right there as "not counted".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from infinitehip.cli.method_options import add_method_flags, method_config_from_args
+from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+from infinitehip.config.engine import EngineConfig
+from infinitehip.config.offload import OffloadConfig
+from infinitehip.eval.ruler.report import load_runs, markdown_report
+from infinitehip.eval.ruler.runner import RulerConfig, context_tokens_needed
+
+
+@dataclasses.dataclass(frozen=True)
+class RulerReportConfig:
+    output: str | None = None  # markdown path; None: print only
+    title: str = "RULER results"
+
+
+def register(tasks) -> None:
+    p = tasks.add_parser("ruler", help="RULER-style NIAH tasks over real prose", description=__doc__.splitlines()[0])
+    add_dataclass_flags(p, RulerConfig)
+    add_dataclass_flags(p, EngineConfig)
+    add_dataclass_flags(p, OffloadConfig)
+    add_method_flags(p)
+    p.set_defaults(func=run)
+    r = tasks.add_parser("ruler-report", help="markdown tables from `eval ruler` result files")
+    r.add_argument("files", nargs="+", help="result JSON files of `infinitehip eval ruler`")
+    add_dataclass_flags(r, RulerReportConfig)
+    r.set_defaults(func=report)
+
+
+def run(args: argparse.Namespace) -> int:
+    from infinitehip.engine.llm import LLM  # heavy: only once the flags are valid
+    from infinitehip.eval.ruler.runner import run_ruler
+
+    config = dataclass_from_args(RulerConfig, args)
+    engine_config = dataclass_from_args(EngineConfig, args)
+    if engine_config.max_context_tokens is None:
+        engine_config = dataclasses.replace(engine_config, max_context_tokens=context_tokens_needed(config))
+    llm = LLM(config=engine_config, method_config=method_config_from_args(engine_config, args),
+              offload_config=dataclass_from_args(OffloadConfig, args))
+    run_ruler(llm, config)
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    config = dataclass_from_args(RulerReportConfig, args)
+    for f in args.files:
+        if not Path(f).is_file():
+            raise FileNotFoundError(f"no such results file: {f}")
+    text = markdown_report(load_runs(args.files), config.title)
+    if config.output:
+        Path(config.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(config.output).write_text(text + "\n")
+        print(f"wrote {config.output}")
+    else:
+        print(text)
+    return 0

