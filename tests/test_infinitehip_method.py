@@ -14,9 +14,11 @@ from infinitehip import SamplingParams  # noqa: E402
 from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig, infinitehip_preset  # noqa: E402
 from tests.conftest import engine_for_dir  # noqa: E402
 
+# The hierarchy alone (question_tokens=0, as the paper): question-time selection has its own tests
+# (test_question_selection.py).
 SMALL = dict(sink_tokens=16, stream_tokens=64, query_block_sizes=(32, 16, 8), chunk_sizes=(64, 16, 4),
              keep_tokens=(512, 128, 32), early_last_keep_tokens=64, refresh_intervals=(4, 2, 1), early_layers=1,
-             landmark_window=48)
+             landmark_window=48, question_tokens=0)
 
 
 @pytest.fixture(scope="module")

@@ -372,9 +372,12 @@ def test_offloaded_kv_server_answers_and_reports_bank_metrics():
     from infinitehip.config.offload import OffloadConfig
 
     config = EngineConfig(**{**ENGINE_CONFIG, "method": "infinitehip", "kv_cache_tokens": 4096, "max_num_seqs": 2})
+    from infinitehip.config.infinitehip import infinitehip_preset
+
     offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=4096, attention_bank_tokens=4096)
-    engine = LLMEngine(config, offload_config=offload)
-    resident = LLMEngine(config, loaded=engine.loaded)
+    method = infinitehip_preset("3k-flash")  # offloading runs the presets without question-time selection
+    engine = LLMEngine(config, method_config=method, offload_config=offload)
+    resident = LLMEngine(config, loaded=engine.loaded, method_config=method)
     messages = [{"role": "user", "content": "Name the largest planet of the solar system."}]
     server_config = ServerConfig(api_key=API_KEY, max_waiting_requests=4, keepalive_interval_s=0.1)
     with ServerThread(create_app(engine, server_config)) as url:

@@ -56,7 +56,8 @@ def test_soft_vote_kernel_matches_reference(dtype, heads, kv_heads, d):
 
 
 # ---- selection, key lists, positions (method called directly on a random cache) ---------------------------
-SMALL = TokenSelectConfig(select_tokens=24, sink_tokens=8, local_tokens=16, query_block_size=32)
+# Per-block and per-step selection alone (question_tokens=0): question-time selection has its own tests.
+SMALL = TokenSelectConfig(select_tokens=24, sink_tokens=8, local_tokens=16, query_block_size=32, question_tokens=0)
 
 
 class Setup:
@@ -250,7 +251,8 @@ def test_embedded_model_finds_passkey_with_a_small_budget():
     from infinitehip.model.loading import load_model
 
     loaded = load_model(None, default_cache_root(), torch.device("cpu"), torch.float32)
-    config = TokenSelectConfig(select_tokens=256, sink_tokens=64, local_tokens=128, query_block_size=128)
+    config = TokenSelectConfig(select_tokens=256, sink_tokens=64, local_tokens=128, query_block_size=128,
+                               question_select_tokens=128)
     engine = LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, method="tokenselect",
                                     max_context_tokens=4096), loaded, config)
     sample = make_passkey_sample(loaded.tokenizer, 2500, 0.5, 3)

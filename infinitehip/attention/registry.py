@@ -21,6 +21,7 @@ from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.infinipot import PRESETS as INFINIPOT_PRESETS
 from infinitehip.config.infinipot import InfiniPotConfig
 from infinitehip.config.model import ModelConfig
+from infinitehip.config.tokenselect import PRESETS as TOKENSELECT_PRESETS
 from infinitehip.config.tokenselect import TokenSelectConfig
 from infinitehip.config.streaming import StreamingConfig
 from infinitehip.config.truncate import TruncateConfig
@@ -50,7 +51,7 @@ METHODS: dict[str, MethodSpec] = {
     DenseAttention.name: MethodSpec(DenseAttention),
     InfiniteHiPAttention.name: MethodSpec(InfiniteHiPAttention, InfiniteHiPConfig, dict(INFINITEHIP_PRESETS), "3k"),
     InfiniPotAttention.name: MethodSpec(InfiniPotAttention, InfiniPotConfig, dict(INFINIPOT_PRESETS), "4k"),
-    TokenSelectAttention.name: MethodSpec(TokenSelectAttention, TokenSelectConfig),
+    TokenSelectAttention.name: MethodSpec(TokenSelectAttention, TokenSelectConfig, dict(TOKENSELECT_PRESETS), "default"),
     StreamingAttention.name: MethodSpec(StreamingAttention, StreamingConfig),
     TruncateAttention.name: MethodSpec(TruncateAttention, TruncateConfig),
 }

@@ -46,6 +46,15 @@ class InfiniteHiPConfig:
     # Prefill chunks whose every query keeps every key (context <= sink + stream + last stage's keep) run as
     # dense causal SDPA: the same keys and, for the streaming/none attention RoPE, the same positions.
     dense_when_unpruned: bool = True
+    # Question-time selection (not in the paper; attention/question_selection.py): the prompt's last question_tokens
+    # queries vote together over every candidate token (soft vote on raw logits, averaged over question_window
+    # tokens); the question_keep_tokens best final-stage chunks are attended by the question's queries and by every
+    # decode step of the answer, beside the hierarchy's own chunks. 0 = off (the paper, `paper-*` presets).
+    # Defaults 32 / 9: on real-prose captures of the embedded model they put 3-4x more of a needle's value tokens
+    # in the selection than one query's vote (docs/benchmarks.md, "question-time selection").
+    question_tokens: int = 32
+    question_keep_tokens: int = 2048
+    question_window: int = 9
 
     def __post_init__(self) -> None:
         for name in ("query_block_sizes", "chunk_sizes", "keep_tokens", "refresh_intervals"):
@@ -95,6 +104,13 @@ class InfiniteHiPConfig:
             # Candidates end stream_tokens before a block's last query, so their saliency then comes only from
             # queries up to that block: selection stays causal at block granularity.
             raise ValueError(f"landmark_window must be in [1, stream_tokens = {self.stream_tokens}], got {self.landmark_window}")
+        if self.question_tokens < 0:
+            raise ValueError(f"question_tokens must be >= 0 (0 = off), got {self.question_tokens}")
+        if self.question_keep_tokens < last_c or self.question_keep_tokens % last_c:
+            raise ValueError(f"question_keep_tokens = {self.question_keep_tokens} is not a positive multiple of "
+                             f"chunk_sizes[-1] = {last_c}")
+        if self.question_window < 1 or self.question_window % 2 == 0:
+            raise ValueError(f"question_window must be an odd width >= 1, got {self.question_window}")
         if self.head_aggregation not in HEAD_AGGREGATIONS:
             raise ValueError(f"head_aggregation must be one of {HEAD_AGGREGATIONS}, got {self.head_aggregation!r}")
         if self.impl not in IMPLEMENTATIONS:
@@ -113,11 +129,17 @@ class InfiniteHiPConfig:
         return self.early_pruning_rope if layer < self.early_layers else self.late_pruning_rope
 
 
+_PAPER_5K = dict(chunk_sizes=(64, 32, 16), keep_tokens=(32768, 16384, 4096), early_last_keep_tokens=4096)
+# `3k` (the default) and `5k`: the paper's budgets plus question-time selection. `paper-*`: the paper's settings
+# exactly (Appendix F), no question-time selection; `3k-fast` / `3k-flash` are the paper's 3k with longer mask
+# refresh intervals (speed presets, no question-time selection: they serve the offloaded 1M decode).
 PRESETS: dict[str, InfiniteHiPConfig] = {
     "3k": InfiniteHiPConfig(),
-    "3k-fast": InfiniteHiPConfig(refresh_intervals=(32, 16, 8)),
-    "3k-flash": InfiniteHiPConfig(refresh_intervals=(96, 24, 8)),
-    "5k": InfiniteHiPConfig(chunk_sizes=(64, 32, 16), keep_tokens=(32768, 16384, 4096), early_last_keep_tokens=4096),
+    "5k": InfiniteHiPConfig(**_PAPER_5K),
+    "paper-3k": InfiniteHiPConfig(question_tokens=0),
+    "paper-5k": InfiniteHiPConfig(question_tokens=0, **_PAPER_5K),
+    "3k-fast": InfiniteHiPConfig(refresh_intervals=(32, 16, 8), question_tokens=0),
+    "3k-flash": InfiniteHiPConfig(refresh_intervals=(96, 24, 8), question_tokens=0),
 }
 
 

@@ -23,6 +23,7 @@ from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_positions, group_size
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, query_blocks, run_stage, sparse_limit
 from infinitehip.attention.infinitehip.saliency import KeySaliency
+from infinitehip.attention.question_selection import merge_chunks, question_chunks
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
@@ -39,6 +40,10 @@ class InfiniteHiPState:
     pending_q: list[torch.Tensor | None] = field(default_factory=list)
     pending_pos: list[torch.Tensor | None] = field(default_factory=list)
     refreshes: list[int] = field(default_factory=list)  # stage recomputations in decode, per stage
+    # Question-time selection per layer (question_tokens > 0): final-stage chunks (starts [E], lens [E]) the
+    # answer attends, and the last question_tokens pre-RoPE prefill queries [<= question_tokens, H, d].
+    question: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
+    recent_q: list[torch.Tensor | None] = field(default_factory=list)
 
 
 def assemble_keys(final: StageOutput, last_position: torch.Tensor, window_start: torch.Tensor, sink: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +100,7 @@ class InfiniteHiPAttention(AttentionMethod):
     def new_state(self) -> InfiniteHiPState:
         L, S = self.model_config.num_layers, self.config.num_stages
         return InfiniteHiPState(stage_cache=[None] * L, decode_steps=[0] * L, refreshes=[0] * S,
-                                pending_q=[None] * L, pending_pos=[None] * L)
+                                pending_q=[None] * L, pending_pos=[None] * L, question=[None] * L, recent_q=[None] * L)
 
     def _impl(self, x: torch.Tensor) -> str:
         """Pruning ops: Triton on CUDA; on CPU their CPU formulations ("auto") or the eager oracles."""
@@ -141,6 +146,7 @@ class InfiniteHiPAttention(AttentionMethod):
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
         self._update_saliency(layer, q, seq, batch)
+        question = self._question_prefill(layer, q, seq, batch)
         if c.dense_when_unpruned and self._keeps_every_key(layer, seq.context_len):
             batch.rope.ensure(seq.context_len)
             k, v = seq.cache.read(layer, seq.context_slots)
@@ -158,7 +164,38 @@ class InfiniteHiPAttention(AttentionMethod):
                                               int(parent.limit[-1]))
                 probe.record_prefill(f"stage{s}", layer, self.model_config.num_layers, share)
         window_start = sparse_limit(blocks.last_position, c.sink_tokens, c.stream_tokens)
+        if question is not None:  # the blocks holding question queries attend the question's chunks too
+            first, (q_starts, q_lens) = question
+            mine = (blocks.last_position >= first)[:, None]
+            starts, lens = merge_chunks(parent.chunk_starts, parent.chunk_lens, q_starts, torch.where(mine, q_lens, 0))
+            parent = StageOutput(starts, lens, parent.chunk_size, parent.query_block_size, parent.limit)
         return self._attend_prefill(layer, q, seq, batch, parent, blocks, window_start)
+
+    def _question_prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch):
+        """Keep the last question_tokens queries; in the chunk that ends the prompt, make the question-time selection
+        (attention/question_selection.py) and keep it in the state -> (first question position, (starts, lens)) or
+        None."""
+        c = self.config
+        if c.question_tokens == 0:
+            return None
+        state: InfiniteHiPState = seq.state
+        previous = state.recent_q[layer]
+        recent = (q if previous is None else torch.cat([previous, q]))[-c.question_tokens :].clone()
+        state.recent_q[layer] = None if seq.ends_prompt else recent
+        if not seq.ends_prompt:
+            return None
+        first = seq.context_len - recent.shape[0]
+        limit = max(c.sink_tokens, first + 1 - c.stream_tokens)
+        cs = c.chunk_sizes[-1]
+        k_flat, _ = scoring_access(seq.cache, layer, seq.page_table)
+        chunks = question_chunks(recent, k_flat, seq.page_table, seq.cache.page_size, c.sink_tokens, limit,
+                                 c.question_keep_tokens // cs, cs, c.question_window, c.stream_tokens, batch.rope,
+                                 "triton" if q.is_cuda else "reference", _forced(seq.probe, q.device))
+        state.question[layer] = chunks
+        if seq.probe is not None:
+            seq.probe.record_prefill("question", layer, self.model_config.num_layers,
+                                     seq.probe.share_of_chunks(*chunks, c.sink_tokens, limit))
+        return first, chunks
 
     def _attend_prefill(self, layer, q, seq, batch, final: StageOutput, blocks: QueryBlocks, window_start) -> torch.Tensor:
         key_tokens, key_counts = assemble_keys(final, blocks.last_position, window_start, self.config.sink_tokens)
@@ -286,6 +323,13 @@ class InfiniteHiPAttention(AttentionMethod):
             starts = torch.stack([f[-1].starts for f in finals])
             lens = torch.stack([f[-1].lens for f in finals])
             limits = torch.stack([f[-1].limits for f in finals])
+        questions = [seq.state.question[layer] for seq in seqs]
+        if any(qc is not None for qc in questions):  # question-time selection: the answer attends its chunks too
+            E = c.question_keep_tokens // c.chunk_sizes[-1]
+            none = torch.zeros(E, dtype=torch.long, device=q.device)
+            q_starts = torch.stack([none if qc is None else qc[0] for qc in questions])
+            q_lens = torch.stack([none if qc is None else qc[1] for qc in questions])
+            starts, lens = merge_chunks(starts, lens, q_starts, q_lens)
         key_tokens, key_counts, key_rope, query_rope = decode_key_list(
             starts, lens, c.chunk_sizes[-1], limits, positions, c.sink_tokens,
             window_width(c.stream_tokens, c.refresh_intervals), c.attention_rope, group, impl=self._impl(q))

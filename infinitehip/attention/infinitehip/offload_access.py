@@ -163,6 +163,10 @@ def check_offload(method: InfiniteHiPConfig, offload: OffloadConfig, context_tok
     smaller than one resolve call's worst case: one chunk's representatives (mask bank: decode and prefill score
     the candidates in groups of chunks that fit it, `RepresentativeKeys`), the key lists of max_num_seqs
     decoding sequences or of one prefill query block (attention bank)."""
+    if method.question_tokens:
+        raise ValueError(f"KV offloading needs question_tokens=0 (got {method.question_tokens}): question-time "
+                         "selection scores every key, which offloading keeps in host memory; use a preset without it "
+                         "(--preset 3k-flash, 3k-fast, paper-3k) or --question-tokens 0")
     if method.representative != "landmark":
         raise ValueError(f"KV offloading needs representative='landmark' (got {method.representative!r}): the "
                          "bisection kernel reads keys it discovers on the way")

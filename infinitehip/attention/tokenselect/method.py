@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
 from infinitehip.attention.host_values import device_tensor
 from infinitehip.attention.needle_probe import FORCE_BONUS
+from infinitehip.attention.question_selection import question_tokens
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.attention.tokenselect import soft_vote
 from infinitehip.config.model import ModelConfig
@@ -55,10 +56,15 @@ class TokenSelectState:
     window_start: list[int]  # the last selection's candidates were [sink, window_start)
     hits: list[int]
     misses: list[int]  # selections made (every decode step when the cache is off)
+    question: list[torch.Tensor | None]  # [<= question_select_tokens] sorted question-time selection (question.py)
+    # The last question_tokens pre-RoPE prefill queries [<= question_tokens, H, d]: the question may start in the
+    # chunk before the one that ends the prompt.
+    recent_q: list[torch.Tensor | None]
 
     @classmethod
     def empty(cls, num_layers: int) -> "TokenSelectState":
-        return cls([None] * num_layers, [None] * num_layers, [0] * num_layers, [0] * num_layers, [0] * num_layers)
+        return cls([None] * num_layers, [None] * num_layers, [0] * num_layers, [0] * num_layers, [0] * num_layers,
+                   [None] * num_layers, [None] * num_layers)
 
     @property
     def hit_ratio(self) -> float | None:
@@ -73,6 +79,13 @@ def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     tokens = torch.stack([F.pad(r, (0, K - r.numel())) for r in rows]).int()
     counts = device_tensor([r.numel() for r in rows], torch.int32, tokens.device)
     return tokens, counts
+
+
+def union_below(selected: torch.Tensor, extra: torch.Tensor | None, limit: int) -> torch.Tensor:
+    """Sorted union of a selection and the extra tokens (both sorted int64) below `limit`."""
+    if extra is None:
+        return selected
+    return torch.unique(torch.cat([selected, extra[extra < limit]]), sorted=True)
 
 
 class TokenSelectAttention(AttentionMethod):
@@ -154,17 +167,36 @@ class TokenSelectAttention(AttentionMethod):
 
     # ---- prefill ----------------------------------------------------------------------------------------
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
-        """Blocks of query_block_size queries; when the chunk ends the prompt, its last question_tokens queries
-        (the question) in blocks of question_block_size, each block selecting with its own mean query."""
+        """Blocks of query_block_size queries, each selecting with its mean query. When the chunk ends the prompt
+        and question_tokens > 0, its last question_tokens queries make the question-time selection (question.py),
+        kept in the state for the answer, and attend it as one block besides that block's own selection."""
+        c = self.config
         n = q.shape[0]
-        tail = min(n, self.config.question_tokens) if seq.ends_prompt else 0
-        parts = [(0, n - tail, self.config.query_block_size), (n - tail, tail, self.config.question_block_size)]
-        outs = [self._prefill_blocks(layer, q[r0 : r0 + m], seq, batch, r0, b) for r0, m, b in parts if m > 0]
+        if c.question_tokens == 0:
+            return self._prefill_blocks(layer, q, seq, batch, 0, c.query_block_size)
+        state: TokenSelectState = seq.state
+        previous = state.recent_q[layer]
+        recent = q if previous is None else torch.cat([previous, q])
+        state.recent_q[layer] = recent = recent[-c.question_tokens :].clone()
+        if not seq.ends_prompt:
+            return self._prefill_blocks(layer, q, seq, batch, 0, c.query_block_size)
+        state.recent_q[layer] = None
+        tail = min(n, c.question_tokens)  # the question's queries in this chunk
+        first = seq.context_len - recent.shape[0]  # the question's first query (maybe in the previous chunk)
+        probe = seq.probe
+        question = question_tokens(
+            recent, seq.cache.flat_k(layer), seq.page_table, seq.cache.page_size, c.sink_tokens,
+            self.window_start(first), c.question_select_tokens, c.question_window, c.local_tokens, batch.rope,
+            self._score_impl(q), probe.on(q.device) if probe is not None and probe.oracle else None)
+        seq.state.question[layer] = question
+        outs = [self._prefill_blocks(layer, q[: n - tail], seq, batch, 0, c.query_block_size)] if tail < n else []
+        outs.append(self._prefill_blocks(layer, q[n - tail :], seq, batch, n - tail, tail, question))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _prefill_blocks(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch, row0: int,
-                        b: int) -> torch.Tensor:
-        """Queries q [n, H, d] = rows row0.. of the chunk, in blocks of b sharing one selection each."""
+                        b: int, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """Queries q [n, H, d] = rows row0.. of the chunk, in blocks of b sharing one selection each; `extra`
+        (sorted tokens) joins every block's selection below its window."""
         n, H, d = q.shape
         start = seq.start_pos + row0
         end = start + n  # exclusive: the last query's position + 1
@@ -179,6 +211,8 @@ class TokenSelectAttention(AttentionMethod):
         forced = [probe.on(q.device)] * M if probe is not None and probe.oracle else None
         picked = self.select(q_mean, k_flat, seq.page_table[None].expand(M, -1), seq.cache.page_size, limits, batch.rope,
                              forced)
+        if extra is not None:
+            picked = [union_below(p, extra, ws) for p, ws in zip(picked, limits)]
         lists = [self.key_list(p, ws, e) for p, ws, e in zip(picked, limits, lasts)]
         if probe is not None and probe.is_last_prefill(end):  # the block holding the prompt's last query
             probe.record_prefill("attended", layer, self.model_config.num_layers, probe.share_of_tokens(lists[-1]))
@@ -234,7 +268,8 @@ class TokenSelectAttention(AttentionMethod):
         for i, r in enumerate(reuse):
             states[i].hits[layer] += r
 
-        lists = [self.key_list(st.selected[layer], st.window_start[layer], p) for st, p in zip(states, positions)]
+        lists = [self.key_list(union_below(st.selected[layer], st.question[layer], st.window_start[layer]),
+                               st.window_start[layer], p) for st, p in zip(states, positions)]
         for s, keys in zip(seqs, lists):
             if s.probe is not None:
                 s.probe.record_decode(layer, s.probe.share_of_tokens(keys))

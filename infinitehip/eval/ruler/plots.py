@@ -39,7 +39,7 @@ def write_heatmaps(results: list[dict], json_path: str | Path, method: str) -> l
     for task in dict.fromkeys(r["task"] for r in results):
         lengths, depths, grid = accuracy_grid([r for r in results if r["task"] == task])
         data = np.array([[np.nan if v is None else 100 * v for v in row] for row in grid], dtype=float)
-        fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(depths), 1.2 + 0.5 * len(lengths)))
+        fig, ax = plt.subplots(figsize=(max(4.0, 1.5 + 0.8 * len(depths)), max(2.5, 1.2 + 0.5 * len(lengths))))
         im = ax.imshow(data, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(depths)), [f"{d:.0%}" for d in depths])
         ax.set_yticks(range(len(lengths)), [str(n) for n in lengths])

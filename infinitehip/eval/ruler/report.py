@@ -35,7 +35,7 @@ def load_runs(paths: list[str | Path]) -> list[RunFile]:
     names = [r.method for r in runs]
     for r, p in zip(runs, paths):
         if names.count(r.method) > 1:  # same method, different settings: name the file
-            r.label = f"{r.method} [{Path(p).stem}]"
+            r.label = f"{r.method} [{p}]"
     return runs
 
 

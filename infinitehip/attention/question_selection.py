@@ -1,0 +1,103 @@
+"""Question-time selection (TokenSelect and InfiniteHiP): the prompt's last queries vote for the answer's keys.
+
+Why: a decode query scores every candidate on its own, and in real prose a needle token has thousands of
+look-alikes (every "X is Y" for the token after "is"); each competes for the same soft-vote mass, so beyond a
+few thousand tokens the needle drops out of the top k (passkey hides this: its filler has no look-alikes).
+The question's queries together match a needle *sentence* on several words at once. As SnapKV's observation
+window does for KV eviction, their soft votes are summed; the sum is averaged over a centred window of
+`window` tokens, so a span that matches several question words outranks isolated matches, then spread by a
+max-pool of the same width, so the kept tokens are whole windows around the best centres (readable text,
+not fragments). The result is fixed for the rest of the request: the answer is about that question.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from infinitehip.attention.needle_probe import FORCE_BONUS
+from infinitehip.attention.tokenselect import soft_vote
+from infinitehip.model.rope import apply_rotary
+
+
+def window_scores(votes: torch.Tensor, window: int) -> torch.Tensor:
+    """votes [N] fp32 -> [N]: the mean over a centred window (zeros past the ends), then its max over the same
+    window, so every token of a top window scores that window's mean."""
+    if window == 1:
+        return votes
+    x = votes[None, None]
+    mean = F.avg_pool1d(x, window, stride=1, padding=window // 2, count_include_pad=True)
+    return F.max_pool1d(mean, window, stride=1, padding=window // 2)[0, 0]
+
+
+def question_scores(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int,
+                    limit: int, window: int, distance: int, rope, impl: str) -> torch.Tensor:
+    """q [n, H, d] pre-RoPE question queries; candidates [sink, limit) of one sequence -> window scores [limit - sink].
+
+    Every query is rotated by `distance` and keys are read as cached (TokenSelect's position-free scoring); the
+    per-head softmax runs on raw q . k (the TokenSelect paper's eq. 10), which on the embedded model's real-prose
+    captures put more of the needle in the selection than the attention's 1/sqrt(d) scale (docs/benchmarks.md)."""
+    n = q.shape[0]
+    count = limit - sink
+    rope.ensure(distance + 1)
+    q_rot = apply_rotary(q.float(), rope.cos[distance], rope.sin[distance]).contiguous()
+    starts = torch.full((n,), sink, dtype=torch.int64, device=q.device)
+    counts = torch.full((n,), count, dtype=torch.int64, device=q.device)
+    votes = soft_vote(q_rot, k_flat, page_table[None].expand(n, -1), page_size, starts, counts, count, 1.0,
+                      impl=impl).sum(0)  # [count]
+    return window_scores(votes, window)
+
+
+def force_scores(scores: torch.Tensor, forced: torch.Tensor | None, sink: int, limit: int) -> torch.Tensor:
+    """Oracle diagnostics (needle_probe.py): the forced tokens of [sink, limit) outrank every other candidate."""
+    if forced is not None:
+        f = forced[(forced >= sink) & (forced < limit)] - sink
+        scores[f] = FORCE_BONUS
+    return scores
+
+
+def question_tokens(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int,
+                    limit: int, budget: int, window: int, distance: int, rope, impl: str,
+                    forced: torch.Tensor | None = None) -> torch.Tensor:
+    """The question-time selection as sorted tokens [<= budget] of [sink, limit) (TokenSelect)."""
+    if limit - sink <= budget:
+        return torch.arange(sink, max(sink, limit), device=q.device)
+    scores = question_scores(q, k_flat, page_table, page_size, sink, limit, window, distance, rope, impl)
+    scores = force_scores(scores, forced, sink, limit)
+    return torch.topk(scores, budget).indices.sort().values + sink
+
+
+def question_chunks(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int,
+                    limit: int, num_chunks: int, chunk_size: int, window: int, distance: int, rope, impl: str,
+                    forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The question-time selection as num_chunks chunks of the grid sink + chunk_size * j (InfiniteHiP's final
+    stage grid), each scored by its best token -> (starts [num_chunks], lens [num_chunks]) in position order,
+    unused entries last with length 0."""
+    device = q.device
+    total = max(0, -(-(limit - sink) // chunk_size))
+    if total <= num_chunks:
+        idx = torch.arange(total, device=device)
+    else:
+        scores = question_scores(q, k_flat, page_table, page_size, sink, limit, window, distance, rope, impl)
+        scores = force_scores(scores, forced, sink, limit)
+        padded = F.pad(scores, (0, total * chunk_size - scores.numel()), value=float("-inf"))
+        idx = torch.topk(padded.view(total, chunk_size).amax(1), num_chunks).indices.sort().values
+    starts = sink + chunk_size * idx
+    lens = (limit - starts).clamp(max=chunk_size)
+    pad = num_chunks - idx.numel()
+    return F.pad(starts, (0, pad)), F.pad(lens, (0, pad))
+
+
+def merge_chunks(starts: torch.Tensor, lens: torch.Tensor, extra_starts: torch.Tensor,
+                 extra_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunks starts/lens [M, C] (one grid, position order, length 0 = none) joined with extra chunks of the same
+    grid, [E] or per row [M, E] -> [M, C + E] in position order, empties last; an extra chunk already listed is
+    dropped. Static shapes, no host sync (CUDA-graph decode)."""
+    M = starts.shape[0]
+    extra_starts = extra_starts.expand(M, -1) if extra_starts.dim() == 1 else extra_starts
+    extra_lens = extra_lens.expand(M, -1) if extra_lens.dim() == 1 else extra_lens
+    listed = ((extra_starts[:, :, None] == starts[:, None, :]) & (lens[:, None, :] > 0)).any(-1)  # [M, E]
+    all_starts = torch.cat([starts, extra_starts], 1)
+    all_lens = torch.cat([lens, torch.where(listed, 0, extra_lens)], 1)
+    order = torch.argsort(torch.where(all_lens > 0, all_starts, torch.iinfo(torch.int64).max), dim=1)
+    return all_starts.gather(1, order), all_lens.gather(1, order)

@@ -1,0 +1,178 @@
+"""Question-time selection (attention/question_selection.py) and the needle probe (attention/needle_probe.py):
+ops against plain-Python references, the question read across a prefill chunk boundary, presets, the offload
+refusal, and the oracle on the real embedded model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from infinitehip import LLM, SamplingParams  # noqa: E402
+from infinitehip.attention import question_selection as qs  # noqa: E402
+from infinitehip.attention.infinitehip import method as ih_method  # noqa: E402
+from infinitehip.attention.needle_probe import NeedleProbe  # noqa: E402
+from infinitehip.attention.tokenselect import method as ts_method  # noqa: E402
+from infinitehip.config.infinitehip import PRESETS as IH_PRESETS  # noqa: E402
+from infinitehip.config.infinitehip import InfiniteHiPConfig  # noqa: E402
+from infinitehip.config.offload import OffloadConfig  # noqa: E402
+from infinitehip.config.tokenselect import PRESETS as TS_PRESETS  # noqa: E402
+from infinitehip.config.tokenselect import TokenSelectConfig  # noqa: E402
+from infinitehip.eval.niah import make_niah_sample, needle_for_seed  # noqa: E402
+from infinitehip.eval.ruler.positions import needle_token_positions  # noqa: E402
+from tests.conftest import engine_for_dir  # noqa: E402
+
+
+# ---- ops ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("window", [1, 3, 9])
+def test_window_scores_match_plain_python(window):
+    votes = torch.rand(50, generator=torch.Generator().manual_seed(window))
+    half = window // 2
+    padded = [0.0] * half + votes.tolist() + [0.0] * half
+    mean = [sum(padded[i : i + window]) / window for i in range(50)]
+    expected = [max(mean[max(0, i - half) : i + half + 1]) for i in range(50)]
+    torch.testing.assert_close(qs.window_scores(votes, window), torch.tensor(expected))
+
+
+def test_merge_chunks_dedupes_sorts_and_pads_like_sets():
+    starts = torch.tensor([[8, 24, 40, 0], [16, 0, 0, 0]])
+    lens = torch.tensor([[8, 8, 8, 0], [8, 0, 0, 0]])
+    extra_starts, extra_lens = torch.tensor([24, 56, 0]), torch.tensor([8, 5, 0])
+    out_s, out_l = qs.merge_chunks(starts, lens, extra_starts, extra_lens)
+    assert out_s.shape == (2, 7)
+    for row in range(2):
+        got = [(s, n) for s, n in zip(out_s[row].tolist(), out_l[row].tolist()) if n > 0]
+        want = sorted({(s, n) for s, n in zip(starts[row].tolist() + extra_starts.tolist(),
+                                              lens[row].tolist() + extra_lens.tolist()) if n > 0})
+        assert got == want
+        assert all(n == 0 for n in out_l[row, len(want):].tolist())  # empties last
+
+
+def _cache(n_tokens: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    k_flat = torch.randn(n_tokens, 2, 16, generator=gen)
+    return k_flat, torch.arange(n_tokens // 16, dtype=torch.int32)  # page size 16, pages in order
+
+
+def test_question_chunks_keep_the_best_window_and_the_forced_tokens():
+    from infinitehip.config.model import ModelConfig
+    from infinitehip.model.rope import RotaryEmbedding
+
+    k_flat, table = _cache(512, 0)
+    q = torch.randn(4, 4, 16, generator=torch.Generator().manual_seed(1))
+    mc = ModelConfig(model_type="llama", vocab_size=16, hidden_size=64, intermediate_size=64, num_layers=1,
+                     num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+                     max_position_embeddings=512)
+    rope = RotaryEmbedding(mc, 64)
+    args = (q, k_flat, table, 16, 8, 400)
+    scores = qs.question_scores(*args, 3, 32, rope, "reference")
+    starts, lens = qs.question_chunks(*args, 4, 8, 3, 32, rope, "reference")
+    assert starts.tolist() == sorted(starts.tolist()) and (lens == 8).all()
+    best = 8 + int(scores.argmax())
+    assert any(s <= best < s + 8 for s in starts.tolist())  # the chunk of the best window centre is kept
+    forced = torch.tensor([300, 301])
+    f_starts, _ = qs.question_chunks(*args, 4, 8, 3, 32, rope, "reference", forced)
+    assert 296 in f_starts.tolist()  # the grid chunk [296, 304) holds the forced tokens
+    few_s, few_l = qs.question_chunks(q, k_flat, table, 16, 8, 30, 4, 8, 3, 32, rope, "reference")
+    assert few_s[:3].tolist() == [8, 16, 24] and few_l.tolist() == [8, 8, 6, 0]  # everything fits: all, padded
+
+
+def test_tokenselect_union_below_keeps_sorted_unique_tokens_under_the_window():
+    got = ts_method.union_below(torch.tensor([3, 9, 20]), torch.tensor([9, 12, 40]), 30)
+    assert got.tolist() == [3, 9, 12, 20]
+
+
+# ---- the question spans a prefill chunk boundary ------------------------------------------------------------
+@pytest.mark.parametrize("method, config", [
+    ("tokenselect", TokenSelectConfig(select_tokens=16, sink_tokens=4, local_tokens=16, query_block_size=16,
+                                      question_tokens=24, question_select_tokens=16, question_window=3)),
+    ("infinitehip", InfiniteHiPConfig(sink_tokens=4, stream_tokens=16, chunk_sizes=(16, 8, 4), keep_tokens=(64, 32, 16),
+                                      query_block_sizes=(16, 16, 16), early_last_keep_tokens=16, landmark_window=16,
+                                      early_layers=0, question_tokens=24, question_keep_tokens=16, question_window=3,
+                                      dense_when_unpruned=False)),
+])
+def test_question_reads_its_queries_across_a_chunk_boundary(method, config, monkeypatch, tmp_path_factory):
+    import transformers
+
+    from tests.conftest import TINY_CONFIGS
+
+    path = tmp_path_factory.mktemp("tiny")
+    transformers.LlamaForCausalLM(TINY_CONFIGS["llama3"]()).save_pretrained(path)
+    module = ts_method if method == "tokenselect" else ih_method
+    name = "question_tokens" if method == "tokenselect" else "question_chunks"
+    seen, inner = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda q, *a, **kw: seen.append(q.shape[0]) or inner(q, *a, **kw))
+    joined = []  # decode steps that joined the question's selection to their own
+    join = "union_below" if method == "tokenselect" else "merge_chunks"
+    inner_join = getattr(module, join)
+    monkeypatch.setattr(module, join, lambda a, b, *r: joined.append(b is not None) or inner_join(a, b, *r))
+    engine = engine_for_dir(path, method=method, method_config=config, prefill_chunk_size=100, max_context_tokens=512)
+    llm = LLM.from_engine(engine)
+    (out,) = llm.generate([list(range(5, 215))], SamplingParams(temperature=0.0, max_tokens=4))  # last chunk: 10
+    assert len(out.token_ids) == 4
+    layers = engine.model_config.num_layers
+    assert seen == [24] * layers  # once per layer, with all 24 question queries (14 from the previous chunk)
+    assert sum(joined) >= 3 * layers  # every decode step (the first token comes from the prefill) of every layer
+
+
+def test_presets_keep_the_papers_settings_by_name():
+    assert IH_PRESETS["paper-3k"].question_tokens == 0 and IH_PRESETS["3k"].question_tokens > 0
+    assert IH_PRESETS["paper-3k"].keep_tokens == IH_PRESETS["3k"].keep_tokens
+    assert IH_PRESETS["3k-flash"].question_tokens == 0  # the offloaded speed preset
+    assert TS_PRESETS["paper"].question_tokens == 0 and TS_PRESETS["paper"].vote_pool_size == 1
+    assert TS_PRESETS["default"] == TokenSelectConfig()
+    with pytest.raises(ValueError, match="question_window"):
+        TokenSelectConfig(question_window=4)
+    with pytest.raises(ValueError, match="question_keep_tokens"):
+        InfiniteHiPConfig(question_keep_tokens=100)
+
+
+def test_offloading_refuses_question_time_selection_by_name():
+    from infinitehip.attention.infinitehip.offload_access import check_offload
+
+    with pytest.raises(ValueError, match="question_tokens"):
+        check_offload(InfiniteHiPConfig(), OffloadConfig(offload_enabled=True), 1 << 17, 9, 1)
+    check_offload(IH_PRESETS["3k-flash"], OffloadConfig(offload_enabled=True), 1 << 17, 9, 1)  # no error
+
+
+# ---- needle probe -------------------------------------------------------------------------------------------
+def test_probe_validates_positions():
+    with pytest.raises(ValueError, match="at least one"):
+        NeedleProbe(())
+    with pytest.raises(ValueError, match=">= 0"):
+        NeedleProbe((-1, 3))
+
+
+@pytest.fixture(scope="module")
+def embedded_llm():
+    from infinitehip.model.gguf_convert import embedded_model_path
+
+    try:
+        embedded_model_path()
+    except Exception:
+        pytest.skip("embedded model not installed")
+    # A small TokenSelect budget without question-time selection: a real-prose needle at 4K is then easy to miss.
+    config = TokenSelectConfig(select_tokens=64, sink_tokens=16, local_tokens=64, query_block_size=64, question_tokens=0)
+    return LLM(method="tokenselect", method_config=config, max_context_tokens=4200, show_progress=False, device="cpu")
+
+
+def test_oracle_answers_a_real_prompt_the_method_misses(embedded_llm):
+    """The oracle separates a selection miss from a reading miss: same prompt, same method, needle forced in."""
+    llm = embedded_llm
+    sample = make_niah_sample(llm.tokenizer, 4000, 0.5, 0)
+    needle = needle_for_seed(0).needle
+    positions = needle_token_positions(llm.tokenizer, sample.messages, (needle,))
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    (plain,) = llm.chat(sample.messages, params, needle_tokens=positions)
+    (oracle,) = llm.chat(sample.messages, params, needle_tokens=positions, oracle=True)
+    assert not sample.is_correct(plain.text) and sample.is_correct(oracle.text), (plain.text, oracle.text)
+    assert plain.needle_trace["decode_mean"] < 0.5  # the miss is a selection miss: the needle was not attended
+    assert oracle.needle_trace["decode_mean"] == 1.0 and oracle.needle_trace["prefill_mean"]["attended"] == 1.0
+    layers = llm.engine.model_config.num_layers
+    assert len(oracle.needle_trace["prefill"]["attended"]) == layers
+    with pytest.raises(ValueError, match="needle_tokens"):
+        llm.chat(sample.messages, params, oracle=True)

