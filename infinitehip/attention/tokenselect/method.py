@@ -7,6 +7,9 @@ Every query block (prefill) or decoding sequence attends to
            query heads; GQA heads sharing a kv head vote separately); all candidates when they fit in k;
   local    tokens [window_start, last query], window_start = max(sink, first query + 1 - local_tokens).
 Prefill blocks of query_block_size queries share one selection, scored with the block's mean query (Sec. 4.2).
+Question-time selection (question_tokens > 0, the default; not in the paper): the prompt's last queries vote
+together once (attention/question_selection.py) and their selection joins the question's own block and every
+decode step's selection, below its window.
 With vote_pool_size > 1 each candidate takes the best vote within vote_pool_size // 2 tokens before top-k.
 
 Scoring positions. The cache holds keys without RoPE. Every candidate is scored as if it sat local_tokens
@@ -56,7 +59,7 @@ class TokenSelectState:
     window_start: list[int]  # the last selection's candidates were [sink, window_start)
     hits: list[int]
     misses: list[int]  # selections made (every decode step when the cache is off)
-    question: list[torch.Tensor | None]  # [<= question_select_tokens] sorted question-time selection (question.py)
+    question: list[torch.Tensor | None]  # [<= question_select_tokens] sorted question-time selection (attention/question_selection.py)
     # The last question_tokens pre-RoPE prefill queries [<= question_tokens, H, d]: the question may start in the
     # chunk before the one that ends the prompt.
     recent_q: list[torch.Tensor | None]
@@ -168,7 +171,7 @@ class TokenSelectAttention(AttentionMethod):
     # ---- prefill ----------------------------------------------------------------------------------------
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         """Blocks of query_block_size queries, each selecting with its mean query. When the chunk ends the prompt
-        and question_tokens > 0, its last question_tokens queries make the question-time selection (question.py),
+        and question_tokens > 0, its last question_tokens queries make the question-time selection (attention/question_selection.py),
         kept in the state for the answer, and attend it as one block besides that block's own selection."""
         c = self.config
         n = q.shape[0]
