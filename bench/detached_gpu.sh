@@ -20,7 +20,12 @@ if [ "$cmd" = start ]; then
   echo started
 else
   dir=$2; end=$((SECONDS + ${3:-500}))
-  while [ ! -e "$dir/done" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  # Results are copied to $OUT on every pass: a poll killed at the call's limit (which shrinks to the session's
+  # last device seconds) still brings back what was written so far.
+  while [ ! -e "$dir/done" ] && [ $SECONDS -lt $end ]; do
+    [ -n "${OUT:-}" ] && cp "$dir"/*.log "$dir"/*.json "$OUT"/ 2>/dev/null
+    sleep 5
+  done
   cat "$dir/progress"
   for f in "$dir"/*.log; do echo "== $f"; grep -v -i warn "$f" | tail -${TAIL:-12}; done
   [ -n "${OUT:-}" ] && cp "$dir"/*.log "$dir"/*.json "$OUT"/ 2>/dev/null  # a device call's results come back from $OUT
