@@ -120,8 +120,9 @@ def test_question_reads_its_queries_across_a_chunk_boundary(method, config, monk
 
 
 def test_presets_keep_the_papers_settings_by_name():
-    assert IH_PRESETS["paper-3k"].question_tokens == 0 and IH_PRESETS["3k"].question_tokens > 0
-    assert IH_PRESETS["paper-3k"].keep_tokens == IH_PRESETS["3k"].keep_tokens
+    assert IH_PRESETS["paper-3k"].question_tokens == 0 and IH_PRESETS["3k-question"].question_tokens > 0
+    assert IH_PRESETS["3k-question"].keep_tokens == IH_PRESETS["paper-3k"].keep_tokens
+    assert IH_PRESETS["3k"] == IH_PRESETS["paper-3k"]  # the default stays the paper's until the GPU suite decides
     assert IH_PRESETS["3k-flash"].question_tokens == 0  # the offloaded speed preset
     assert TS_PRESETS["paper"].question_tokens == 0 and TS_PRESETS["paper"].vote_pool_size == 1
     assert TS_PRESETS["default"] == TokenSelectConfig()
@@ -135,7 +136,7 @@ def test_offloading_refuses_question_time_selection_by_name():
     from infinitehip.attention.infinitehip.offload_access import check_offload
 
     with pytest.raises(ValueError, match="question_tokens"):
-        check_offload(InfiniteHiPConfig(), OffloadConfig(offload_enabled=True), 1 << 17, 9, 1)
+        check_offload(IH_PRESETS["3k-question"], OffloadConfig(offload_enabled=True), 1 << 17, 9, 1)
     check_offload(IH_PRESETS["3k-flash"], OffloadConfig(offload_enabled=True), 1 << 17, 9, 1)  # no error
 
 

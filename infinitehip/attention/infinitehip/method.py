@@ -5,7 +5,7 @@ attention reads sink + selected + streaming-window keys of each final block.
 Decode (Alg. 4): stage i's output is cached per layer and recomputed every refresh_intervals[i] steps
 from the latest query; the stream window starts at the oldest cached stage's limit, so a token that
 left the window since the last refresh is still attended (nothing falls between the two).
-Question-time selection (question_tokens > 0, the default; not in the paper): in the chunk that ends the prompt
+Question-time selection (question_tokens > 0, preset `3k-question`; not in the paper): in the chunk that ends the prompt
 the last question_tokens queries vote over every candidate once (attention/question_selection.py); the chosen
 final-stage chunks join the question's blocks and every decode step's last-stage chunks.
 """

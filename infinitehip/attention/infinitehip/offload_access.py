@@ -166,7 +166,7 @@ def check_offload(method: InfiniteHiPConfig, offload: OffloadConfig, context_tok
     if method.question_tokens:
         raise ValueError(f"KV offloading needs question_tokens=0 (got {method.question_tokens}): question-time "
                          "selection scores every key, which offloading keeps in host memory; use a preset without it "
-                         "(--preset 3k-flash, 3k-fast, paper-3k) or --question-tokens 0")
+                         "(--preset 3k, 3k-fast, 3k-flash) or --question-tokens 0")
     if method.representative != "landmark":
         raise ValueError(f"KV offloading needs representative='landmark' (got {method.representative!r}): the "
                          "bisection kernel reads keys it discovers on the way")
