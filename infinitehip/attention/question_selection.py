@@ -36,7 +36,7 @@ def question_scores(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Ten
 
     Every query is rotated by `distance` and keys are read as cached (TokenSelect's position-free scoring); the
     per-head softmax runs on raw q . k (the TokenSelect paper's eq. 10), which on the embedded model's real-prose
-    captures put more of the needle in the selection than the attention's 1/sqrt(d) scale (docs/benchmarks.md)."""
+    captures put more of the needle in the selection than the attention's 1/sqrt(d) scale (docs/real-text.md)."""
     n = q.shape[0]
     count = limit - sink
     rope.ensure(distance + 1)

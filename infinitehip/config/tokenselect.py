@@ -38,7 +38,7 @@ class TokenSelectConfig:
     # and spread over the same width; the question_select_tokens best tokens are kept for the question's own
     # queries and every decode step of the answer, beside each step's own k. 0 = off (the paper, preset `paper`).
     # Defaults 32 / 9: on real-prose captures of the embedded model they put 3-4x more of a needle's value tokens
-    # in the selection than one query's vote (docs/benchmarks.md, "question-time selection").
+    # in the selection than one query's vote (docs/real-text.md).
     question_tokens: int = 32
     question_select_tokens: int = 2048
     question_window: int = 9
