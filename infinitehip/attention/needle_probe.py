@@ -66,12 +66,6 @@ class NeedleProbe:
         kept = inside.any(1) | (needle < sink) | (needle >= limit)
         return float(kept.float().mean())
 
-    def chunk_mask(self, starts: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        """[..., C] bool: the chunk holds a watched token."""
-        needle = self.on(starts.device)
-        ends = starts + lens
-        return ((needle >= starts[..., None]) & (needle < ends[..., None])).any(-1)
-
     # ---- records ------------------------------------------------------------------------------------------
     def record_prefill(self, name: str, layer: int, num_layers: int, share: float) -> None:
         self.prefill.setdefault(name, [None] * num_layers)[layer] = share
