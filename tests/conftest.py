@@ -25,6 +25,10 @@ TINY_CONFIGS = {
     "qwen2": lambda: transformers.Qwen2Config(**_COMMON, rope_theta=1e6, tie_word_embeddings=True),
     "qwen3": lambda: transformers.Qwen3Config(**_COMMON, head_dim=32, rope_theta=1e6, tie_word_embeddings=True),
     "mistral": lambda: transformers.MistralConfig(**_COMMON, sliding_window=None, rope_theta=1e6),
+    # Hybrid layers (sliding, sliding, full, x2) with a 16-token window: the tests' prompts wrap its ring often.
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **{**_COMMON, "num_hidden_layers": 6, "num_key_value_heads": 1}, head_dim=32, sliding_window=16,
+        query_pre_attn_scalar=24, layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2),
 }
 
 
@@ -67,7 +71,7 @@ def closure_graph_decoder(engine, min_bucket: int = 512):
 
     r = engine.runner
     r.graph_decoder = GraphDecoder(r.model, r.cache, r.rope, r.method, engine.max_context_tokens, min_bucket=min_bucket,
-                                   recorder=ClosureRecorder)
+                                   recorder=ClosureRecorder, attention=r.router)
     return r.graph_decoder
 
 

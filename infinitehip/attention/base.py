@@ -46,6 +46,7 @@ class SequenceSlice:
     is_prefill: bool
     ends_prompt: bool = False  # a prefill chunk holding the prompt's last token (its last queries are the question)
     probe: Any = None  # a NeedleProbe (attention/needle_probe.py) when the request is being diagnosed
+    scratch: bool = False  # ChunkHooks.extra_forward tokens: their k/v are never kept (later tokens overwrite them)
 
     @property
     def context_len(self) -> int:

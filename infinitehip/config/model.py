@@ -1,13 +1,15 @@
-"""Architecture description of a Llama-family decoder, read from a Hugging Face config.json."""
+"""Architecture description of a supported decoder (Llama family, Gemma 3), read from a Hugging Face config.json."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 # Hugging Face `model_type` -> what differs from plain Llama.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"  # transformers' layer_types values
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -52,6 +54,12 @@ class ModelConfig:
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # Gemma 3: hybrid layers and its norm / MLP / scaling conventions (defaults are Llama's).
+    layer_types: tuple[str, ...] = ()  # per layer FULL_ATTENTION or SLIDING_ATTENTION; empty: all full
+    sliding_window: int | None = None  # keys a sliding layer's query sees, itself included (kv > q - window)
+    sliding_rope_theta: float | None = None  # RoPE base of the sliding layers (None: rope_theta)
+    query_pre_attn_scalar: float | None = None  # scores scaled by this ** -0.5 instead of head_dim ** -0.5
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -60,6 +68,43 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+            unknown = set(self.layer_types) - {FULL_ATTENTION, SLIDING_ATTENTION}
+            if unknown:
+                raise UnsupportedArchitectureError(f"layer types {sorted(unknown)} are not supported")
+            if SLIDING_ATTENTION in self.layer_types and not (self.sliding_window and self.sliding_window > 0):
+                raise ValueError("sliding-window layers need a positive sliding_window")
+            if FULL_ATTENTION not in self.layer_types:
+                raise UnsupportedArchitectureError("a model without any full-attention layer has no long context "
+                                                   "for an attention method to govern")
+
+    @property
+    def is_gemma(self) -> bool:
+        return self.model_type == "gemma3_text"
+
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        """Indices of the layers that attend the whole context: the ones the attention method governs."""
+        return tuple(i for i in range(self.num_layers) if not self.layer_types or self.layer_types[i] == FULL_ATTENTION)
+
+    @property
+    def sliding_layers(self) -> tuple[int, ...]:
+        """Indices of the sliding-window layers (exact local attention over a ring buffer of the window)."""
+        return tuple(i for i in range(self.num_layers) if self.layer_types and self.layer_types[i] == SLIDING_ATTENTION)
+
+    def method_view(self) -> "ModelConfig":
+        """The model as an attention method and its KV cache see it: only the full-attention layers, renumbered
+        0..n-1 in order (the same config when every layer is full)."""
+        if not self.sliding_layers:
+            return self
+        return dataclasses.replace(self, num_layers=len(self.full_layers), layer_types=())
+
+    def sliding_view(self) -> "ModelConfig":
+        """A config whose RoPE is the sliding layers' (their own base frequency, no scaling)."""
+        return dataclasses.replace(self, rope_theta=self.sliding_rope_theta or self.rope_theta,
+                                   rope_scaling=RopeScaling(), num_layers=len(self.sliding_layers), layer_types=())
 
     @classmethod
     def from_hf_dict(cls, hf: dict) -> "ModelConfig":
@@ -78,6 +123,9 @@ class ModelConfig:
                     f"Mistral with sliding_window={hf['sliding_window']} is not supported "
                     "(only full-attention Mistral, v0.2 and later)"
                 )
+        if model_type == "gemma3_text" and (hf.get("attn_logit_softcapping") or hf.get("use_bidirectional_attention")):
+            raise UnsupportedArchitectureError(
+                "Gemma 3 with attn_logit_softcapping or bidirectional attention is not supported")
         num_heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
         eos = hf.get("eos_token_id")
@@ -92,14 +140,15 @@ class ModelConfig:
             num_kv_heads=hf.get("num_key_value_heads") or num_heads,
             head_dim=head_dim,
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(hf),
+            rope_theta=_rope_theta(hf, "full_attention"),
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", model_type == "gemma3_text")),
             attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "gemma3_text"),
             rope_scaling=_rope_scaling(hf),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            **(_gemma3_fields(hf) if model_type == "gemma3_text" else {}),
         )
 
     @classmethod
@@ -110,13 +159,36 @@ class ModelConfig:
         return cls.from_hf_dict(json.loads(path.read_text()))
 
 
-def _rope_params(hf: dict) -> dict:
-    # transformers 5 moved theta/scaling into `rope_parameters`; older configs keep `rope_scaling`.
-    return hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+def _rope_params(hf: dict, layer_type: str = FULL_ATTENTION) -> dict:
+    # transformers 5 moved theta/scaling into `rope_parameters` (per layer type for hybrid models such as
+    # Gemma 3); older configs keep `rope_scaling`.
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if layer_type in params or FULL_ATTENTION in params or SLIDING_ATTENTION in params:
+        params = params.get(layer_type) or {}
+    return params
 
 
-def _rope_theta(hf: dict) -> float:
-    return float(_rope_params(hf).get("rope_theta", hf.get("rope_theta", 10000.0)))
+def _rope_theta(hf: dict, layer_type: str = FULL_ATTENTION) -> float:
+    default = 1_000_000.0 if hf.get("model_type") == "gemma3_text" else 10000.0
+    return float(_rope_params(hf, layer_type).get("rope_theta", hf.get("rope_theta", default)))
+
+
+def _gemma3_fields(hf: dict) -> dict:
+    """Gemma 3's hybrid layers, as transformers' Gemma3TextConfig derives them."""
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise UnsupportedArchitectureError(f"Gemma 3 with hidden_activation {act!r} is not supported")
+    layers = hf["num_hidden_layers"]
+    pattern = hf.get("sliding_window_pattern", 6)  # older configs: every pattern-th layer is global
+    types = hf.get("layer_types") or [SLIDING_ATTENTION if (i + 1) % pattern else FULL_ATTENTION for i in range(layers)]
+    sliding = _rope_params(hf, SLIDING_ATTENTION)
+    return dict(
+        layer_types=tuple(types),
+        sliding_window=hf.get("sliding_window", 4096),
+        sliding_rope_theta=float(sliding.get("rope_theta", hf.get("rope_local_base_freq", 10000.0))),
+        query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+        final_logit_softcapping=hf.get("final_logit_softcapping"),
+    )
 
 
 def _rope_scaling(hf: dict) -> RopeScaling:

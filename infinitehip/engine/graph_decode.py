@@ -21,7 +21,7 @@ import torch
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
 from infinitehip.kv.paged_cache import PagedKVCache
-from infinitehip.model.llama import LlamaModel
+from infinitehip.model.loading import Decoder
 from infinitehip.model.rope import RotaryEmbedding
 
 
@@ -71,9 +71,12 @@ class _CapturedStep:
 class GraphDecoder:
     """One decode token of one sequence per step, replayed from a CUDA graph when the method allows it."""
 
-    def __init__(self, model: LlamaModel, cache: PagedKVCache, rope: RotaryEmbedding, method: AttentionMethod,
-                 max_context_tokens: int, min_bucket: int = 4096, recorder: type = CudaGraphRecorder):
+    def __init__(self, model: Decoder, cache: PagedKVCache, rope: RotaryEmbedding, method: AttentionMethod,
+                 max_context_tokens: int, min_bucket: int = 4096, recorder: type = CudaGraphRecorder,
+                 attention: Callable | None = None):
+        """attention: the decoder's layer callable (`attention/hybrid.LayerRouter`); default: the method itself."""
         self.model, self.cache, self.rope, self.method = model, cache, rope, method
+        self.attention = attention or method
         self.max_bucket = max(min_bucket, -(-max_context_tokens // cache.page_size) * cache.page_size)
         self.min_bucket = min(min_bucket, self.max_bucket)
         device = cache.device
@@ -110,7 +113,7 @@ class GraphDecoder:
         ps = self.cache.page_size
         table = batch.decode_page_tables[0]
         batch.__dict__["new_slots"] = table[self.positions // ps].long() * ps + self.positions % ps
-        hidden = self.model(self.input_ids, lambda layer, q, k, v: self.method(layer, q, k, v, batch))
+        hidden = self.model(self.input_ids, lambda layer, q, k, v: self.attention(layer, q, k, v, batch))
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import torch
 
+from infinitehip.attention.hybrid import LayerRouter
 from infinitehip.attention.needle_probe import NeedleProbe
 from infinitehip.attention.registry import create_method
+from infinitehip.attention.sliding_window import SlidingWindowAttention
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
@@ -59,7 +61,10 @@ class LLMEngine:
         self.loaded = loaded = loaded or load_engine_model(config)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
-        self.method = create_method(config.method, self.model_config, method_config)
+        # The method and its KV cache see only the layers it governs (all of them, unless the model has
+        # sliding-window layers: those keep a ring buffer of their window, attention/sliding_window.py).
+        mc = self.model_config.method_view()
+        self.method = create_method(config.method, mc, method_config)
         self.method.bind_tokenizer(self.tokenizer)
         self.max_context_tokens = config.max_context_tokens or self.method.default_max_context_tokens()
         # A method that compacts its cache needs at most kv_token_limit slots per sequence (+ its scratch slots).
@@ -68,7 +73,6 @@ class LLMEngine:
             (self.max_context_tokens if limit is None else min(self.max_context_tokens, limit)) + scratch
         )
         num_pages = -(-kv_tokens // config.page_size)
-        mc = self.model_config
         # Offloading: the method's checks and the capacity plan run before anything is allocated.
         self.cache, self.kv_plan = build_kv(offload_config, self.method, mc, self.dtype, self.device, config.page_size,
                                             num_pages, self.max_context_tokens, config.max_num_seqs, config.show_progress)
@@ -76,10 +80,15 @@ class LLMEngine:
         self.scheduler = Scheduler(
             PageAllocator(num_pages, config.page_size), config.max_num_seqs, config.prefill_chunk_size, limit, scratch
         )
+        self.sliding = None
+        if self.model_config.sliding_layers:  # one ring row per running sequence, plus prompt_logits' own
+            self.sliding = SlidingWindowAttention(self.model_config, config.max_num_seqs + 1, self.device, self.dtype)
+        router = LayerRouter(self.method, self.model_config, self.sliding)
         graphs = None
         if config.cuda_graphs and self.device.type == "cuda":
-            graphs = GraphDecoder(loaded.model, self.cache, self.rope, self.method, self.max_context_tokens)
-        self.runner = ModelRunner(loaded.model, self.cache, self.rope, self.method, graphs)
+            graphs = GraphDecoder(loaded.model, self.cache, self.rope, self.method, self.max_context_tokens,
+                                  attention=router)
+        self.runner = ModelRunner(loaded.model, self.cache, self.rope, self.method, graphs, router)
         self.generator = torch.Generator().manual_seed(config.generator_seed)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_ids = set(mc.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else set())
@@ -191,6 +200,19 @@ class LLMEngine:
             return None
         mask, attention = self.cache.stats()
         return {"mask": mask, "attention": attention}
+
+    def kv_memory(self) -> dict[str, dict]:
+        """KV memory per layer type: full-attention layers grow with the context (bytes per cached token, slots
+        allocated), sliding-window layers hold a fixed ring of their window per sequence."""
+        mc = self.model_config
+        report = {"full_attention": {"layers": len(mc.full_layers), "bytes_per_token": self.cache.bytes_per_token,
+                                     "tokens": self.cache.num_slots,
+                                     "bytes": self.cache.bytes_per_token * self.cache.num_slots}}
+        if self.sliding is not None:
+            report["sliding_attention"] = {"layers": len(mc.sliding_layers), "window": mc.sliding_window,
+                                           "bytes_per_sequence": self.sliding.bytes_per_sequence,
+                                           "bytes": self.sliding.bytes}
+        return report
 
     @property
     def has_work(self) -> bool:

@@ -5,18 +5,22 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
+from infinitehip.attention.hybrid import LayerRouter
 from infinitehip.engine.graph_decode import GraphDecoder
 from infinitehip.engine.scheduler import StepPlan
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.paged_cache import PagedKVCache
-from infinitehip.model.llama import LlamaModel
+from infinitehip.model.loading import Decoder
 from infinitehip.model.rope import RotaryEmbedding
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: PagedKVCache, rope: RotaryEmbedding, method: AttentionMethod,
-                 graph_decoder: GraphDecoder | None = None):
+    def __init__(self, model: Decoder, cache: PagedKVCache, rope: RotaryEmbedding, method: AttentionMethod,
+                 graph_decoder: GraphDecoder | None = None, router: LayerRouter | None = None):
         self.model, self.cache, self.rope, self.method = model, cache, rope, method
+        # The decoder's layer callable: the method, or for hybrid models a router that gives it only the
+        # full-attention layers and runs the sliding-window ones itself.
+        self.router = router
         self.device = cache.device
         self.graph_decoder = graph_decoder  # decode-only steps of one sequence replay CUDA graphs (CUDA only)
         # Per sequence: a device copy of its page table [capacity] (int32) and how many entries are valid.
@@ -41,21 +45,24 @@ class ModelRunner:
 
     def release(self, seq: Sequence) -> None:
         self._page_tables.pop(seq.seq_id, None)
+        if self.router is not None:
+            self.router.release(seq.seq_id)
         if self.graph_decoder is not None:
             self.graph_decoder.release(seq.seq_id)
 
-    def _slice(self, seq: Sequence, offset: int, n: int, is_prefill: bool) -> SequenceSlice:
-        ends_prompt = is_prefill and not seq.output_ids and seq.num_computed + n == seq.prefill_target
+    def _slice(self, seq: Sequence, offset: int, n: int, is_prefill: bool, scratch: bool = False) -> SequenceSlice:
+        ends_prompt = is_prefill and not seq.output_ids and seq.num_computed + n == seq.prefill_target and not scratch
         return SequenceSlice(
             seq_id=seq.seq_id, query_start=offset, num_queries=n, start_pos=seq.num_cached, token_start=seq.num_computed,
             page_table=self.page_table(seq), cache=self.cache, state=seq.method_state, is_prefill=is_prefill,
-            ends_prompt=ends_prompt, probe=seq.probe,
+            ends_prompt=ends_prompt, probe=seq.probe, scratch=scratch,
         )
 
     def _forward(self, input_ids: list[int], slices: list[SequenceSlice]) -> torch.Tensor:
         batch = ForwardBatch(slices, self.cache, self.rope, len(input_ids))
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        return self.model(ids, lambda layer, q, k, v: self.method(layer, q, k, v, batch))
+        attention = self.router or self.method
+        return self.model(ids, lambda layer, q, k, v: attention(layer, q, k, v, batch))
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> tuple[list[Sequence], torch.Tensor]:
@@ -124,6 +131,6 @@ class ModelRunner:
         n = token_ids.numel()
         if seq.num_cached + n > len(seq.page_table) * self.cache.page_size:
             raise RuntimeError(f"sequence {seq.seq_id} has no KV room for {n} extra tokens")
-        s = self._slice(seq, 0, n, is_prefill=True)
+        s = self._slice(seq, 0, n, is_prefill=True, scratch=True)
         hidden = self._forward(token_ids.tolist(), [s])
         return self.model.compute_logits(hidden)

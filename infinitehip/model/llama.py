@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from infinitehip.config.model import ModelConfig
+from infinitehip.model.weights import load_hf_weights
 
 
 class AttentionFn(Protocol):
@@ -107,35 +108,6 @@ class LlamaModel(nn.Module):
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
 
-    @torch.no_grad()
     def load_hf_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors into this model, fusing q/k/v and gate/up on the way."""
-        params = dict(self.named_parameters())
-        q, kv = self.config.num_heads * self.config.head_dim, self.config.num_kv_heads * self.config.head_dim
-        fused = {  # HF name fragment -> (our fragment, row offset, rows)
-            "q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv),
-            "gate_proj": ("gate_up_proj", 0, self.config.intermediate_size),
-            "up_proj": ("gate_up_proj", self.config.intermediate_size, self.config.intermediate_size),
-        }
-        loaded: set[str] = set()
-        for name, tensor in tensors:
-            name = name.removeprefix("model.")
-            if name.startswith("rotary_emb") or (name == "lm_head.weight" and self.lm_head is None):
-                continue
-            target, offset, rows = name, 0, None
-            for hf_part, (ours, off, n) in fused.items():
-                if f".{hf_part}." in name:
-                    target, offset, rows = name.replace(hf_part, ours), off, n
-            if target not in params:
-                raise KeyError(f"checkpoint tensor {name!r} has no place in the {self.config.model_type} decoder")
-            dest = params[target] if rows is None else params[target][offset : offset + rows]
-            if dest.shape != tensor.shape:
-                raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(tensor.shape)} vs model {tuple(dest.shape)}")
-            dest.copy_(tensor)
-            loaded.add(f"{target}:{offset}")
-        expected = sum(
-            3 if p.endswith("qkv_proj.weight") or p.endswith("qkv_proj.bias") else 2 if "gate_up_proj" in p else 1
-            for p in params
-        )
-        if len(loaded) != expected:
-            raise ValueError(f"checkpoint is incomplete: loaded {len(loaded)} of {expected} tensors")
+        """Copy Hugging Face-named tensors into this model (model/weights.py)."""
+        load_hf_weights(self, self.config, tensors)

@@ -9,13 +9,16 @@ import torch
 from safetensors import safe_open
 
 from infinitehip.config.model import ModelConfig
+from infinitehip.model.gemma3 import Gemma3Model
 from infinitehip.model.llama import LlamaModel
+
+Decoder = LlamaModel | Gemma3Model
 
 
 @dataclass
 class LoadedModel:
     config: ModelConfig
-    model: LlamaModel
+    model: Decoder
     tokenizer: object  # transformers PreTrainedTokenizerBase
     source: str  # what the user named (path or "embedded default")
     model_dir: Path
@@ -44,14 +47,18 @@ def resolve_model_dir(model: str | None, cache_root: Path) -> tuple[Path, str]:
     return path, str(path)
 
 
-def empty_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LlamaModel:
+def decoder_class(config: ModelConfig) -> type[Decoder]:
+    return Gemma3Model if config.is_gemma else LlamaModel
+
+
+def empty_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Decoder:
     """Allocate the decoder without initialising its weights (they are overwritten next)."""
     with torch.device("meta"):
-        model = LlamaModel(config)
+        model = decoder_class(config)(config)
     return model.to_empty(device=device).to(dtype).eval().requires_grad_(False)
 
 
-def load_weights_from_dir(model: LlamaModel, model_dir: Path) -> None:
+def load_weights_from_dir(model: Decoder, model_dir: Path) -> None:
     files = sorted(model_dir.glob("*.safetensors"))
 
     def tensors():
@@ -74,13 +81,13 @@ def load_model(model: str | None, cache_root: Path, device: torch.device, dtype:
     return LoadedModel(config, decoder, tokenizer, source, model_dir)
 
 
-def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LlamaModel:
+def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Decoder:
     """A decoder with random weights of the given shape (benchmarks of large shapes without a checkpoint)."""
     model = empty_model(config, device, dtype)
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
-            p.fill_(1.0)
+            p.fill_(0.0 if config.is_gemma else 1.0)  # Gemma norms scale by (1 + weight)
         else:
             p.normal_(0.0, 0.02, generator=gen)
     return model

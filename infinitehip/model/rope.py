@@ -81,3 +81,10 @@ def apply_rotary_fused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     half = x.shape[-1] // 2
     out = torch.cat([x[..., half:], x[..., :half]], dim=-1)
     return out.mul_(torch.cat([-sin, sin], -1)).addcmul_(x, torch.cat([cos, cos], -1))
+
+
+def rotary_at(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [N, head_dim / 2] float32 at positions [N] computed on the fly (float64 angles, as the tables):
+    for callers that must not hold a table as long as the context (sliding-window layers at 1M tokens)."""
+    angles = positions.to(torch.float64)[:, None] * inv_freq.to(positions.device)[None, :]
+    return angles.cos().float(), angles.sin().float()
