@@ -19,6 +19,7 @@ from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.graph_decode import GraphDecoder
+from infinitehip.engine.prompt_format import chat_prompt_ids
 from infinitehip.engine.kv_setup import build_kv
 from infinitehip.engine.runner import ModelRunner
 from infinitehip.engine.sampler import sample_token
@@ -100,11 +101,8 @@ class LLMEngine:
         return list(prompt)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        if not messages:
-            raise ValueError("messages is empty")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        # The template already holds the special tokens (BOS where the model uses one).
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        """The chat template's prompt; a base model without one reads the contents as a completion."""
+        return chat_prompt_ids(self.tokenizer, messages)
 
     def check_fits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
         """Validate the request's length; return its resolved completion budget."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .haystack import haystack_split
-from .sample import EvalSample, fit_to_length, length_tolerance, prompt_length, user_message, validate_request
+from .sample import EvalSample, completion_suffix, fit_to_length, length_tolerance, prompt_length, user_message, validate_request
 
 __all__ = ["NEEDLES", "Needle", "insert_needle", "make_niah_sample", "needle_for_seed"]
 
@@ -26,6 +26,7 @@ class Needle:
     question: str
     answer: str  # reference answer
     key_phrase: str  # what a correct reply must contain (case-insensitive)
+    answer_prefix: str  # a base model's completion starts here (the question restated as a statement)
 
 
 NEEDLES: tuple[Needle, ...] = (
@@ -34,30 +35,35 @@ NEEDLES: tuple[Needle, ...] = (
         "What is the best thing to do in San Francisco?",
         "eat a sandwich and sit in Dolores Park on a sunny day",
         "dolores park",
+        "The best thing to do in San Francisco is",
     ),
     Needle(
         "The secret ingredient in Grandma Rosa's famous tomato soup is a spoonful of smoked paprika.",
         "What is the secret ingredient in Grandma Rosa's famous tomato soup?",
         "a spoonful of smoked paprika",
         "paprika",
+        "The secret ingredient in Grandma Rosa's famous tomato soup is",
     ),
     Needle(
         "The treasure of Captain Marlow is buried under the old lighthouse on Gull Island.",
         "Where is the treasure of Captain Marlow buried?",
         "under the old lighthouse on Gull Island",
         "gull island",
+        "The treasure of Captain Marlow is buried",
     ),
     Needle(
         "The name of the cat that lives aboard the Orion space station is Biscuit.",
         "What is the name of the cat that lives aboard the Orion space station?",
         "Biscuit",
         "biscuit",
+        "The name of the cat that lives aboard the Orion space station is",
     ),
     Needle(
         "The magic word that opens the door of the old village library is marmalade.",
         "What is the magic word that opens the door of the old village library?",
         "marmalade",
         "marmalade",
+        "The magic word that opens the door of the old village library is",
     ),
 )
 
@@ -97,8 +103,8 @@ def insert_needle(before: str, after: str, needle: str) -> str:
     return f"{text[:j]} {needle}{text[j:]}"
 
 
-def _content(haystack: str, question: str) -> str:
-    return f"{TASK}\n\n{haystack}\n\n{question} {QUESTION_SUFFIX}"
+def _content(haystack: str, question: str, suffix: str = "") -> str:
+    return f"{TASK}\n\n{haystack}\n\n{question} {QUESTION_SUFFIX}{suffix}"
 
 
 def make_niah_sample(tokenizer: Any, context_tokens: int, depth: float, seed: int) -> EvalSample:
@@ -107,13 +113,14 @@ def make_niah_sample(tokenizer: Any, context_tokens: int, depth: float, seed: in
     depth = float(depth)
     nd = needle_for_seed(seed)
     tol = length_tolerance(context_tokens)
-    base = prompt_length(tokenizer, user_message(_content(nd.needle, nd.question)))
+    suffix = completion_suffix(tokenizer, nd.answer_prefix)
+    base = prompt_length(tokenizer, user_message(_content(nd.needle, nd.question, suffix)))
     if context_tokens < base - tol:
         raise ValueError(f"context_tokens={context_tokens} is below the bare prompt length {base}")
 
     def build(n_hay: int) -> str:
         before, after = haystack_split(tokenizer, n_hay, round(depth * n_hay))
-        return _content(insert_needle(before, after, nd.needle), nd.question)
+        return _content(insert_needle(before, after, nd.needle), nd.question, suffix)
 
     actual, content = fit_to_length(tokenizer, context_tokens, max(0, context_tokens - base), build, 3, _LARGE)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from .sample import (
     EvalSample,
+    completion_suffix,
     encode_len,
     length_tolerance,
     prompt_length,
@@ -85,9 +86,12 @@ def _sentences(indices) -> str:
     return " ".join(FILLER_SENTENCES[i % _CYCLE] for i in indices)
 
 
-def _content(before: str, needle: str, after: str) -> str:
+ANSWER_PREFIX = "The pass key is"  # base models continue it (completion form)
+
+
+def _content(before: str, needle: str, after: str, suffix: str = "") -> str:
     body = " ".join(p for p in (before, needle, after) if p)
-    return f"{TASK}\n\n{body}\n\n{QUESTION}"
+    return f"{TASK}\n\n{body}\n\n{QUESTION}{suffix}"
 
 
 def _skeleton_run(start: int, count: int) -> tuple[list[int], int, int]:
@@ -101,7 +105,7 @@ def _skeleton_run(start: int, count: int) -> tuple[list[int], int, int]:
 def _predict(tokenizer: Any, fc: _FillerCost, needle: str, a: int, b: int) -> int:
     kept_b, rs_b, rc_b = _skeleton_run(0, a)
     kept_a, rs_a, rc_a = _skeleton_run(a, b)
-    skeleton = _content(_sentences(kept_b), needle, _sentences(kept_a))
+    skeleton = _content(_sentences(kept_b), needle, _sentences(kept_a), completion_suffix(tokenizer, ANSWER_PREFIX))
     return prompt_length(tokenizer, user_message(skeleton)) + fc.cost(rs_b, rc_b) + fc.cost(rs_a, rc_a)
 
 
@@ -149,19 +153,20 @@ def make_passkey_sample(
     key = passkey_for_seed(seed)
     needle = NEEDLE_TEMPLATE.format(key=key)
     fc = _FillerCost(tokenizer)
-    base = prompt_length(tokenizer, user_message(_content("", needle, "")))
+    suffix = completion_suffix(tokenizer, ANSWER_PREFIX)
+    base = prompt_length(tokenizer, user_message(_content("", needle, "", suffix)))
     tol = length_tolerance(context_tokens)
     if context_tokens < base - tol:
         raise ValueError(f"context_tokens={context_tokens} is below the bare prompt length {base}")
 
     a, b, n_tok = _fit(tokenizer, fc, needle, context_tokens, context_tokens - base, depth)
-    content = _content(_sentences(range(a)), needle, _sentences(range(a, a + b)))
+    content = _content(_sentences(range(a)), needle, _sentences(range(a, a + b)), suffix)
     if verify:
         actual = prompt_length(tokenizer, user_message(content))
         if abs(actual - context_tokens) > tol:  # additivity broke for this tokenizer: correct once
             budget = (context_tokens - base) - (actual - context_tokens) + (n_tok - context_tokens)
             a, b, _ = _fit(tokenizer, fc, needle, context_tokens, budget, depth)
-            content = _content(_sentences(range(a)), needle, _sentences(range(a, a + b)))
+            content = _content(_sentences(range(a)), needle, _sentences(range(a, a + b)), suffix)
             actual = prompt_length(tokenizer, user_message(content))
         n_tok = actual
 

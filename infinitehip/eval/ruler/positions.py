@@ -10,23 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from infinitehip.engine.prompt_format import chat_text
 from infinitehip.eval.sample import prompt_token_ids
 
 __all__ = ["needle_token_positions"]
 
 
-def _templated(tokenizer: Any, messages: list[dict]) -> str:
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("needle_token_positions needs a tokenizer with a chat template")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def needle_token_positions(tokenizer: Any, messages: list[dict], texts: list[str] | tuple[str, ...]) -> list[int]:
     """Sorted positions of every prompt token overlapping any occurrence of any of ``texts``."""
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("needle_token_positions needs a fast tokenizer (offset mappings)")
-    text = _templated(tokenizer, messages)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    text, special = chat_text(tokenizer, messages)
+    enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
     expected = prompt_token_ids(tokenizer, messages)
     if ids != expected:

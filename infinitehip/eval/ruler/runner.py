@@ -105,6 +105,7 @@ def run_metadata(llm: Any) -> dict:
         "method": {"name": llm.config.method,
                    "config": dataclasses.asdict(method_config) if dataclasses.is_dataclass(method_config) else None},
         "engine": dataclasses.asdict(llm.config),
+        "kv_memory": engine.kv_memory() if hasattr(engine, "kv_memory") else None,  # per layer type
         "git_commit": _git_commit(),
     })
 

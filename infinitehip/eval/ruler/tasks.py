@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infinitehip.eval.niah import insert_needle
-from infinitehip.eval.sample import fit_to_length, length_tolerance, prompt_length, user_message, validate_request
+from infinitehip.eval.sample import completion_suffix, fit_to_length, length_tolerance, prompt_length, user_message, validate_request
 
 from .haystacks import get_haystack
 from .needles import KINDS, draw_keys, draw_values, needle_sentence, spread_depths
@@ -86,6 +86,7 @@ class _Plan:
     needle_texts: tuple[str, ...]
     needle_depths: tuple[float, ...]
     distractor_texts: tuple[str, ...]
+    answer_prefix: str  # a base model's completion starts here (eval/sample.completion_suffix)
 
 
 def _plan(task: str, depth: float, seed: int) -> _Plan:
@@ -109,19 +110,22 @@ def _plan(task: str, depth: float, seed: int) -> _Plan:
     if spec.values_per_key > 1:
         question = (f"What are all the secret {kind.plural} for the {asked[0]}? "
                     f"There are {spec.values_per_key} of them; list every one.")
+        prefix = f"The secret {kind.plural} for the {asked[0]} are:"
     elif spec.queries > 1:
         names = ", ".join(f"the {k}" for k in asked[:-1]) + f" and the {asked[-1]}"
         question = f"What are the secret {kind.plural} for {names}? Give the {kind.singular} of each."
+        prefix = f"The secret {kind.plural} for {names} are:"
     else:
         question = f"What is the secret {kind.singular} for the {asked[0]}? Answer with the {kind.singular} only."
+        prefix = f"The secret {kind.singular} for the {asked[0]} is"
     instruction = (f"Some secret {kind.plural} are hidden inside the long text below. "
                    "Find and memorize them; a question about them follows the text.")
     return _Plan(instruction, question, placed, tuple(v for _, v in targets), tuple(needle_texts),
-                 tuple(depths[: len(needle_texts)]), tuple(distractor_texts))
+                 tuple(depths[: len(needle_texts)]), tuple(distractor_texts), prefix)
 
 
-def _content(plan: _Plan, haystack: str) -> str:
-    return f"{plan.instruction}\n\n{haystack}\n\n{plan.question}"
+def _content(plan: _Plan, haystack: str, suffix: str = "") -> str:
+    return f"{plan.instruction}\n\n{haystack}\n\n{plan.question}{suffix}"
 
 
 def _decode(tokenizer: Any, ids: list[int]) -> str:
@@ -151,12 +155,13 @@ def make_ruler_sample(tokenizer: Any, task: str, haystack: str, context_tokens: 
     plan = _plan(task, depth, seed)
     tol = length_tolerance(context_tokens)
     bare = " ".join(s for _, s in plan.placed)
-    base = prompt_length(tokenizer, user_message(_content(plan, bare)))
+    suffix = completion_suffix(tokenizer, plan.answer_prefix)
+    base = prompt_length(tokenizer, user_message(_content(plan, bare, suffix)))
     if context_tokens < base - tol:
         raise ValueError(f"context_tokens={context_tokens} is below the bare {task} prompt length {base}")
 
     def build(n_hay: int) -> str:
-        return _content(plan, _with_needles(tokenizer, hay.token_ids(tokenizer, n_hay), plan.placed))
+        return _content(plan, _with_needles(tokenizer, hay.token_ids(tokenizer, n_hay), plan.placed), suffix)
 
     rounds = 3 if context_tokens <= _LARGE else 2  # at most two full tokenizations of a long prompt
     actual, content = fit_to_length(tokenizer, context_tokens, max(0, context_tokens - base), build, rounds, _LARGE)
