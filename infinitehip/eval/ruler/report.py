@@ -31,7 +31,9 @@ def load_runs(paths: list[str | Path]) -> list[RunFile]:
     for p in paths:
         data = json.loads(Path(p).read_text())
         method = data["method"]["name"]
-        runs.append(RunFile(method, method, str(data["model"].get("source")), list(data.get("samples", []))))
+        # The file name of the model only: a source path names the machine that ran it.
+        model = Path(str(data["model"].get("source"))).name
+        runs.append(RunFile(method, method, model, list(data.get("samples", []))))
     names = [r.method for r in runs]
     for r, p in zip(runs, paths):
         if names.count(r.method) > 1:  # same method, different settings: name the file
