@@ -146,3 +146,25 @@ def test_graph_decode_equals_eager(gemma_dir):
     assert ours == eager and decoder.replays > 0
     for a, b in zip(logits, eager_logits):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_offloaded_kv_holds_the_full_layers_and_equals_resident(gemma_dir):
+    """KV offloading (host store + GPU banks) covers the method's layers of a hybrid model: the store holds the two
+    full-attention layers, the sliding layers keep their rings on the device; tokens and logits equal resident."""
+    from tests.test_offload_engine import CONTEXT, _smallest_banks
+
+    config = SMALL["infinitehip"]
+    offload = _smallest_banks(config, TINY_CONFIGS["gemma3"]().num_attention_heads)
+
+    def run(offload_config):
+        engine = engine_for_dir(gemma_dir, None, config, offload_config, method="infinitehip",
+                                max_context_tokens=CONTEXT, prefill_chunk_size=128, max_num_seqs=1)
+        logits = record_step_logits(engine)
+        return _generate(engine, [_ids(700, seed=11)], 8), logits, engine
+
+    resident, resident_logits, _ = run(None)
+    ours, logits, engine = run(offload)
+    assert engine.kv_plan is not None and engine.cache.bytes_per_token == engine.kv_memory()["full_attention"]["bytes_per_token"]
+    assert ours == resident
+    for a, b in zip(logits, resident_logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
