@@ -166,3 +166,20 @@ def test_runner_page_table_grows_in_place_and_is_rebuilt_after_release():
     runner.release(seq)
     seq.page_table[:] = [5, 6]
     assert runner.page_table(seq).tolist() == [5, 6]
+
+
+def test_token_count_flags_take_k_and_m_suffixes():
+    """`--max-context-tokens 1M` is what users type; K/M are binary (the docs' 128K = 131,072)."""
+    import argparse
+
+    from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+    from infinitehip.config.engine import EngineConfig
+
+    parser = argparse.ArgumentParser()
+    add_dataclass_flags(parser, EngineConfig)
+    args = parser.parse_args(["--max-context-tokens", "1M", "--prefill-chunk-size", "32_768", "--page-size", "64"])
+    config = dataclass_from_args(EngineConfig, args)
+    assert (config.max_context_tokens, config.prefill_chunk_size, config.page_size) == (1 << 20, 32768, 64)
+    assert dataclass_from_args(EngineConfig, parser.parse_args(["--max-context-tokens", "128k"])).max_context_tokens == 131072
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--max-context-tokens", "lots"])

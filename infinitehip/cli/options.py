@@ -26,6 +26,20 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
 
 
+_SUFFIXES = {"k": 1 << 10, "m": 1 << 20}  # token counts: 128K = 131,072, 1M = 1,048,576 (as the docs count them)
+
+
+def _parse_int(text: str) -> int:
+    """An int, optionally with a K/M suffix (binary: 1M = 1,048,576) or underscores: 32768, 128K, 1M, 1_000_000."""
+    clean = text.strip().replace("_", "").lower()
+    scale = _SUFFIXES.get(clean[-1:], 1)
+    number = clean[:-1] if scale != 1 else clean
+    try:
+        return int(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer such as 32768, 128K or 1M, got {text!r}") from None
+
+
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, exclude: tuple[str, ...] = ()) -> None:
     """Add one flag per field of `cls`; an unset flag keeps the dataclass default (argparse.SUPPRESS)."""
     hints = typing.get_type_hints(cls)
@@ -41,6 +55,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, exclude: tup
             group.add_argument(flag, dest=f.name, nargs="*", default=argparse.SUPPRESS, help=help_text)
         elif tp is bool:
             group.add_argument(flag, dest=f.name, type=_parse_bool, default=argparse.SUPPRESS, metavar="BOOL", help=help_text)
+        elif tp is int:
+            group.add_argument(flag, dest=f.name, type=_parse_int, default=argparse.SUPPRESS, metavar="INT", help=help_text)
         else:
             group.add_argument(flag, dest=f.name, type=tp, default=argparse.SUPPRESS, help=help_text)
 
