@@ -352,11 +352,21 @@ def test_a_tokenizer_built_wrongly_from_gguf_metadata_is_refused() -> None:
 
     meta = {"tokenizer.ggml.add_bos_token": [True], "tokenizer.ggml.bos_token_id": [2]}
     reader = SimpleNamespace(get_field=lambda key: SimpleNamespace(contents=lambda: meta[key][0]) if key in meta else None)
-    per_char = lambda text, add_special_tokens=True: {"input_ids": [ord(c) for c in text]}
+    class Tokenizer:  # a 262K-entry vocabulary, as Gemma's
+        def __init__(self, encode):
+            self.encode = encode
+
+        def __len__(self):
+            return 262144
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": self.encode(text, add_special_tokens)}
+
+    per_char = Tokenizer(lambda text, special: [ord(c) for c in text])
     with pytest.raises(RuntimeError, match="one per character"):
         _check_tokenizer(per_char, reader, Path("g.gguf"))
-    no_bos = lambda text, add_special_tokens=True: {"input_ids": [7, 8, 9]}
+    no_bos = Tokenizer(lambda text, special: [7, 8, 9])
     with pytest.raises(RuntimeError, match="BOS"):
         _check_tokenizer(no_bos, reader, Path("g.gguf"))
-    good = lambda text, add_special_tokens=True: {"input_ids": [2] * add_special_tokens + [7, 8, 9]}
+    good = Tokenizer(lambda text, special: [2] * special + [7, 8, 9])
     _check_tokenizer(good, reader, Path("g.gguf"))
