@@ -84,7 +84,8 @@ class LLMEngine:
         self.sliding = None
         if self.model_config.sliding_layers:  # one ring row per running sequence, plus prompt_logits' own
             self.sliding = SlidingWindowAttention(self.model_config, config.max_num_seqs + 1, self.device, self.dtype)
-        router = LayerRouter(self.method, self.model_config, self.sliding)
+        # Hybrid models route layers; otherwise the method is the decoder's attention callable itself.
+        router = LayerRouter(self.method, self.model_config, self.sliding) if self.sliding is not None else None
         graphs = None
         if config.cuda_graphs and self.device.type == "cuda":
             graphs = GraphDecoder(loaded.model, self.cache, self.rope, self.method, self.max_context_tokens,
