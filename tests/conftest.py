@@ -50,7 +50,7 @@ def tiny_hf_model(request, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tokenizer():
     """The embedded model's tokenizer (its ids cover the tiny models' 512-token vocabulary)."""
-    from infinitehip.model.gguf_convert import embedded_model_path
+    from infinitehip.model.builtin import embedded_model_path
 
     gguf_path = embedded_model_path()
     return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)

@@ -10,7 +10,8 @@ from infinitehip import LLM, EngineConfig, SamplingParams
 from infinitehip.config.model import ModelConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.eval.passkey import make_passkey_sample
-from infinitehip.model.gguf_convert import default_cache_root, embedded_model_path, read_gguf
+from infinitehip.model.builtin import embedded_model_path
+from infinitehip.model.gguf_convert import default_cache_root, read_gguf
 from infinitehip.model.loading import LoadedModel, empty_model, load_model
 
 CPU = torch.device("cpu")

@@ -17,9 +17,9 @@ from infinitehip.model.gguf_convert import (
     SUPPORTED_ARCHITECTURES,
     convert_gguf,
     default_cache_root,
-    embedded_model_path,
     read_gguf,
 )
+from infinitehip.model.builtin import embedded_model_path
 
 SAMPLE = "Hello, world! The quick brown fox — naïve café 123.\n\tdef f(x): return x**2"
 

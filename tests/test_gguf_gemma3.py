@@ -18,14 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from infinitehip.model import gguf_convert
-from infinitehip.model.gguf_convert import (
-    GEMMA3_270M_FILE,
-    convert_gguf,
-    gemma3_270m_path,
-    read_gguf,
-    read_gguf_config,
-)
+from infinitehip.model import builtin, gguf_convert
+from infinitehip.model.builtin import GEMMA3_270M_FILE, gemma3_270m_path
+from infinitehip.model.gguf_convert import convert_gguf, read_gguf, read_gguf_config
 from infinitehip.model.loading import resolve_model_dir
 
 SAMPLE = "Hello, world! The quick brown fox — naïve café 123.\n\tdef f(x): return x**2  two  spaces"
@@ -176,12 +171,12 @@ def test_gemma3_unknown_tensor_is_refused(tmp_path: Path) -> None:
 # --- locating the built-in gemma3-270m -----------------------------------------------------------------
 
 
-needs_gemma = pytest.mark.skipif(gguf_convert._package_dir(GEMMA_PACKAGE) is None,
+needs_gemma = pytest.mark.skipif(builtin._package_dir(GEMMA_PACKAGE) is None,
                                  reason="gemma3-270m not installed (make install-gemma)")
 
 
 def test_absent_gemma_package_gives_install_instructions(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(gguf_convert, "_package_dir", lambda name: None)
+    monkeypatch.setattr(builtin, "_package_dir", lambda name: None)
     for call in (gemma3_270m_path, lambda: resolve_model_dir("gemma3-270m", tmp_path / "cache")):
         with pytest.raises(FileNotFoundError) as excinfo:
             call()
@@ -200,7 +195,7 @@ def test_unknown_model_name_lists_builtin_names(tmp_path: Path, monkeypatch: pyt
 def test_builtin_name_resolves_through_its_locator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _tiny_gemma3(tmp_path / "stand-in.gguf", None)
     seen = []
-    monkeypatch.setitem(gguf_convert.BUILTIN_MODELS, "gemma3-270m", lambda: tmp_path / "stand-in.gguf")
+    monkeypatch.setitem(builtin.BUILTIN_MODELS, "gemma3-270m", lambda: tmp_path / "stand-in.gguf")
     monkeypatch.setattr(gguf_convert, "convert_gguf", lambda path, root: seen.append((path, root)) or root / "x")
     monkeypatch.chdir(tmp_path)
     directory, source = resolve_model_dir("gemma3-270m", tmp_path / "cache")

@@ -150,7 +150,7 @@ def test_probe_validates_positions():
 
 @pytest.fixture(scope="module")
 def embedded_llm():
-    from infinitehip.model.gguf_convert import embedded_model_path
+    from infinitehip.model.builtin import embedded_model_path
 
     try:
         embedded_model_path()

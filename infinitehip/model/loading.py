@@ -27,19 +27,19 @@ class LoadedModel:
 def resolve_model_dir(model: str | None, cache_root: Path) -> tuple[Path, str]:
     """Map the user's `model` (None: the embedded default; a path; or a built-in name such as "gemma3-270m")
     to a Hugging Face-format directory; GGUF files are converted once into cache_root."""
-    from infinitehip.model import gguf_convert
+    from infinitehip.model import builtin, gguf_convert
 
     if model is None:
-        gguf_path = gguf_convert.embedded_model_path()
+        gguf_path = builtin.embedded_model_path()
         return gguf_convert.convert_gguf(gguf_path, cache_root), f"embedded default ({gguf_path.name})"
     path = Path(model).expanduser()
-    if not path.exists() and model in gguf_convert.BUILTIN_MODELS:  # an existing path of that name wins
-        gguf_path = gguf_convert.BUILTIN_MODELS[model]()
+    if not path.exists() and model in builtin.BUILTIN_MODELS:  # an existing path of that name wins
+        gguf_path = builtin.BUILTIN_MODELS[model]()
         return gguf_convert.convert_gguf(gguf_path, cache_root), f"built-in {model} ({gguf_path.name})"
     if not path.exists():
         raise FileNotFoundError(
             f"model path {model!r} does not exist (expected a Hugging Face model directory, a .gguf file "
-            f"or a built-in name: {', '.join(gguf_convert.BUILTIN_MODELS)})"
+            f"or a built-in name: {', '.join(builtin.BUILTIN_MODELS)})"
         )
     if path.is_file():
         if path.suffix != ".gguf":
