@@ -49,7 +49,7 @@ def served_model_name(engine: LLMEngine, config: ServerConfig) -> tuple[str, set
         name = Path(engine.config.model).name
         name = name[: -len(".gguf")] if name.endswith(".gguf") else name
     else:
-        from infinitehip.model.gguf_convert import EMBEDDED_MODEL_FILE
+        from infinitehip.model.builtin import EMBEDDED_MODEL_FILE
 
         name = Path(EMBEDDED_MODEL_FILE).stem
     aliases.add(name)
