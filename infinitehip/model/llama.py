@@ -7,7 +7,8 @@ Tokens of all sequences in a step are concatenated: hidden states are [T, hidden
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+import math
+from typing import Callable, Iterable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +38,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int):
+    """Fused q/k/v projection, optional per-head q/k norm (`norm`: the model's RMSNorm class), the method's attention.
+
+    o_proj_bias: Gemma's o_proj follows attention_bias; Qwen2's q/k/v bias leaves o_proj without one."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, norm: type[nn.Module] = RMSNorm, o_proj_bias: bool = False):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
@@ -45,9 +50,11 @@ class Attention(nn.Module):
         self.kv_size = config.num_kv_heads * config.head_dim
         # q, k and v projections fused into one matmul: [q_size + 2 * kv_size, hidden].
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_proj_bias)
+        self.q_norm = norm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = norm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        # Methods scale scores by head_dim ** -0.5; Gemma wants query_pre_attn_scalar ** -0.5 (folded into q).
+        self.q_factor = math.sqrt(config.head_dim / (config.query_pre_attn_scalar or config.head_dim))
 
     def forward(self, x: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
         T = x.shape[0]
@@ -57,13 +64,18 @@ class Attention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.q_factor != 1.0:
+            q = q * self.q_factor
         out = attention(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(T, self.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """Gated MLP: down(act(gate) * up); act is SiLU (Llama family) or tanh-approximated GELU (Gemma's GeGLU)."""
+
+    def __init__(self, config: ModelConfig, act: Callable[[torch.Tensor], torch.Tensor] = F.silu):
         super().__init__()
+        self.act = act
         self.intermediate_size = config.intermediate_size
         # gate and up projections fused: [2 * intermediate, hidden].
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
@@ -71,7 +83,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
