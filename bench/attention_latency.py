@@ -65,6 +65,7 @@ from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
 from infinitehip.attention.infinitehip.positions import scoring_positions
 from infinitehip.attention.infinitehip.pruning import initial_chunks, query_blocks, sparse_limit, subdivide
 from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
+from infinitehip.attention.question_selection import question_chunks
 from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache
@@ -405,6 +406,20 @@ def bench_ours_decode(ctx: Context, preset: str, q: torch.Tensor, args, timer: T
     res: dict = {"preset": preset, "refresh_intervals": intervals, "specs": [dataclasses.asdict(s) for s in specs]}
 
     with torch.inference_mode():
+        if cfg.question_tokens:  # question-time selection (made once per layer at the prompt's end): its chunks join
+            # every decode step's key list; random question queries, the engine's op over the whole context
+            gen = torch.Generator(device=device).manual_seed(args.seed + 11)
+            question_q = torch.randn(cfg.question_tokens, *q.shape[1:], generator=gen, device=device, dtype=q.dtype)
+            cs = cfg.chunk_sizes[-1]
+
+            def select():
+                return question_chunks(question_q, ctx.cache.flat_k(LAYER), ctx.page_table, ctx.cache.page_size,
+                                       cfg.sink_tokens, T - cfg.stream_tokens, cfg.question_keep_tokens // cs, cs,
+                                       cfg.question_window, cfg.stream_tokens, rope, "triton" if q.is_cuda else "reference")
+
+            select()  # compiles
+            res["question_selection_ms"] = timer.once(select)
+            state.question[LAYER] = select()
         method.decode(LAYER, q, [seq], batch)  # step 0: fills every stage's cache (and compiles)
         blocks = query_blocks(q, seq.start_pos, 1)
         outs = []
@@ -439,6 +454,7 @@ def bench_ours_decode(ctx: Context, preset: str, q: torch.Tensor, args, timer: T
         e2e_state = method.new_state()
         e2e_seq = SequenceSlice(0, 0, 1, T - 1, T - 1, ctx.page_table, ctx.cache, e2e_state, False)
         e2e_batch = ForwardBatch([e2e_seq], ctx.cache, rope, 1)
+        e2e_state.question[LAYER] = state.question[LAYER]
         gen = torch.Generator(device=device).manual_seed(args.seed + 7)
         qs = torch.randn(n_steps, *q.shape, generator=gen, device=device, dtype=q.dtype)
         step_ms = [timer.once(lambda i=i: method.decode(LAYER, qs[i], [e2e_seq], e2e_batch)) for i in range(n_steps)]

@@ -10,7 +10,7 @@ and the banks' hit ratios (prefill and decode separately).
 --model embedded: the embedded model; with --passkey the prompt is a passkey sample and the reply is checked.
 --compare-resident also runs the resident engine (same prompt) and checks the greedy tokens are identical.
 --fast-prefill (random8b only: decode timing at contexts whose real prefill would take most of a device session):
-the prompt's K/V and landmark saliency are computed and written as in a real prefill, but the prefill's sparse
+the prompt's K/V, landmark saliency and question-time selection are computed and written as in a real prefill, but the prefill's sparse
 attention (pruning + block-sparse attention) is replaced by zeros. With random weights the cache is noise
 either way; decode runs the real method. Reported as such wherever used.
 --phase-times: where the prefill's time goes (synchronised wall time per phase: pruning stages, block-sparse
@@ -84,6 +84,7 @@ def use_fast_prefill() -> None:
 
     def prefill(self, layer, q, seq, batch):
         self._update_saliency(layer, q, seq, batch)
+        self._question_prefill(layer, q, seq, batch)  # question-time selection (if on) scans the store as usual
         return torch.zeros_like(q)
 
     InfiniteHiPAttention.prefill = prefill

@@ -138,11 +138,15 @@ def test_static_decode_shapes_do_not_depend_on_position(llama3_dir):
     assert len(ptrs) >= 8 and all(p == ptrs[0] for p in ptrs)
 
 
-def test_graph_decoder_replays_equal_eager_decode(llama3_dir):
+@pytest.mark.parametrize("overrides", [{}, {"refresh_intervals": (4, 2, 2), "question_tokens": 16,
+                                          "question_keep_tokens": 32}])
+def test_graph_decoder_replays_equal_eager_decode(llama3_dir, overrides):
     """The engine's graph decode path with graph semantics on CPU (ClosureRecorder re-runs the Python of the
     capture with the host values of that moment): same tokens and logits as eager decode, a graph per refresh
-    pattern, everything else replayed, and the mask-cache refresh counts unchanged."""
-    config = InfiniteHiPConfig(**SMALL)
+    pattern, everything else replayed, and the mask-cache refresh counts unchanged. With question-time selection
+    the question's chunks are joined to the last stage's when it refreshes (every other step here) and replayed
+    from the joined buffers in between."""
+    config = InfiniteHiPConfig(**{**SMALL, **overrides})
     prompt, steps = _ids(700, seed=15), 20
 
     def run(graphs: bool):
@@ -165,7 +169,7 @@ def test_graph_decoder_replays_equal_eager_decode(llama3_dir):
     for a, b in zip(logits, eager_logits):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # Refresh intervals (4, 2, 1): patterns (T,T,T), (F,F,T), (F,T,T) -> three graphs in one 1024 bucket (700 + 20
-    # tokens); the first decode step allocates the stage caches eagerly.
+    # tokens); (4, 2, 2): (T,T,T), (F,F,F), (F,T,T). The first decode step allocates the stage caches eagerly.
     assert decoder.captures == 3 and decoder.replays == steps - 1 - 1 - 3
 
 

@@ -210,6 +210,26 @@ def test_offloaded_batched_decode_equals_resident(llama3_dir):
     assert not any(ours[2][-1]["attention"].overflows)
 
 
+def test_offloaded_question_time_selection_equals_resident(llama3_dir, monkeypatch):
+    """Question-time selection scans the offloaded store (not the banks) and gives the resident tokens and logits;
+    the question's chunks join every decode step's key list inside the smallest banks check_offload accepts."""
+    from infinitehip.kv.offload.paged import OffloadedPagedCache as Cache
+
+    config = InfiniteHiPConfig(**{**SMALL, "question_tokens": 24, "question_keep_tokens": 32, "question_window": 3})
+    prompt, steps = _ids(700, seed=25), 8
+    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    scans, inner = [], Cache.scan_k
+    monkeypatch.setattr(Cache, "scan_k", lambda self, *a: scans.append(a[3] - a[2]) or inner(self, *a))
+    offload = _smallest_banks(config, HEADS)
+    assert offload.attention_bank_tokens == _smallest_banks(InfiniteHiPConfig(**SMALL), HEADS).attention_bank_tokens + 32
+    ours = _generate(llama3_dir, config, offload, [prompt], steps)
+    _assert_same(ours, resident)
+    # Two passes (one segment each) over the candidates [sink, first question query + 1 - stream) of every layer.
+    candidates = (700 - 24 + 1 - SMALL["stream_tokens"]) - SMALL["sink_tokens"]
+    assert scans == [candidates] * (2 * ours[3].model_config.num_layers)
+    assert not any(ours[2][-1]["attention"].overflows)
+
+
 def test_offloaded_graph_decode_equals_resident_and_does_not_sync(llama3_dir, monkeypatch):
     """The graph decode path (ClosureRecorder: graph semantics on CPU) with offloading on gives the resident eager
     tokens and logits. While a step replays, the offload path (K/V writes, bank resolves, key-access tables)

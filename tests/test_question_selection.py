@@ -1,6 +1,6 @@
 """Question-time selection (attention/question_selection.py) and the needle probe (attention/needle_probe.py):
-ops against plain-Python references, the question read across a prefill chunk boundary, presets, the offload
-refusal, and the oracle on the real embedded model."""
+ops against plain-Python references, the question read across a prefill chunk boundary, presets, the offloaded
+scan, and the oracle on the real embedded model."""
 
 from __future__ import annotations
 
@@ -104,19 +104,35 @@ def test_question_reads_its_queries_across_a_chunk_boundary(method, config, monk
     transformers.LlamaForCausalLM(TINY_CONFIGS["llama3"]()).save_pretrained(path)
     module = ts_method if method == "tokenselect" else ih_method
     name = "question_tokens" if method == "tokenselect" else "question_chunks"
-    seen, inner = [], getattr(module, name)
-    monkeypatch.setattr(module, name, lambda q, *a, **kw: seen.append(q.shape[0]) or inner(q, *a, **kw))
-    joined = []  # decode steps that joined the question's selection to their own
-    join = "union_below" if method == "tokenselect" else "merge_chunks"
-    inner_join = getattr(module, join)
-    monkeypatch.setattr(module, join, lambda a, b, *r: joined.append(b is not None) or inner_join(a, b, *r))
+    seen, selections, inner = [], [], getattr(module, name)
+
+    def select(q, *a, **kw):
+        seen.append(q.shape[0])
+        selections.append(inner(q, *a, **kw))
+        return selections[-1]
+
+    monkeypatch.setattr(module, name, select)
+    joined = []  # per decode step and layer: whether the step's keys hold the question's selection
+    if method == "tokenselect":
+        inner_join = module.union_below
+        monkeypatch.setattr(module, "union_below", lambda a, b, *r: joined.append(b is not None) or inner_join(a, b, *r))
+    else:  # every chunk of the layer's question selection is in the key list (joined at the last stage's refresh)
+        inner_join = module.decode_key_list
+
+        def key_list(starts, lens, *a, **kw):
+            q_starts, q_lens = selections[len(joined) % len(selections)]
+            listed = set(starts[0][lens[0] > 0].tolist())
+            joined.append(set(q_starts[q_lens > 0].tolist()) <= listed)
+            return inner_join(starts, lens, *a, **kw)
+
+        monkeypatch.setattr(module, "decode_key_list", key_list)
     engine = engine_for_dir(path, method=method, method_config=config, prefill_chunk_size=100, max_context_tokens=512)
     llm = LLM.from_engine(engine)
     (out,) = llm.generate([list(range(5, 215))], SamplingParams(temperature=0.0, max_tokens=4))  # last chunk: 10
     assert len(out.token_ids) == 4
     layers = engine.model_config.num_layers
     assert seen == [24] * layers  # once per layer, with all 24 question queries (14 from the previous chunk)
-    assert sum(joined) >= 3 * layers  # every decode step (the first token comes from the prefill) of every layer
+    assert len(joined) >= 3 * layers and all(joined)  # every decode step (the first token comes from the prefill)
 
 
 def test_presets_keep_the_papers_settings_by_name():
@@ -132,12 +148,28 @@ def test_presets_keep_the_papers_settings_by_name():
         InfiniteHiPConfig(question_keep_tokens=100)
 
 
-def test_offloading_refuses_question_time_selection_by_name():
+@pytest.mark.parametrize("segment_logits", [4 * 4 * 37, 1 << 26])  # segments of 37 tokens (ragged); one segment
+def test_streamed_votes_equal_the_soft_vote_over_every_candidate(segment_logits):
+    """The offloaded scan (two passes over key segments) gives the one-shot soft vote's sums."""
+    from infinitehip.attention.tokenselect import soft_vote
+
+    k_flat, table = _cache(512, 3)
+    q = torch.randn(4, 4, 16, generator=torch.Generator().manual_seed(4)) * 2
+    start, count = 8, 390
+    n = q.shape[0]
+    expected = soft_vote(q, k_flat, table[None].expand(n, -1), 16, torch.full((n,), start), torch.full((n,), count),
+                         count, 1.0, impl="reference").sum(0)
+    got = qs.streamed_votes(q, lambda a, b: k_flat[a:b], start, count, segment_logits)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_offloading_sizes_the_attention_bank_for_the_question_chunks():
     from infinitehip.attention.infinitehip.offload_access import check_offload
 
-    with pytest.raises(ValueError, match="question_tokens"):
-        check_offload(IH_PRESETS["3k-question"], OffloadConfig(offload_enabled=True), 1 << 17, 9, 1)
-    check_offload(IH_PRESETS["3k-flash"], OffloadConfig(offload_enabled=True), 1 << 17, 9, 1)  # no error
+    big = OffloadConfig(offload_enabled=True, mask_bank_tokens=1 << 30, attention_bank_tokens=1 << 30)
+    plain = check_offload(IH_PRESETS["3k"], big, 1 << 17, 9, 2)
+    question = check_offload(IH_PRESETS["3k-question"], big, 1 << 17, 9, 2)
+    assert question.attention_tokens == plain.attention_tokens + 2 * IH_PRESETS["3k-question"].question_keep_tokens
 
 
 # ---- needle probe -------------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ not fragments). The result is fixed for the rest of the request: the answer is a
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -30,17 +32,53 @@ def window_scores(votes: torch.Tensor, window: int) -> torch.Tensor:
     return F.max_pool1d(mean, window, stride=1, padding=window // 2)[0, 0]
 
 
-def question_scores(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int,
-                    limit: int, window: int, distance: int, rope, impl: str) -> torch.Tensor:
+# (start, end) -> keys [end - start, Hkv, d] of token positions [start, end) of one sequence and layer, as cached
+# (before RoPE): how an offloaded cache's keys are scanned (`OffloadedPagedCache.scan_k`), a segment at a time.
+KeyReader = Callable[[int, int], torch.Tensor]
+# fp32 logits of one segment, [n, H, segment]: bounds the scan's working memory (256 MiB).
+SEGMENT_LOGITS = 1 << 26
+
+
+def streamed_votes(q_rot: torch.Tensor, read_keys: KeyReader, start: int, count: int,
+                   segment_logits: int = SEGMENT_LOGITS) -> torch.Tensor:
+    """q_rot [n, H, d] rotated queries; candidates [start, start + count) read a segment at a time -> votes [count]
+    fp32, the sum over queries and heads of each (query, head)'s softmax over all candidates (raw q . k), as
+    `soft_vote(...).sum(0)`. Two passes over the keys: the softmax of a (query, head) needs its log-sum-exp over
+    every candidate before any vote is known, and the [n, H, count] logits do not fit at a million tokens."""
+    n, H, d = q_rot.shape
+    q = q_rot.float()
+    segment = max(1, segment_logits // (n * H))
+
+    def logits(a: int, b: int) -> torch.Tensor:
+        k = read_keys(a, b).float()  # [S, Hkv, d]
+        Hkv = k.shape[1]
+        return torch.einsum("nkgd,skd->nkgs", q.view(n, Hkv, H // Hkv, d), k).reshape(n, H, b - a)
+
+    spans = [(a, min(a + segment, start + count)) for a in range(start, start + count, segment)]
+    lse = torch.full((n, H), float("-inf"), device=q.device)
+    for a, b in spans:
+        lse = torch.logaddexp(lse, logits(a, b).logsumexp(-1))
+    votes = torch.empty(count, device=q.device)
+    for a, b in spans:
+        votes[a - start : b - start] = (logits(a, b) - lse[..., None]).exp().sum((0, 1))
+    return votes
+
+
+def question_scores(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: torch.Tensor, page_size: int, sink: int,
+                    limit: int, window: int, distance: int, rope, impl: str,
+                    read_keys: KeyReader | None = None) -> torch.Tensor:
     """q [n, H, d] pre-RoPE question queries; candidates [sink, limit) of one sequence -> window scores [limit - sink].
 
     Every query is rotated by `distance` and keys are read as cached (TokenSelect's position-free scoring); the
     per-head softmax runs on raw q . k (the TokenSelect paper's eq. 10), which on the embedded model's real-prose
-    captures put more of the needle in the selection than the attention's 1/sqrt(d) scale (docs/real-text.md)."""
+    captures put more of the needle in the selection than the attention's 1/sqrt(d) scale (docs/real-text.md).
+    Keys come from the paged cache (k_flat, page_table) or, for an offloaded cache, from `read_keys`."""
     n = q.shape[0]
     count = limit - sink
     rope.ensure(distance + 1)
     q_rot = apply_rotary(q.float(), rope.cos[distance], rope.sin[distance]).contiguous()
+    if read_keys is not None:
+        return window_scores(streamed_votes(q_rot, read_keys, sink, count), window)
     starts = torch.full((n,), sink, dtype=torch.int64, device=q.device)
     counts = torch.full((n,), count, dtype=torch.int64, device=q.device)
     votes = soft_vote(q_rot, k_flat, page_table[None].expand(n, -1), page_size, starts, counts, count, 1.0,
@@ -67,9 +105,10 @@ def question_tokens(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Ten
     return torch.topk(scores, budget).indices.sort().values + sink
 
 
-def question_chunks(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int,
+def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: torch.Tensor, page_size: int, sink: int,
                     limit: int, num_chunks: int, chunk_size: int, window: int, distance: int, rope, impl: str,
-                    forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    forced: torch.Tensor | None = None,
+                    read_keys: KeyReader | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The question-time selection as num_chunks chunks of the grid sink + chunk_size * j (InfiniteHiP's final
     stage grid), each scored by its best token -> (starts [num_chunks], lens [num_chunks]) in position order,
     unused entries last with length 0."""
@@ -78,7 +117,8 @@ def question_chunks(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Ten
     if total <= num_chunks:
         idx = torch.arange(total, device=device)
     else:
-        scores = question_scores(q, k_flat, page_table, page_size, sink, limit, window, distance, rope, impl)
+        scores = question_scores(q, k_flat, page_table, page_size, sink, limit, window, distance, rope, impl,
+                                 read_keys)
         scores = force_scores(scores, forced, sink, limit)
         padded = F.pad(scores, (0, total * chunk_size - scores.numel()), value=float("-inf"))
         idx = torch.topk(padded.view(total, chunk_size).amax(1), num_chunks).indices.sort().values

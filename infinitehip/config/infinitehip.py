@@ -132,7 +132,7 @@ class InfiniteHiPConfig:
 _PAPER_5K = dict(chunk_sizes=(64, 32, 16), keep_tokens=(32768, 16384, 4096), early_last_keep_tokens=4096)
 # `3k` (the default), `5k`: the paper's settings (Appendix F); `paper-3k` / `paper-5k` name them as such.
 # `3k-fast` / `3k-flash`: the paper's 3k with longer mask refresh intervals (speed presets). `3k-question`: 3k plus
-# question-time selection (not in the paper; attention/question_selection.py).
+# question-time selection (not in the paper; attention/question_selection.py); `3k-fast-question`: both.
 PRESETS: dict[str, InfiniteHiPConfig] = {
     "3k": InfiniteHiPConfig(),
     "5k": InfiniteHiPConfig(**_PAPER_5K),
@@ -141,6 +141,7 @@ PRESETS: dict[str, InfiniteHiPConfig] = {
     "3k-fast": InfiniteHiPConfig(refresh_intervals=(32, 16, 8)),
     "3k-flash": InfiniteHiPConfig(refresh_intervals=(96, 24, 8)),
     "3k-question": InfiniteHiPConfig(question_tokens=32),
+    "3k-fast-question": InfiniteHiPConfig(refresh_intervals=(32, 16, 8), question_tokens=32),
 }
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
 from infinitehip.attention.dense import causal_sdpa
 from infinitehip.attention.infinitehip.decode import StageCache, refresh_stage, stage1_candidates, window_width
 from infinitehip.attention.infinitehip.keylist import decode_key_list
 from infinitehip.attention.infinitehip.offload_access import (check_offload, decode_attention_rows, prefill_attention_in_groups,
-                                                              scoring_access)
+                                                              question_key_reader, scoring_access)
 from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_positions, group_size
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, query_blocks, run_stage, sparse_limit
@@ -47,6 +48,9 @@ class InfiniteHiPState:
     # answer attends, and the last question_tokens pre-RoPE prefill queries [<= question_tokens, H, d].
     question: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
     recent_q: list[torch.Tensor | None] = field(default_factory=list)
+    # The last stage's chunks joined with the question's (starts, lens [C + E]), updated in place when the last
+    # stage refreshes: the join (a sort) then runs once per refresh, not at every decode step.
+    question_merged: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
 
 
 def assemble_keys(final: StageOutput, last_position: torch.Tensor, window_start: torch.Tensor, sink: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +107,8 @@ class InfiniteHiPAttention(AttentionMethod):
     def new_state(self) -> InfiniteHiPState:
         L, S = self.model_config.num_layers, self.config.num_stages
         return InfiniteHiPState(stage_cache=[None] * L, decode_steps=[0] * L, refreshes=[0] * S,
-                                pending_q=[None] * L, pending_pos=[None] * L, question=[None] * L, recent_q=[None] * L)
+                                pending_q=[None] * L, pending_pos=[None] * L, question=[None] * L, recent_q=[None] * L,
+                                question_merged=[None] * L)
 
     def _impl(self, x: torch.Tensor) -> str:
         """Pruning ops: Triton on CUDA; on CPU their CPU formulations ("auto") or the eager oracles."""
@@ -190,10 +195,12 @@ class InfiniteHiPAttention(AttentionMethod):
         first = seq.context_len - recent.shape[0]
         limit = max(c.sink_tokens, first + 1 - c.stream_tokens)
         cs = c.chunk_sizes[-1]
-        k_flat, _ = scoring_access(seq.cache, layer, seq.page_table)
+        k_flat, read_keys = None, question_key_reader(seq.cache, layer, seq.page_table)
+        if read_keys is None:
+            k_flat, _ = scoring_access(seq.cache, layer, seq.page_table)
         chunks = question_chunks(recent, k_flat, seq.page_table, seq.cache.page_size, c.sink_tokens, limit,
                                  c.question_keep_tokens // cs, cs, c.question_window, c.stream_tokens, batch.rope,
-                                 "triton" if q.is_cuda else "reference", _forced(seq.probe, q.device))
+                                 "triton" if q.is_cuda else "reference", _forced(seq.probe, q.device), read_keys)
         state.question[layer] = chunks
         if seq.probe is not None:
             seq.probe.record_prefill("question", layer, self.model_config.num_layers,
@@ -288,6 +295,17 @@ class InfiniteHiPAttention(AttentionMethod):
             self.saliency.update_decode(layer, pending_q, pending_pos, page_table, batch.cache, batch.rope)
             pending_pos.fill_(-1)
 
+    def _merge_question(self, state: InfiniteHiPState, layer: int, last: StageCache) -> None:
+        """Join the refreshed last stage's chunks with the question's into state.question_merged (allocated at the
+        first decode step, which runs eagerly; updated in place after, as graphs hold it)."""
+        q_starts, q_lens = state.question[layer]
+        starts, lens = merge_chunks(last.starts[None], last.lens[None], q_starts, q_lens)
+        if state.question_merged[layer] is None:
+            state.question_merged[layer] = (starts[0], lens[0])
+        else:
+            state.question_merged[layer][0].copy_(starts[0])
+            state.question_merged[layer][1].copy_(lens[0])
+
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         """Sync-free decode (decode.py): fixed shapes, positions from batch.decode_positions; CUDA-graph capturable."""
         c = self.config
@@ -315,24 +333,25 @@ class InfiniteHiPAttention(AttentionMethod):
                                   _forced(seq.probe, q.device))
                     state.refreshes[s] += 1
                 parent = caches[s]
+            if state.question[layer] is not None and pattern[-1]:
+                self._merge_question(state, layer, caches[-1])
             state.decode_steps[layer] += 1
             finals.append(caches)
         # The oldest cached stage bounds what was selectable: the window reaches back to it (the key list op takes
         # the minimum of the stage limits).
-        if len(finals) == 1:  # views, no copies
-            last = finals[0][-1]
-            starts, lens, limits = last.starts[None], last.lens[None], last.limits[None]
-        else:
-            starts = torch.stack([f[-1].starts for f in finals])
-            lens = torch.stack([f[-1].lens for f in finals])
-            limits = torch.stack([f[-1].limits for f in finals])
-        questions = [seq.state.question[layer] for seq in seqs]
-        if any(qc is not None for qc in questions):  # question-time selection: the answer attends its chunks too
+        # The last stage's chunks per sequence; with question-time selection, joined with the question's chunks
+        # (the answer attends them too), padded to one width when only some sequences have them.
+        rows = [(f[-1].starts, f[-1].lens) for f in finals]
+        merged = [seq.state.question_merged[layer] for seq in seqs]
+        if any(m is not None for m in merged):
             E = c.question_keep_tokens // c.chunk_sizes[-1]
-            none = torch.zeros(E, dtype=torch.long, device=q.device)
-            q_starts = torch.stack([none if qc is None else qc[0] for qc in questions])
-            q_lens = torch.stack([none if qc is None else qc[1] for qc in questions])
-            starts, lens = merge_chunks(starts, lens, q_starts, q_lens)
+            rows = [m if m is not None else (F.pad(r[0], (0, E)), F.pad(r[1], (0, E))) for m, r in zip(merged, rows)]
+        if len(finals) == 1:  # views, no copies
+            starts, lens, limits = rows[0][0][None], rows[0][1][None], finals[0][-1].limits[None]
+        else:
+            starts = torch.stack([r[0] for r in rows])
+            lens = torch.stack([r[1] for r in rows])
+            limits = torch.stack([f[-1].limits for f in finals])
         key_tokens, key_counts, key_rope, query_rope = decode_key_list(
             starts, lens, c.chunk_sizes[-1], limits, positions, c.sink_tokens,
             window_width(c.stream_tokens, c.refresh_intervals), c.attention_rope, group, impl=self._impl(q))

@@ -11,7 +11,9 @@ kernels get a different (k_flat, page_table, page_size) triple over the bank's r
   positions 0..K-1 replace the token positions (`decode_attention_rows`; the RoPE positions are separate);
 - prefill block-sparse attention: query blocks go in groups whose key lists fit the bank, through the token
   table (its causal mask needs token positions) (`prefill_attention_in_groups`);
-- the landmark saliency update and the dense shortcut use the cache's `read_k` / `read` (attention bank).
+- the landmark saliency update and the dense shortcut use the cache's `read_k` / `read` (attention bank);
+- question-time selection scans every key of the context once per layer at the end of the prompt, straight from
+  the store (`question_key_reader`), so the scan does not flush the banks.
 Decode paths are sync-free with static shapes (CUDA-graph capturable); prefill grouping syncs to size groups.
 A resident cache gets its own rows back unchanged, so the method has one code path.
 """
@@ -113,6 +115,14 @@ def scoring_access(cache, layer: int, page_table: torch.Tensor) -> tuple[torch.T
     return cache.kv.mask_bank.flat_k(layer), RepresentativeKeys(cache, layer, page_table)
 
 
+def question_key_reader(cache, layer: int, page_table: torch.Tensor):
+    """For an offloaded cache, the (start, end) -> keys reader question-time selection scans the context with
+    (straight from the store, `OffloadedPagedCache.scan_k`); None for a resident cache (read in place)."""
+    if not is_offloaded(cache):
+        return None
+    return lambda start, end: cache.scan_k(layer, page_table, start, end)
+
+
 def decode_attention_rows(cache, layer: int, page_tables: torch.Tensor, key_tokens: torch.Tensor,
                           key_counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]:
     """(k_flat, v_flat, page_tables, page_size, key_tokens) for `sparse_attention_decode`. Sync-free."""
@@ -163,17 +173,17 @@ def check_offload(method: InfiniteHiPConfig, offload: OffloadConfig, context_tok
     smaller than one resolve call's worst case: one chunk's representatives (mask bank: decode and prefill score
     the candidates in groups of chunks that fit it, `RepresentativeKeys`), the key lists of max_num_seqs
     decoding sequences or of one prefill query block (attention bank)."""
-    if method.question_tokens:
-        raise ValueError(f"KV offloading needs question_tokens=0 (got {method.question_tokens}): question-time "
-                         "selection scores every key, which offloading keeps in host memory; use a preset without it "
-                         "(--preset 3k, 3k-fast, 3k-flash) or --question-tokens 0")
     if method.representative != "landmark":
         raise ValueError(f"KV offloading needs representative='landmark' (got {method.representative!r}): the "
                          "bisection kernel reads keys it discovers on the way")
     batch = decode_bank_requests(method, context_tokens, num_heads, max_num_seqs)
     last_keep = max(method.keep_tokens[-1], method.early_last_keep_tokens if method.early_layers else 0)
-    block = min(context_tokens, method.sink_tokens + last_keep + method.stream_tokens + method.query_block_sizes[-1])
-    need = replace(batch, attention_tokens=max(batch.attention_tokens, block))
+    question = method.question_keep_tokens if method.question_tokens else 0
+    block = min(context_tokens, method.sink_tokens + last_keep + question + method.stream_tokens
+                + method.query_block_sizes[-1])
+    # Question-time selection adds its chunks to every decoding sequence's key list (and to the question's blocks).
+    decode = min(context_tokens * max_num_seqs, batch.attention_tokens + question * max_num_seqs)
+    need = replace(batch, attention_tokens=max(decode, block))
     try:
         check_bank_requests(offload, need)
     except CapacityError as exc:

@@ -7,6 +7,7 @@ are unchanged (store slot = page * page_size + offset, as in the paged cache). W
 - `read(layer, slots)` / `read_k(layer, slots)`: rows gathered through the attention bank, in pieces of at
   most its size (each piece is resolved, then gathered before the next resolve can evict it); the number
   of pieces follows from the shape, so it stays sync-free (the landmark saliency update reads keys here);
+- `scan_k(layer, page_table, start, end)`: a range of keys straight from the store (whole-context scans);
 - `flat_k` / `flat_v` raise: indexing bank rows with page tables would read the wrong rows silently.
   Offload-aware methods reach rows through `kv.resolve_mask` / `kv.resolve_attention` and the banks' flat
   rows (see `attention/infinitehip/offload_access.py`).
@@ -101,6 +102,13 @@ class OffloadedPagedCache:
     def read_k(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """Keys [*slots.shape, Hkv, d] of slots (any shape), through the attention bank."""
         return self._gather(layer, slots, values=False)[0]
+
+    def scan_k(self, layer: int, page_table: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Keys [end - start, Hkv, d] (the banks' dtype, on the device) of token positions [start, end) of the
+        sequence with this page table, read from the store and not through the banks: a one-off scan of the whole
+        context (question-time selection) would evict every row the banks cache."""
+        out = self.kv.mask_bank.k.new_empty((end - start, *self.kv.store.row_shape))
+        return self.kv.store.gather_k(layer, self.slots(page_table, start, end), out, self.kv.impl)
 
     def flat_k(self, layer: int) -> torch.Tensor:
         raise OffloadedAccessError("the KV cache is offloaded (offload-enabled): read keys through the banks, "

@@ -132,6 +132,13 @@ class KVStore:
         copy_rows(to_storage_dtype(k, self.dtype), rows, self.k[layer], dst, impl)
         copy_rows(to_storage_dtype(v, self.dtype), rows, self.v[layer], dst, impl)
 
+    def gather_k(self, layer: int, slots: torch.Tensor, out: torch.Tensor, impl: str = "reference") -> torch.Tensor:
+        """Keys of slots [N] into out [N, Hkv, d] (any device, a float dtype: FP8 is upcast while copying) -> out.
+        impl "triton" reads the pinned store from the GPU without a host sync, as `write` does."""
+        rows = torch.arange(slots.numel(), device=out.device)
+        copy_rows(self.k[layer], slots.reshape(-1).to(out.device), out, rows, impl)
+        return out
+
     def read(self, layer: int, slots: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows [N, Hkv, d] of slots [N] (returned on the host), upcast to `dtype` if given."""
         idx = slots.reshape(-1).to(self.k[layer].device)
