@@ -38,20 +38,6 @@ def test_window_scores_match_plain_python(window):
     torch.testing.assert_close(qs.window_scores(votes, window), torch.tensor(expected))
 
 
-def test_merge_chunks_dedupes_sorts_and_pads_like_sets():
-    starts = torch.tensor([[8, 24, 40, 0], [16, 0, 0, 0]])
-    lens = torch.tensor([[8, 8, 8, 0], [8, 0, 0, 0]])
-    extra_starts, extra_lens = torch.tensor([24, 56, 0]), torch.tensor([8, 5, 0])
-    out_s, out_l = qs.merge_chunks(starts, lens, extra_starts, extra_lens)
-    assert out_s.shape == (2, 7)
-    for row in range(2):
-        got = [(s, n) for s, n in zip(out_s[row].tolist(), out_l[row].tolist()) if n > 0]
-        want = sorted({(s, n) for s, n in zip(starts[row].tolist() + extra_starts.tolist(),
-                                              lens[row].tolist() + extra_lens.tolist()) if n > 0})
-        assert got == want
-        assert all(n == 0 for n in out_l[row, len(want):].tolist())  # empties last
-
-
 def _cache(n_tokens: int, seed: int):
     gen = torch.Generator().manual_seed(seed)
     k_flat = torch.randn(n_tokens, 2, 16, generator=gen)
@@ -136,10 +122,15 @@ def test_question_reads_its_queries_across_a_chunk_boundary(method, config, monk
 
 
 def test_presets_keep_the_papers_settings_by_name():
-    assert IH_PRESETS["paper-3k"].question_tokens == 0 and IH_PRESETS["3k-question"].question_tokens > 0
-    assert IH_PRESETS["3k-question"].keep_tokens == IH_PRESETS["paper-3k"].keep_tokens
-    assert IH_PRESETS["3k"] == IH_PRESETS["paper-3k"]  # the default stays the paper's until the GPU suite decides
-    assert IH_PRESETS["3k-flash"].question_tokens == 0  # the offloaded speed preset
+    paper = IH_PRESETS["paper-3k"]
+    assert paper.question_tokens == 0 and paper.chunk_sizes == (256, 32, 8) and paper.refresh_intervals == (16, 8, 4)
+    assert IH_PRESETS["3k"] == paper and IH_PRESETS["3k-question"].keep_tokens == paper.keep_tokens
+    assert IH_PRESETS["paper-5k"].question_tokens == 0 and IH_PRESETS["paper-5k"].chunk_sizes == (64, 32, 16)
+    assert IH_PRESETS["3k-flash"].question_tokens == 0 and IH_PRESETS["3k-fast"].chunk_sizes == (256, 32, 8)
+    # The default (best on the real-text suite): question-time selection, 16-token final chunks, the paper's budgets.
+    default = IH_PRESETS["default"]
+    assert default == InfiniteHiPConfig() and default.question_tokens > 0 and default.chunk_sizes[-1] == 16
+    assert default.keep_tokens == paper.keep_tokens and default.sink_tokens == paper.sink_tokens
     assert TS_PRESETS["paper"].question_tokens == 0 and TS_PRESETS["paper"].vote_pool_size == 1
     assert TS_PRESETS["default"] == TokenSelectConfig()
     with pytest.raises(ValueError, match="question_window"):

@@ -49,7 +49,7 @@ class MethodSpec:
 
 METHODS: dict[str, MethodSpec] = {
     DenseAttention.name: MethodSpec(DenseAttention),
-    InfiniteHiPAttention.name: MethodSpec(InfiniteHiPAttention, InfiniteHiPConfig, dict(INFINITEHIP_PRESETS), "3k"),
+    InfiniteHiPAttention.name: MethodSpec(InfiniteHiPAttention, InfiniteHiPConfig, dict(INFINITEHIP_PRESETS), "default"),
     InfiniPotAttention.name: MethodSpec(InfiniPotAttention, InfiniPotConfig, dict(INFINIPOT_PRESETS), "4k"),
     TokenSelectAttention.name: MethodSpec(TokenSelectAttention, TokenSelectConfig, dict(TOKENSELECT_PRESETS), "default"),
     StreamingAttention.name: MethodSpec(StreamingAttention, StreamingConfig),

@@ -27,9 +27,10 @@ from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_positions, group_size
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, query_blocks, run_stage, sparse_limit
 from infinitehip.attention.infinitehip.saliency import KeySaliency
-from infinitehip.attention.question_selection import merge_chunks, question_chunks
+from infinitehip.attention.chunk_merge import merge_chunks
+from infinitehip.attention.question_selection import question_chunks
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
-from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig
+from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
 
 
@@ -87,7 +88,7 @@ class InfiniteHiPAttention(AttentionMethod):
 
     def __init__(self, model_config: ModelConfig, config: InfiniteHiPConfig | None = None):
         super().__init__(model_config)
-        self.config = config or PRESETS["3k"]
+        self.config = config or InfiniteHiPConfig()
         self.trained_len = model_config.max_position_embeddings
         self.sm_scale = model_config.head_dim ** -0.5
         self.saliency = KeySaliency(self.config.landmark_window) if self.config.representative == "landmark" else None
@@ -175,7 +176,8 @@ class InfiniteHiPAttention(AttentionMethod):
         if question is not None:  # the blocks holding question queries attend the question's chunks too
             first, (q_starts, q_lens) = question
             mine = (blocks.last_position >= first)[:, None]
-            starts, lens = merge_chunks(parent.chunk_starts, parent.chunk_lens, q_starts, torch.where(mine, q_lens, 0))
+            starts, lens = merge_chunks(parent.chunk_starts, parent.chunk_lens, q_starts, torch.where(mine, q_lens, 0),
+                                        impl=self._impl(q))
             parent = StageOutput(starts, lens, parent.chunk_size, parent.query_block_size, parent.limit)
         return self._attend_prefill(layer, q, seq, batch, parent, blocks, window_start)
 
@@ -299,7 +301,7 @@ class InfiniteHiPAttention(AttentionMethod):
         """Join the refreshed last stage's chunks with the question's into state.question_merged (allocated at the
         first decode step, which runs eagerly; updated in place after, as graphs hold it)."""
         q_starts, q_lens = state.question[layer]
-        starts, lens = merge_chunks(last.starts[None], last.lens[None], q_starts, q_lens)
+        starts, lens = merge_chunks(last.starts[None], last.lens[None], q_starts, q_lens, impl=self._impl(q_starts))
         if state.question_merged[layer] is None:
             state.question_merged[layer] = (starts[0], lens[0])
         else:

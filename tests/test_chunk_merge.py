@@ -1,0 +1,65 @@
+"""Joining a stage's chunks with the question's (attention/chunk_merge): the oracle against set semantics, the
+Triton kernel (interpreted on CPU) against the oracle."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from infinitehip.attention.chunk_merge import merge_chunks  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _chunks(g: torch.Generator, rows: int, width: int, grid: int, chunk: int, sort: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows x width chunks of the grid 16 + chunk * j: distinct listed starts, empties (length 0) last, some ragged."""
+    starts = torch.zeros(rows, width, dtype=torch.long)
+    lens = torch.zeros(rows, width, dtype=torch.long)
+    for r in range(rows):
+        n = int(torch.randint(0, width + 1, (1,), generator=g))
+        idx = torch.randperm(grid, generator=g)[:n]
+        idx = idx.sort().values if sort else idx
+        starts[r, :n] = 16 + chunk * idx
+        lens[r, :n] = torch.where(torch.rand(n, generator=g) < 0.1, torch.randint(1, chunk, (n,), generator=g), chunk)
+    return starts, lens
+
+
+def _as_set(starts: torch.Tensor, lens: torch.Tensor) -> list[set]:
+    return [{(s, n) for s, n in zip(rs.tolist(), rl.tolist()) if n > 0} for rs, rl in zip(starts, lens)]
+
+
+@pytest.mark.parametrize("seed, rows, C, E, per_row", [(0, 1, 128, 128, False), (1, 5, 16, 8, True), (2, 3, 40, 24, True),
+                                                     (3, 2, 7, 1, False)])
+def test_merge_is_the_sorted_union_and_the_kernel_equals_it(seed, rows, C, E, per_row):
+    g = torch.Generator().manual_seed(seed)
+    grid, chunk = 3 * (C + E), 8
+    starts, lens = _chunks(g, rows, C, grid, chunk, sort=True)
+    extra_starts, extra_lens = _chunks(g, rows if per_row else 1, E, grid, chunk, sort=False)
+    if not per_row:
+        extra_starts, extra_lens = extra_starts[0], extra_lens[0]
+    # Some extra chunks repeat a listed one (same start): they must be dropped, never attended twice.
+    out_s, out_l = merge_chunks(starts, lens, extra_starts, extra_lens)
+    want = [a | {x for x in b if x[0] not in {s for s, _ in a}}
+            for a, b in zip(_as_set(starts, lens), _as_set(extra_starts.expand(rows, -1), extra_lens.expand(rows, -1)))]
+    assert out_s.shape == (rows, C + E)
+    for r in range(rows):
+        n = len(want[r])
+        got = list(zip(out_s[r, :n].tolist(), out_l[r, :n].tolist()))
+        assert got == sorted(want[r])  # listed chunks first, in position order
+        assert (out_s[r, n:] == 0).all() and (out_l[r, n:] == 0).all()  # then (0, 0) empties
+    args = [t.to(DEVICE) for t in (starts, lens, extra_starts, extra_lens)]
+    k_s, k_l = merge_chunks(*args, impl="triton")
+    assert torch.equal(k_s.cpu(), out_s) and torch.equal(k_l.cpu(), out_l)
+
+
+def test_an_extra_chunk_already_listed_is_dropped():
+    starts, lens = torch.tensor([[16, 32, 0]]), torch.tensor([[8, 8, 0]])
+    for impl in ("reference", "triton"):
+        s, n = merge_chunks(starts.to(DEVICE), lens.to(DEVICE), torch.tensor([32, 24]).to(DEVICE),
+                            torch.tensor([8, 8]).to(DEVICE), impl=impl)
+        assert s.tolist() == [[16, 24, 32, 0, 0]] and n.tolist() == [[8, 8, 8, 0, 0]], impl
