@@ -38,9 +38,10 @@ install-gemma: $(GEMMA_STAMP)
 demo: $(STAMP)
 	$(PY) -m infinitehip.cli.main eval passkey --method dense --lengths 7000 --depths 0.5
 
-# Everything but the long real-model sweeps (marked slow).
+# Everything but the long real-model sweeps and the production-size kernel traces (marked slow), one process
+# per core (pytest-xdist; a test module stays on one worker, so its module fixtures are built once).
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q

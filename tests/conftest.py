@@ -1,15 +1,28 @@
-"""Shared fixtures: tiny random Hugging Face models of each supported family, saved as safetensors."""
+"""Shared set-up and fixtures: the Triton interpreter on CPU, tiny random Hugging Face models of each supported
+family (saved as safetensors), engines built from them."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
-import transformers
 
-from infinitehip.config.engine import EngineConfig
-from infinitehip.config.model import ModelConfig
-from infinitehip.engine.llm_engine import LLMEngine
-from infinitehip.model.loading import LoadedModel, empty_model, load_weights_from_dir
+# Without a CUDA device Triton kernels run under the interpreter. Set before anything imports triton (conftest is
+# imported before every test module, in each xdist worker too), so the test modules need no preamble of their own.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+# `make test` runs one xdist worker per core: one intra-op thread each, or the workers' torch pools oversubscribe
+# the cores (measured on the 2-core machine: no faster than one process).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+import transformers  # noqa: E402
+
+from infinitehip.config.engine import EngineConfig  # noqa: E402
+from infinitehip.config.model import ModelConfig  # noqa: E402
+from infinitehip.engine.llm_engine import LLMEngine  # noqa: E402
+from infinitehip.model.loading import LoadedModel, empty_model, load_weights_from_dir  # noqa: E402
 
 _COMMON = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -3,13 +3,10 @@ Triton kernel (interpreted on CPU) against the oracle."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from infinitehip.attention.chunk_merge import merge_chunks  # noqa: E402
 

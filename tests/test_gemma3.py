@@ -4,13 +4,10 @@ decode and preemption run over this model through the `tiny_hf_model` fixture (c
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # methods with Triton kernels run them on CPU tensors
 
 from infinitehip import SamplingParams  # noqa: E402
 from infinitehip.attention.registry import METHODS, method_spec  # noqa: E402

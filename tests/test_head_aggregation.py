@@ -4,13 +4,10 @@ plain loops, Triton per-head vs reference, and a pruning stage that ranks by the
 Without a CUDA device the kernels run under the Triton interpreter, so shapes are kept small.
 """
 
-import os
 import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 import importlib  # noqa: E402
 import math  # noqa: E402

@@ -250,6 +250,7 @@ def test_embedded_model_finds_passkey_beyond_a_small_pot():
     assert engine.cache.num_pages * engine.config.page_size == 1024
 
 
+@pytest.mark.slow  # a real-model sweep: make test-all
 def test_embedded_model_finds_passkey_with_the_retrieval_preset(distillations):
     """The `4k-retrieval` preset as it ships (4096-slot pot, NuC-dominated, 4 sink tokens) on a ~7.5K-token prompt:
     the needle at 20% is read before the first distillation and must survive both."""

@@ -8,13 +8,10 @@ reference sparse attention reads them. Every layer's attention output of every d
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from infinitehip import SamplingParams  # noqa: E402
 from infinitehip.attention.infinitehip.method import InfiniteHiPAttention, assemble_keys  # noqa: E402
@@ -176,8 +173,9 @@ def test_graph_decoder_replays_equal_eager_decode(llama3_dir, overrides):
 def test_static_decode_triton_kernels_equal_oracle(llama3_dir):
     """The same step through the Triton kernels (interpreted on CPU: salient tokens, representative scores,
     top chunks, key list, sparse decode) against the oracle with the eager references."""
+    # 450 tokens (interpreted prefill kernels dominate the time): stage 0 keeps its 370 candidates, stages 1-2 prune.
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
-    prompt = _ids(700, seed=16)
+    prompt = _ids(450, seed=16)
     ours, rec = _run(llama3_dir, InfiniteHiPAttention, InfiniteHiPConfig(**{**config.__dict__, "impl": "triton"}), [prompt], 6)
     ref, rec_ref = _run(llama3_dir, OracleDecode, InfiniteHiPConfig(**{**config.__dict__, "impl": "reference"}), [prompt], 6)
     assert ours == ref

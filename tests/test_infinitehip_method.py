@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels on CPU tensors
 
 from infinitehip import SamplingParams  # noqa: E402
 from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig, infinitehip_preset  # noqa: E402

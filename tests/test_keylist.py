@@ -3,13 +3,10 @@ and the oracle against its definition (ascending, unique, exactly the allowed to
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from infinitehip.attention.infinitehip.keylist import decode_key_list, key_list_width  # noqa: E402
 

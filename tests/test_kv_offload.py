@@ -4,13 +4,10 @@ Without a CUDA device the Triton row copy runs under the interpreter (set before
 the kernel module re-imported if something imported it earlier), so stores and traces are kept small.
 """
 
-import os
 import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 import importlib  # noqa: E402
 import random  # noqa: E402
@@ -18,7 +15,7 @@ from collections import OrderedDict  # noqa: E402
 
 import pytest  # noqa: E402
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from infinitehip.config.offload import OffloadConfig  # noqa: E402
 from infinitehip.kv.offload import KVStore, OffloadedKV  # noqa: E402
@@ -292,14 +289,31 @@ def test_triton_and_reference_give_identical_banks_tables_and_stats(seed):
     assert all(torch.equal(a, b) for a, b in zip(ref.store.k + ref.store.v, tri.store.k + tri.store.v))
 
 
-@pytest.mark.parametrize("bank_tokens", [3000])
-def test_triton_equals_reference_on_calls_of_thousands_of_requests(bank_tokens):
+@pytest.fixture
+def small_lru_blocks(monkeypatch):
+    """The LRU kernels' block sizes scaled down 8-16x, so traces of about a thousand requests take every multi-block
+    path the production sizes take at several thousand (several lookup steps, tens of finish programs, several
+    partition programs that publish and wait, prefix loops over several steps) at a fraction of the interpreter's
+    time. The production sizes run in the slow cases (`make test-all`)."""
+    from infinitehip.kv.offload import lru_triton
+
+    monkeypatch.setattr(lru_triton, "LOOKUP_BLOCK", 256)
+    monkeypatch.setattr(lru_triton, "SUB", 32)
+    monkeypatch.setattr(lru_triton, "PREFIX_BLOCK", 8)
+    monkeypatch.setattr(lru_triton, "_partition_block", lambda B: max(128, triton.next_power_of_2(-(-B // 16))))
+    return 8  # the scale-down of the traces
+
+
+@pytest.mark.parametrize("scale", [pytest.param(1, marks=pytest.mark.slow), "small"])
+def test_triton_equals_reference_on_calls_of_thousands_of_requests(scale, request):
     """Calls of 4,500 requests (duplicates, padding) span 18 finish programs; with a 3,000-entry bank the calls
-    overflow. Outputs, tables, reverse maps, stamps, LRU order and counters must equal the reference."""
-    slots = 9000
+    overflow. Outputs, tables, reverse maps, stamps, LRU order and counters must equal the reference. "small":
+    the same trace shape scaled down 8x with the kernels' blocks scaled down to match (`small_lru_blocks`)."""
+    div = request.getfixturevalue("small_lru_blocks") if scale == "small" else 1
+    slots, bank_tokens = 9000 // div, 3000 // div
     systems = {impl: make_kv(impl, slots=slots, mask_bank=16, attention_bank=bank_tokens, seed=6)[0] for impl in IMPLS}
     rng = random.Random(bank_tokens)
-    for i, call in enumerate(random_trace(rng, 3, slots, 4500, 7000)):
+    for i, call in enumerate(random_trace(rng, 3, slots, 4500 // div, 7000 // div)):
         out = {impl: kv.resolve_attention(1, as_tensor(call)) for impl, kv in systems.items()}
         assert torch.equal(out["reference"], out["triton"]), f"call {i}"
     ref, tri = systems["reference"].attention_bank, systems["triton"].attention_bank
@@ -411,12 +425,18 @@ def assert_same_state(bank, layer, oracle, msg):
 @pytest.mark.parametrize("slots,bank_tokens,per_call,hot,steps", [
     (96, 8, 6, 10, 40),     # small bank, full after a few calls
     (96, 16, 16, 12, 30),   # calls as large as the bank: every distinct slot list fits exactly or nearly
-    (512, 64, 48, 80, 40),  # larger trace
+    (512, 64, 48, 80, 20),  # larger trace
     (300, 128, 40, 60, 30), # bank never full: free entries are taken by index
-    (9000, 4500, 4200, 7000, 2),  # calls of > 4096 requests: two lookup steps and 17 finish programs
+    # calls of > 4096 requests: two lookup steps and 17 finish programs (production block sizes: slow)
+    pytest.param(9000, 4500, 4200, 7000, 2, marks=pytest.mark.slow),
+    (1125, 562, 525, 875, "small"),  # the same scaled down 8x, with the blocks scaled down (small_lru_blocks)
 ])
-def test_explicit_lru_order_matches_the_topk_oracle_exactly(impl, slots, bank_tokens, per_call, hot, steps):
+def test_explicit_lru_order_matches_the_topk_oracle_exactly(impl, slots, bank_tokens, per_call, hot, steps, request):
     from infinitehip.kv.offload.resolve import invalidate
+
+    if steps == "small":
+        request.getfixturevalue("small_lru_blocks")
+        steps = 2
 
     kv, k, _ = make_kv(impl, slots=slots, mask_bank=bank_tokens, attention_bank=bank_tokens, seed=4)
     bank = kv.attention_bank

@@ -4,13 +4,10 @@ Small banks force evictions over many steps; the Triton row copy (and decode ker
 interpreter without CUDA.
 """
 
-import os
 import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 import importlib  # noqa: E402
 

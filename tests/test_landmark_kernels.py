@@ -5,13 +5,10 @@ Without a CUDA device the kernels run under the Triton interpreter (set before t
 kernel modules re-imported if something imported them earlier), so shapes are kept small.
 """
 
-import os
 import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 import importlib  # noqa: E402
 import math  # noqa: E402

@@ -6,13 +6,10 @@ that cannot run offloaded are refused (before anything is allocated) with errors
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from infinitehip import SamplingParams  # noqa: E402
 from infinitehip.attention.infinitehip.offload_access import check_offload  # noqa: E402

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from infinitehip.attention.infinitehip.pending import queue_query  # noqa: E402
 

@@ -4,13 +4,10 @@ Without a CUDA device the kernel runs under the Triton interpreter (set before t
 kernel module re-imported if something imported it earlier), so shapes are kept small.
 """
 
-import os
 import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 import importlib  # noqa: E402
 import math  # noqa: E402

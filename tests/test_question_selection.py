@@ -4,13 +4,10 @@ scan, and the oracle on the real embedded model."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 from infinitehip import LLM, SamplingParams  # noqa: E402
 from infinitehip.attention import question_selection as qs  # noqa: E402

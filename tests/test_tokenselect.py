@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
 import sys
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 from infinitehip import SamplingParams  # noqa: E402
 from infinitehip.attention.base import ForwardBatch, SequenceSlice  # noqa: E402

@@ -3,13 +3,10 @@ definition (the W best non-empty chunks, ties to the earlier one, in position or
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from infinitehip.attention.infinitehip.topchunks import keep_top_chunks  # noqa: E402
 

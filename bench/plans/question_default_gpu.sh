@@ -1,7 +1,9 @@
 # Question-time selection as infinitehip's default: speed and accuracy in one device session (bench/detached_gpu.sh).
 # Candidate default: 3k-fast-question with 16-token final chunks (--chunk-sizes 256 32 16: the passkey sweep's
 # 25/25 setting). Baselines in the same run: dense SDPA (one layer), the paper's 3k and 3k-fast (one layer).
-# Needs /root/smol.gguf and /root/gemma_ready (the Gemma GGUF converted, tokenizer fixed: see bench/plans/README.md).
+# Needs the SmolLM2 GGUF at /root/smol.gguf and Gemma 3's at /root/gemma.gguf, converted into /root/cache with a
+# working tokenizer before /root/gemma_ready appears: the device's transformers (5.17) builds a broken Gemma tokenizer
+# from the GGUF, which the converter refuses, so the tokenizer files a newer transformers writes are copied in.
 run lat python3 bench/attention_latency.py --contexts 131072 1048576 --presets 3k 3k-fast 3k-fast-question 3k-question --skip-prefill --budget-s 1 --output $OUT_DIR/attention_latency.json
 wait_file /root/smol.gguf
 P="python3 bench/passkey_sweep.py --model /root/smol.gguf --model-cache-dir /root/cache --method infinitehip --preset 3k-fast-question --set chunk_sizes=[256,32,16]"
