@@ -50,7 +50,7 @@ class InfiniteHiPState:
     question: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
     recent_q: list[torch.Tensor | None] = field(default_factory=list)
     # The last stage's chunks joined with the question's (starts, lens [C + E]), updated in place when the last
-    # stage refreshes: the join (a sort) then runs once per refresh, not at every decode step.
+    # stage refreshes: the join then runs once per refresh, not at every decode step.
     question_merged: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
 
 
@@ -197,9 +197,8 @@ class InfiniteHiPAttention(AttentionMethod):
         first = seq.context_len - recent.shape[0]
         limit = max(c.sink_tokens, first + 1 - c.stream_tokens)
         cs = c.chunk_sizes[-1]
-        k_flat, read_keys = None, question_key_reader(seq.cache, layer, seq.page_table)
-        if read_keys is None:
-            k_flat, _ = scoring_access(seq.cache, layer, seq.page_table)
+        read_keys = question_key_reader(seq.cache, layer, seq.page_table)  # offloaded: scans the host store
+        k_flat = seq.cache.flat_k(layer) if read_keys is None else None
         chunks = question_chunks(recent, k_flat, seq.page_table, seq.cache.page_size, c.sink_tokens, limit,
                                  c.question_keep_tokens // cs, cs, c.question_window, c.stream_tokens, batch.rope,
                                  "triton" if q.is_cuda else "reference", _forced(seq.probe, q.device), read_keys)
@@ -339,8 +338,6 @@ class InfiniteHiPAttention(AttentionMethod):
                 self._merge_question(state, layer, caches[-1])
             state.decode_steps[layer] += 1
             finals.append(caches)
-        # The oldest cached stage bounds what was selectable: the window reaches back to it (the key list op takes
-        # the minimum of the stage limits).
         # The last stage's chunks per sequence; with question-time selection, joined with the question's chunks
         # (the answer attends them too), padded to one width when only some sequences have them.
         rows = [(f[-1].starts, f[-1].lens) for f in finals]
@@ -348,6 +345,8 @@ class InfiniteHiPAttention(AttentionMethod):
         if any(m is not None for m in merged):
             E = c.question_keep_tokens // c.chunk_sizes[-1]
             rows = [m if m is not None else (F.pad(r[0], (0, E)), F.pad(r[1], (0, E))) for m, r in zip(merged, rows)]
+        # The oldest cached stage bounds what was selectable: the window reaches back to it (the key list op takes
+        # the minimum of the stage limits).
         if len(finals) == 1:  # views, no copies
             starts, lens, limits = rows[0][0][None], rows[0][1][None], finals[0][-1].limits[None]
         else:
