@@ -43,6 +43,29 @@ def test_logits_match_transformers_on_embedded_model(embedded):
         assert torch.equal(ours.argmax(-1), ref.argmax(-1))
 
 
+def test_logprobs_equal_transformers_log_softmax(embedded):
+    """Prompt and sampled-token log-probabilities (dense, greedy) equal transformers' log-softmax of the same model on
+    the same tokens; prefill chunks of 7 put chunk boundaries inside the prompt (each chunk's last row predicts the
+    next chunk's first token), and a sampled token's alternatives are the top of the same distribution."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(embedded.model_dir, dtype=torch.float32).eval()
+    llm = LLM.from_engine(_engine(embedded, max_context_tokens=1024, prefill_chunk_size=7))
+    ids = embedded.tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
+    (out,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=4, logprobs=3, prompt_logprobs=2))
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids + out.token_ids])).logits[0].float(), -1)
+    assert [p.token for p in out.prompt_logprobs] == ids[1:]
+    want = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    torch.testing.assert_close(torch.tensor([p.logprob for p in out.prompt_logprobs]), want, atol=1e-4, rtol=0)
+    assert [p.token for p in out.logprobs] == out.token_ids
+    for i, p in enumerate(out.logprobs):
+        row = ref[len(ids) - 1 + i]
+        assert abs(p.logprob - row[p.token].item()) < 1e-4
+        assert [t for t, _ in p.top] == row.topk(3).indices.tolist() and p.top[0][0] == p.token  # greedy: the top one
+    assert all(len(p.top) == 2 for p in out.prompt_logprobs)
+    with pytest.raises(ValueError, match="logprobs"):
+        SamplingParams(logprobs=21)
+
+
 def test_gguf_path_and_cache_path_give_identical_logits(embedded):
     hf_config, state_dict = read_gguf(embedded_model_path())
     config = ModelConfig.from_hf_dict(hf_config)

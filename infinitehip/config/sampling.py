@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+MAX_LOGPROBS = 20  # alternatives per position (OpenAI's top_logprobs limit)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int | None = None  # None: up to the engine's context limit
@@ -14,6 +17,10 @@ class SamplingParams:
     seed: int | None = None  # per-request generator; None: the engine's shared generator
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Log-probabilities (engine/logprobs.py): None = off; k >= 0 = each sampled token's, with the k most likely
+    # alternatives (logprobs), and each prompt token's after the first, with k alternatives (prompt_logprobs).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -28,6 +35,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1 (or None to disable), got {self.top_k}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}] (or None), got {value}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
 

@@ -22,6 +22,9 @@ class RequestOutput:
     finish_reason: str
     dropped_prompt_tokens: int = 0  # prompt tokens the method did not read (`truncate`), reported, never silent
     needle_trace: dict | None = None  # NeedleProbe.summary() of a diagnosed request (chat(needle_tokens=...))
+    # With SamplingParams.logprobs / prompt_logprobs: TokenLogprob per output token / per prompt token after the first
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 class LLM:
@@ -85,5 +88,7 @@ class LLM:
                 _, prefilled = self.engine.step()
                 bar.update(prefilled)
         return [RequestOutput(ids, s.output_ids, s.output_text, s.finish_reason, s.dropped_prompt_tokens,
-                              None if s.probe is None else s.probe.summary())
+                              None if s.probe is None else s.probe.summary(),
+                              s.output_logprobs if params.logprobs is not None else None,
+                              s.prompt_logprobs if params.prompt_logprobs is not None else None)
                 for ids, s in zip(prompt_ids, seqs)]

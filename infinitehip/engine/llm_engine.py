@@ -22,6 +22,7 @@ from infinitehip.engine.graph_decode import GraphDecoder
 from infinitehip.engine.prompt_format import chat_prompt_ids
 from infinitehip.engine.kv_setup import build_kv
 from infinitehip.engine.runner import ModelRunner
+from infinitehip.engine.logprobs import token_logprobs
 from infinitehip.engine.sampler import sample_token
 from infinitehip.engine.scheduler import Scheduler
 from infinitehip.engine.sequence import Sequence
@@ -233,6 +234,9 @@ class LLMEngine:
         outputs = []
         for row, seq in enumerate(samplers):
             token = sample_token(logits[row], seq.params, seq.generator or self.generator)
+            if seq.params.logprobs is not None:
+                seq.output_logprobs += token_logprobs(logits[row : row + 1], torch.tensor([token], device=logits.device),
+                                                     seq.params.logprobs)
             seq.output_ids.append(token)
             finished = self._check_finished(seq, token)
             outputs.append(StepOutput(seq, token, finished))

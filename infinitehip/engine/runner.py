@@ -7,6 +7,7 @@ import torch
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
 from infinitehip.attention.hybrid import LayerRouter
 from infinitehip.engine.graph_decode import GraphDecoder
+from infinitehip.engine.logprobs import prompt_logprobs
 from infinitehip.engine.scheduler import StepPlan
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.paged_cache import PagedKVCache
@@ -90,9 +91,25 @@ class ModelRunner:
             input_ids += seq.token_ids(seq.num_computed, seq.num_computed + 1)
         hidden = self._forward(input_ids, slices)
         logits = self.model.compute_logits(hidden[sample_rows])
+        for s, (seq, _) in zip(slices, plan.prefill):
+            if seq.params.prompt_logprobs is not None:
+                self._prompt_logprobs(seq, s, hidden)
         for s, seq in zip(slices, [seq for seq, _ in plan.prefill] + plan.decode):
             self._advance(seq, s, hidden)
         return samplers, logits
+
+    def _prompt_logprobs(self, seq: Sequence, s: SequenceSlice, hidden: torch.Tensor) -> None:
+        """Log-probabilities of the prompt tokens this prefill chunk predicts: row i (position token_start + i)
+        predicts token token_start + i + 1, up to the prompt's last token. Positions already recorded (a
+        recomputation after preemption) are skipped."""
+        t0 = s.token_start
+        lo = max(0, len(seq.prompt_logprobs) - t0)
+        hi = min(s.num_queries, seq.num_prompt_tokens - 1 - t0)
+        if hi <= lo:
+            return
+        targets = torch.tensor(seq.token_ids(t0 + lo + 1, t0 + hi + 1), device=hidden.device)
+        rows = hidden[s.query_start + lo : s.query_start + hi]
+        seq.prompt_logprobs += prompt_logprobs(self.model.compute_logits, rows, targets, seq.params.prompt_logprobs)
 
     def _advance(self, seq: Sequence, s: SequenceSlice, hidden: torch.Tensor | None) -> None:
         """The step's tokens of `seq` went through the model: count them, then run the method's after_forward."""

@@ -35,6 +35,10 @@ class Sequence:
     generator: Any = None  # torch.Generator when the request has a seed
     dropped_prompt_tokens: int = 0  # prompt tokens the method dropped (`truncate`); prompt_ids holds those kept
     probe: Any = None  # NeedleProbe of a diagnosed request (attention/needle_probe.py); None normally
+    # With params.logprobs / prompt_logprobs (engine/logprobs.py): one TokenLogprob per output token, and per
+    # prompt token after the first (filled chunk by chunk during prefill).
+    output_logprobs: list = field(default_factory=list)
+    prompt_logprobs: list = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
