@@ -217,6 +217,42 @@ def test_errors(base_url, client, engine, model):
     assert httpx.get(f"{base_url}/health").status_code == 200
 
 
+def test_logprobs_and_echo_equal_the_offline_engine(base_url, client, engine, model):
+    """Chat logprobs / top_logprobs (streamed and not) and lm-eval's loglikelihood request (token-id prompt, echo,
+    logprobs 1, max_tokens 1) give the offline engine's numbers for the same tokens (dense: transformers' own,
+    tests/test_embedded_model.py)."""
+    from infinitehip import LLM, SamplingParams
+
+    offline = LLM(config=EngineConfig(**ENGINE_CONFIG))
+    messages = [{"role": "user", "content": "Name a primary colour."}]
+    (ref,) = offline.chat(messages, SamplingParams(temperature=0.0, max_tokens=4, logprobs=2))
+    got = client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=0,
+                                         logprobs=True, top_logprobs=2)
+    content = got.choices[0].logprobs.content
+    assert [c.token for c in content] == [engine.tokenizer.decode([e.token]) for e in ref.logprobs]
+    for c, e in zip(content, ref.logprobs):
+        assert abs(c.logprob - e.logprob) < 1e-5 and len(c.top_logprobs) == 2
+        assert c.bytes == list(c.token.encode("utf-8")) and c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=0,
+                                                 logprobs=True, top_logprobs=2, stream=True))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+
+    ids = engine.tokenizer("The capital of France is Paris")["input_ids"]
+    (ref,) = offline.generate([ids], SamplingParams(temperature=0.0, max_tokens=1, logprobs=1, prompt_logprobs=1))
+    r = httpx.post(f"{base_url}/v1/completions", headers=AUTH, json={
+        "model": model, "prompt": [ids], "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}).json()
+    lp = r["choices"][0]["logprobs"]
+    assert r["choices"][0]["text"].startswith(engine.tokenizer.decode(ids))
+    assert len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    want = [e.logprob for e in ref.prompt_logprobs + ref.logprobs]
+    assert max(abs(a - b) for a, b in zip(lp["token_logprobs"][1:], want)) < 1e-5
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and all(len(t) == 1 for t in lp["top_logprobs"][1:])
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=2, top_logprobs=2)
+    assert _error(e)["param"] == "top_logprobs"
+
+
 # ---- concurrency, long prefill, disconnects ----------------------------------------------------------
 
 PROMPTS = [

@@ -44,6 +44,10 @@ class TokenEvent:
     completion_tokens: int  # tokens generated so far by this sequence
     finish_reason: str | None = None  # "stop" | "length" once finished
     final_text: str | None = None  # the sequence's whole output text, on the finishing event
+    # With SamplingParams.logprobs: TokenLogprob of the tokens generated since the last event (engine/logprobs.py);
+    # with prompt_logprobs, the prompt's on the finishing event.
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 @dataclass
@@ -86,6 +90,7 @@ class _SeqState:
     params: SamplingParams
     seq: Sequence | None = None
     sent_len: int = 0
+    sent_logprobs: int = 0
     last_progress: int = -1
     last_token_time: float | None = None
 
@@ -315,9 +320,13 @@ class AsyncEngine:
         text = seq.output_text if finished else stable_text(seq.output_text, seq.params.stop)
         delta = text[st.sent_len :] if len(text) > st.sent_len else ""
         st.sent_len = max(st.sent_len, len(text))
+        logprobs = None
+        if seq.params.logprobs is not None:
+            logprobs, st.sent_logprobs = seq.output_logprobs[st.sent_logprobs :], len(seq.output_logprobs)
         if not finished:
-            return TokenEvent(st.index, delta, len(seq.output_ids))
-        return TokenEvent(st.index, delta, len(seq.output_ids), seq.finish_reason, seq.output_text)
+            return TokenEvent(st.index, delta, len(seq.output_ids), logprobs=logprobs)
+        prompt = seq.prompt_logprobs if seq.params.prompt_logprobs is not None else None
+        return TokenEvent(st.index, delta, len(seq.output_ids), seq.finish_reason, seq.output_text, logprobs, prompt)
 
     def _fail_all(self, message: str) -> None:
         streams = {st.stream for st in self._by_seq.values()}

@@ -2,7 +2,7 @@
 
 Request models check types only (strictly); values are checked where the engine defines them (SamplingParams,
 context limits) so that the messages match the offline API. Unknown fields are ignored, as OpenAI's
-server does; fields we accept but cannot honour (logprobs, penalties, echo, ...) are rejected with a
+server does; fields we accept but cannot honour (penalties, logit_bias, suffix, tools, ...) are rejected with a
 400 only when set to something other than their no-op value (see `unsupported_fields`).
 """
 
@@ -63,19 +63,15 @@ class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         ..., description="Text, token ids, or a list of either (one choice group per prompt)"
     )
-    echo: bool = False
+    echo: bool = Field(False, description="Return the prompt before the completion (with logprobs: the prompt's too)")
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, description="Log-probabilities of each token with this many alternatives")
     best_of: int | None = None
 
     def unsupported_fields(self) -> list[str]:
         bad = super().unsupported_fields()
-        if self.echo:
-            bad.append("echo")
         if self.suffix:
             bad.append("suffix")
-        if self.logprobs is not None:
-            bad.append("logprobs")
         if self.best_of not in (None, 1, self.n):
             bad.append("best_of")
         return bad
@@ -99,16 +95,12 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, description="Alias of max_tokens (takes precedence)")
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = Field(None, description="Log-probabilities of the generated tokens")
+    top_logprobs: int | None = Field(None, description="Alternatives per token (needs logprobs: true)")
     tools: list[dict[str, Any]] | None = None
 
     def unsupported_fields(self) -> list[str]:
         bad = super().unsupported_fields()
-        if self.logprobs:
-            bad.append("logprobs")
-        if self.top_logprobs is not None:
-            bad.append("top_logprobs")
         if self.tools:
             bad.append("tools")
         return bad
@@ -126,7 +118,7 @@ class Usage(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: Literal["stop", "length"] | None
 
 
@@ -147,7 +139,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: Literal["stop", "length"] | None
 
 

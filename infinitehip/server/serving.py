@@ -21,6 +21,7 @@ from infinitehip.server.async_engine import (
     AsyncEngine, EngineUnavailableError, ErrorEvent, ProgressEvent, QueueFullError, RequestStream, TokenEvent,
 )
 from infinitehip.server.errors import APIError, error_body
+from infinitehip.server.logprobs_format import TokenText, chat_logprobs, completion_logprobs
 from infinitehip.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
 
 MAX_N = 64  # choices per request
@@ -63,7 +64,13 @@ class OpenAIServing:
         prompts = self._completion_prompts(body.prompt)
         ids = [await run_in_threadpool(self._encode_prompt, p) for p in prompts]
         max_tokens = body.max_tokens if "max_tokens" in body.model_fields_set else COMPLETIONS_DEFAULT_MAX_TOKENS
-        return await self._serve(body, request, ids, max_tokens, "prompt", chat=False)
+        echo = None
+        if body.echo:  # the prompt as given (token-id prompts decoded), before each choice's text
+            if body.stream and body.logprobs is not None:
+                raise APIError(400, "echo with logprobs is not supported when streaming; send stream: false",
+                               param="echo")
+            echo = [p if isinstance(p, str) else self.engine.engine.tokenizer.decode(p) for p in prompts]
+        return await self._serve(body, request, ids, max_tokens, "prompt", chat=False, echo=echo)
 
     async def chat(self, body: ChatCompletionRequest, request: Request):
         self._check_common(body)
@@ -93,6 +100,8 @@ class OpenAIServing:
                 runs = "a custom configuration" if getattr(self.engine.engine.method, "config", None) else "no preset"
             raise APIError(400, f"this server runs method {self.method!r} with {runs} (one engine per server); the "
                            f"request asked for preset {body.preset!r}", param="preset", code="preset_mismatch")
+        if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if not 1 <= body.n <= min(MAX_N, self.config.max_waiting_requests):
             raise APIError(400, f"n must be in [1, {min(MAX_N, self.config.max_waiting_requests)}], got {body.n}",
                            param="n")
@@ -107,11 +116,16 @@ class OpenAIServing:
             if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
                 raise APIError(400, f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {seed}", param="seed")
             seed = (seed + choice) % 2**64  # independent choices, reproducible per choice
+        if isinstance(body, ChatCompletionRequest):
+            logprobs, prompt_logprobs = ((body.top_logprobs or 0) if body.logprobs else None), None
+        else:
+            logprobs = body.logprobs
+            prompt_logprobs = body.logprobs if body.echo else None
         try:
             return SamplingParams(
                 max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k, seed=seed, stop=stop,
-                ignore_eos=body.ignore_eos,
+                ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             )
         except ValueError as exc:
             msg = str(exc)
@@ -160,7 +174,8 @@ class OpenAIServing:
             raise APIError(400, f"could not apply the chat template: {exc}", param="messages") from None
 
     # ---- running ----------------------------------------------------------------------------------------
-    async def _serve(self, body, request: Request, prompt_ids: list[list[int]], max_tokens, prompt_param: str, chat: bool):
+    async def _serve(self, body, request: Request, prompt_ids: list[list[int]], max_tokens, prompt_param: str, chat: bool,
+                     echo: list[str] | None = None):
         if len(prompt_ids) * body.n > self.config.max_waiting_requests:
             raise APIError(400, f"{len(prompt_ids)} prompts x n={body.n} sequences exceed the server's limit of "
                            f"{self.config.max_waiting_requests} queued sequences", param="n")
@@ -179,17 +194,27 @@ class OpenAIServing:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            gen = self._stream(stream, rid, chat, prompt_tokens, include_usage)
+            echoes = None if echo is None else [e for e in echo for _ in range(body.n)]  # per choice
+            gen = self._stream(stream, rid, chat, prompt_tokens, include_usage, echoes)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await self._complete(stream, request, rid, chat, prompt_tokens)
+        choice_prompts = [ids for ids in prompt_ids for _ in range(body.n)]
+        return await self._complete(stream, request, rid, chat, prompt_tokens, choice_prompts,
+                                    None if echo is None else [e for e in echo for _ in range(body.n)])
 
-    async def _complete(self, stream: RequestStream, request: Request, rid: str, chat: bool, prompt_tokens: int):
+    async def _complete(self, stream: RequestStream, request: Request, rid: str, chat: bool, prompt_tokens: int,
+                        choice_prompts: list[list[int]], echo: list[str] | None):
         watcher = asyncio.create_task(self._abort_on_disconnect(request, stream))
         finals: dict[int, TokenEvent] = {}
+        logprobs: dict[int, list] = {}
         try:
             while events := await stream.get():
-                finals.update((ev.index, ev) for ev in events if isinstance(ev, TokenEvent) and ev.finish_reason)
+                for ev in events:
+                    if isinstance(ev, TokenEvent):
+                        if ev.logprobs is not None:
+                            logprobs.setdefault(ev.index, []).extend(ev.logprobs)
+                        if ev.finish_reason:
+                            finals[ev.index] = ev
         finally:
             watcher.cancel()
             stream.abort()  # no-op when finished; frees KV when the client went away or we were cancelled
@@ -197,15 +222,21 @@ class OpenAIServing:
             raise APIError(500, stream.error, code="engine_error", type="internal_error")
         if len(finals) < len(stream.prompt_lens):  # client disconnected: nobody reads this
             return JSONResponse(error_body("client disconnected", "invalid_request_error"), status_code=499)
-        choices = []
+        choices, text = [], TokenText(self.engine.engine.tokenizer)
         for index in sorted(finals):
             ev = finals[index]
+            lp = logprobs.get(index)
             if chat:
                 choices.append({"index": index, "message": {"role": "assistant", "content": ev.final_text},
-                                "logprobs": None, "finish_reason": ev.finish_reason})
-            else:
-                choices.append({"index": index, "text": ev.final_text, "logprobs": None,
+                                "logprobs": None if lp is None else chat_logprobs(lp, text),
                                 "finish_reason": ev.finish_reason})
+            else:
+                if lp is not None and ev.prompt_logprobs is not None:  # echo: the prompt's tokens first
+                    lp = completion_logprobs(lp, text, ev.prompt_logprobs, choice_prompts[index][0])
+                elif lp is not None:
+                    lp = completion_logprobs(lp, text)
+                choices.append({"index": index, "text": (echo[index] if echo else "") + ev.final_text,
+                                "logprobs": lp, "finish_reason": ev.finish_reason})
         completion_tokens = sum(ev.completion_tokens for ev in finals.values())
         return JSONResponse({
             "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
@@ -221,17 +252,21 @@ class OpenAIServing:
                 return
 
     async def _stream(self, stream: RequestStream, rid: str, chat: bool, prompt_tokens: int,
-                      include_usage: bool) -> AsyncIterator[str]:
+                      include_usage: bool, echo: list[str] | None = None) -> AsyncIterator[str]:
         created, obj = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
         base = {"id": rid, "object": obj, "created": created, "model": self.model_name}
         extra = {"usage": None} if include_usage else {}
 
-        def chunk(index: int, text: str | None, finish_reason: str | None, role: bool = False) -> str:
+        token_text = TokenText(self.engine.engine.tokenizer)
+
+        def chunk(index: int, text: str | None, finish_reason: str | None, role: bool = False, lp=None) -> str:
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-                choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                logprobs = None if lp is None else chat_logprobs(lp, token_text)
+                choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             else:
-                choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+                logprobs = None if lp is None else completion_logprobs(lp, token_text)
+                choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
             return _sse({**base, "choices": [choice], **extra})
 
         completion_tokens: dict[int, int] = {}
@@ -239,6 +274,9 @@ class OpenAIServing:
             if chat:
                 for index in range(len(stream.prompt_lens)):
                     yield chunk(index, None, None, role=True)
+            elif echo:
+                for index, prompt in enumerate(echo):
+                    yield chunk(index, prompt, None)
             while True:
                 events = await stream.get(timeout=self.config.keepalive_interval_s)
                 if events is None:
@@ -249,11 +287,12 @@ class OpenAIServing:
                 for ev in events:
                     if isinstance(ev, TokenEvent):
                         completion_tokens[ev.index] = ev.completion_tokens
+                        lp = ev.logprobs or None  # the tokens since the last event (text may be held back)
                         if chat and ev.text and ev.finish_reason:
-                            yield chunk(ev.index, ev.text, None)
+                            yield chunk(ev.index, ev.text, None, lp=lp)
                             yield chunk(ev.index, None, ev.finish_reason)
-                        elif ev.text or ev.finish_reason:
-                            yield chunk(ev.index, ev.text, ev.finish_reason)
+                        elif ev.text or ev.finish_reason or lp:
+                            yield chunk(ev.index, ev.text, ev.finish_reason, lp=lp)
                     elif isinstance(ev, ProgressEvent):
                         progress = {"index": ev.index, "processed": ev.processed, "total": ev.total}
                         yield _sse({**base, "choices": [], "prefill_progress": progress, **extra})
