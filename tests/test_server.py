@@ -253,6 +253,27 @@ def test_logprobs_and_echo_equal_the_offline_engine(base_url, client, engine, mo
     assert _error(e)["param"] == "top_logprobs"
 
 
+def test_tokenizer_routes_in_vllms_shapes(base_url, engine, model):
+    text = "The capital of France is Paris."
+    for prefix in ("", "/v1"):
+        r = httpx.post(f"{base_url}{prefix}/tokenize", headers=AUTH, json={"model": model, "prompt": text}).json()
+        assert r["tokens"] == engine.encode_prompt(text) and r["count"] == len(r["tokens"])
+        assert r["max_model_len"] == 2048 and r["token_strs"] is None
+    messages = [{"role": "user", "content": text}]
+    r = httpx.post(f"{base_url}/tokenize", headers=AUTH, json={"messages": messages, "return_token_strs": True}).json()
+    assert r["tokens"] == engine.encode_chat(messages) and len(r["token_strs"]) == r["count"]
+    ids = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert httpx.post(f"{base_url}/detokenize", headers=AUTH, json={"tokens": ids}).json() == {"prompt": text}
+    info = httpx.get(f"{base_url}/tokenizer_info", headers=AUTH).json()
+    assert info["model_max_length"] == 2048 and info["eos_token"] and info["chat_template"]
+    assert httpx.get(f"{base_url}/tokenizer_info").status_code == 401  # the API key guards them too
+    for path, body, status in (("/tokenize", {"prompt": "x", "messages": messages}, 400), ("/tokenize", {}, 400),
+                               ("/detokenize", {"tokens": [-1]}, 400), ("/detokenize", {"tokens": "x"}, 422),
+                               ("/tokenize", {"model": "nope", "prompt": "x"}, 404)):
+        r = httpx.post(f"{base_url}{path}", headers=AUTH, json=body)
+        assert r.status_code == status and r.json()["error"]["message"], (path, body, r.text)
+
+
 # ---- concurrency, long prefill, disconnects ----------------------------------------------------------
 
 PROMPTS = [

@@ -3,8 +3,8 @@
     app = create_app(LLMEngine(EngineConfig(...)), ServerConfig(api_key="..."))
     uvicorn.run(app, host=..., port=...)
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], GET /health,
-GET /metrics (Prometheus). With an API key, everything but /health, /metrics and the API docs needs
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], POST /tokenize, POST /detokenize,
+GET /tokenizer_info (vLLM's; also under /v1), GET /health, GET /metrics (Prometheus). With an API key, everything but /health, /metrics and the API docs needs
 `Authorization: Bearer <key>`.
 """
 
@@ -30,6 +30,7 @@ from infinitehip.server.protocol import (
     ModelList,
 )
 from infinitehip.server.serving import OpenAIServing
+from infinitehip.server.tokenizer_routes import tokenizer_router
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 422, 503)}
 
@@ -112,6 +113,7 @@ def create_app(engine: LLMEngine, server_config: ServerConfig | None = None) -> 
         return JSONResponse(model_card())
 
     app.include_router(v1)
+    app.include_router(tokenizer_router(engine, serving.check_model, serving.message_dict), responses=_ERRORS)
 
     @app.get("/health")
     async def health():

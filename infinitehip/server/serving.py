@@ -74,16 +74,19 @@ class OpenAIServing:
 
     async def chat(self, body: ChatCompletionRequest, request: Request):
         self._check_common(body)
-        messages = [self._message_dict(i, m) for i, m in enumerate(body.messages)]
+        messages = [self.message_dict(i, m) for i, m in enumerate(body.messages)]
         ids = [await run_in_threadpool(self._encode_chat, messages)]
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         return await self._serve(body, request, ids, max_tokens, "messages", chat=True)
 
     # ---- request validation -----------------------------------------------------------------------------
-    def _check_common(self, body: _SamplingRequest) -> None:
-        if body.model is not None and body.model not in self.aliases:
-            raise APIError(404, f"model {body.model!r} does not exist; this server serves {self.model_name!r}",
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.aliases:
+            raise APIError(404, f"model {model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
+
+    def _check_common(self, body: _SamplingRequest) -> None:
+        self.check_model(body.model)
         bad = body.unsupported_fields()
         if bad:
             raise APIError(400, f"not supported by this server: {', '.join(bad)}", param=bad[0], code="unsupported")
@@ -152,7 +155,7 @@ class OpenAIServing:
         return self.engine.engine.encode_prompt(prompt)
 
     @staticmethod
-    def _message_dict(i: int, m) -> dict[str, str]:
+    def message_dict(i: int, m) -> dict[str, str]:
         if isinstance(m.content, list):
             parts = []
             for part in m.content:
