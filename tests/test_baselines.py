@@ -191,7 +191,7 @@ def test_truncate_default_window_is_trained_length_minus_max_tokens(tiny_llama_d
 
 def test_other_methods_never_truncate(tiny_llama_dir):
     engine = _engine(tiny_llama_dir, "dense", max_context_tokens=256)
-    with pytest.raises(ContextLengthError, match="nothing was truncated"):
+    with pytest.raises(ContextLengthError, match="Nothing was truncated"):
         engine.add_request(_ids(300), SamplingParams(max_tokens=4))
 
 

@@ -77,9 +77,9 @@ def test_top_k_one_is_greedy(tiny_hf_model, tokenizer):
 def test_over_long_prompt_is_refused_with_both_numbers(tiny_hf_model):
     _, _, path = tiny_hf_model
     engine = engine_for_dir(path, max_context_tokens=100)
-    with pytest.raises(ContextLengthError, match=r"120 tokens.*100 tokens"):
+    with pytest.raises(ContextLengthError, match=r"maximum context length is 100 tokens.*120 in the prompt"):
         engine.add_request(_prompt(120), SamplingParams())
-    with pytest.raises(ContextLengthError, match=r"90.*20.*110 tokens exceeds the maximum context of 100"):
+    with pytest.raises(ContextLengthError, match=r"maximum context length is 100 tokens\. However, you requested 110 tokens \(90 in the prompt, 20 "):
         engine.add_request(_prompt(90), SamplingParams(max_tokens=20))
     with pytest.raises(ValueError, match="prompt is empty"):
         engine.add_request([], SamplingParams())

@@ -188,7 +188,8 @@ def test_errors(base_url, client, engine, model):
     assert str(n_prompt) in err["message"] and "2048" in err["message"] and err["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as e:  # prompt fits, prompt + max_tokens does not: both counts
         client.completions.create(model=model, prompt="hello there", max_tokens=2047)
-    assert re.search(r"\(\d+ tokens\) \+ max_tokens \(2047\) = \d+ tokens exceeds the maximum context of 2048", _error(e)["message"])
+    assert re.search(r"maximum context length is 2048 tokens\. However, you requested \d+ tokens \(\d+ in the prompt, 2047 "
+                     r"for the completion\)\. Nothing was truncated", _error(e)["message"])
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=model, prompt="hi", max_tokens=4, temperature=-1)
     assert _error(e)["message"] == "temperature must be in [0, 100], got -1.0" and _error(e)["param"] == "temperature"

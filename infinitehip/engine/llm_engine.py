@@ -111,18 +111,22 @@ class LLMEngine:
         limit = self.max_context_tokens
         if num_prompt_tokens == 0:
             raise ValueError("prompt is empty")
+        # OpenAI's wording ("This model's maximum context length is ..."), which clients such as litellm recognise
+        # as a context-window error, with both counts.
         if num_prompt_tokens >= limit:
             raise ContextLengthError(
-                f"prompt has {num_prompt_tokens} tokens but the maximum context is {limit} tokens "
-                f"(method {self.config.method!r}); nothing was truncated. Raise max-context-tokens "
-                "or use a long-context method."
+                f"This model's maximum context length is {limit} tokens. However, you requested at least "
+                f"{num_prompt_tokens + 1} tokens ({num_prompt_tokens} in the prompt, at least 1 for the completion). "
+                f"Nothing was truncated. Raise max-context-tokens (method {self.config.method!r}) or shorten the "
+                "prompt."
             )
         if max_tokens is None:
             return limit - num_prompt_tokens
         if num_prompt_tokens + max_tokens > limit:
             raise ContextLengthError(
-                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
-                f"{num_prompt_tokens + max_tokens} tokens exceeds the maximum context of {limit} tokens"
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the "
+                "completion). Nothing was truncated. Reduce the prompt or max_tokens."
             )
         return max_tokens
 
