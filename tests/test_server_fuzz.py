@@ -117,6 +117,13 @@ def _cases():
         ("logprobs-negative", C, {"prompt": "x", "max_tokens": 1, "logprobs": -1}, 400),
         ("echo-logprobs-stream", C, {"prompt": "x", "max_tokens": 1, "echo": True, "logprobs": 1, "stream": True}, 400),
         ("suffix", C, {"prompt": "x", "max_tokens": 1, "suffix": "y"}, 400),
+        ("tool-choice-without-tools", CH, {"messages": OK_MSG, "max_tokens": 1, "tool_choice": "auto"}, 400),
+        ("stream-options-without-stream", C, {"prompt": "x", "max_tokens": 1, "stream_options": {"include_usage": True}}, 400),
+        ("user-without-content", CH, {"messages": [{"role": "user"}], "max_tokens": 1}, 400),
+        # JSON may escape a lone surrogate (httpx will not encode one in a str: sent as raw bytes)
+        ("lone-surrogate-prompt", C, b'{"prompt": "a\\ud800b", "max_tokens": 1}', 400),
+        ("lone-surrogate-message", CH, b'{"messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 1}', 400),
+        ("lone-surrogate-tokenize", "/tokenize", b'{"prompt": "\\ud800"}', 400),
         ("wrong-method", C, {"prompt": "x", "max_tokens": 1, "method": "infinitehip"}, 400),
         ("wrong-preset", CH, {"messages": OK_MSG, "max_tokens": 1, "preset": "turbo"}, 400),
         ("unknown-model", C, {"prompt": "x", "max_tokens": 1, "model": "gpt-5"}, 404),

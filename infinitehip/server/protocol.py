@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infinitehip.server.errors import APIError
+
 # ---- requests ---------------------------------------------------------------------------------------
 
 
@@ -98,12 +100,36 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool | None = Field(None, description="Log-probabilities of the generated tokens")
     top_logprobs: int | None = Field(None, description="Alternatives per token (needs logprobs: true)")
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
     def unsupported_fields(self) -> list[str]:
         bad = super().unsupported_fields()
         if self.tools:
             bad.append("tools")
         return bad
+
+
+# ---- checks ------------------------------------------------------------------------------------------
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    if isinstance(value, BaseModel):
+        return [s for name in type(value).model_fields for s in _strings(getattr(value, name))]
+    return []
+
+
+def check_unicode(body: BaseModel) -> None:
+    """A lone surrogate (JSON allows "\\ud800") is not text: refuse it by name, before a tokenizer fails on it."""
+    for text in _strings(body):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, "the request contains a lone UTF-16 surrogate, which is not valid Unicode text",
+                           code="invalid_unicode") from None
 
 
 # ---- responses (documentation of the wire format; handlers build the dicts directly) -------------------

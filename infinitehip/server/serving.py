@@ -22,7 +22,7 @@ from infinitehip.server.async_engine import (
 )
 from infinitehip.server.errors import APIError, error_body
 from infinitehip.server.logprobs_format import TokenText, chat_logprobs, completion_logprobs
-from infinitehip.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest
+from infinitehip.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest, check_unicode
 
 MAX_N = 64  # choices per request
 MAX_STOP = 16  # stop strings per request
@@ -87,6 +87,16 @@ class OpenAIServing:
 
     def _check_common(self, body: _SamplingRequest) -> None:
         self.check_model(body.model)
+        # Accepted by the schema but wrong together (OpenAI answers these with a 400 too).
+        if body.stream_options is not None and not body.stream:
+            raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
+        if isinstance(body, ChatCompletionRequest):
+            if body.tool_choice is not None and not body.tools:
+                raise APIError(400, "tool_choice is only allowed when tools are specified", param="tool_choice")
+            for i, m in enumerate(body.messages):
+                if m.role == "user" and m.content is None:
+                    raise APIError(400, f"messages[{i}]: a user message needs content", param=f"messages[{i}].content")
+        check_unicode(body)
         bad = body.unsupported_fields()
         if bad:
             raise APIError(400, f"not supported by this server: {', '.join(bad)}", param=bad[0], code="unsupported")

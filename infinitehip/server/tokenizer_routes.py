@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.server.errors import APIError
-from infinitehip.server.protocol import ChatMessage
+from infinitehip.server.protocol import ChatMessage, check_unicode
 
 _STRICT = ConfigDict(strict=True, extra="ignore")
 MAX_DETOKENIZE = 1 << 20  # token ids per /detokenize request
@@ -44,6 +44,7 @@ def tokenizer_router(engine: LLMEngine, check_model, message_dict) -> APIRouter:
 
     def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         check_model(body.model)
+        check_unicode(body)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "send exactly one of prompt or messages", param="prompt")
         if body.prompt is not None:
