@@ -95,11 +95,41 @@ def test_over_long_prompt_is_refused_with_both_numbers(tiny_hf_model):
         (dict(top_k=0), "top_k"),
         (dict(max_tokens=0), "max_tokens"),
         (dict(stop=("",)), "stop"),
+        (dict(min_p=1.5), "min_p"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(stop_token_ids=(-1,)), "stop_token_ids"),
     ],
 )
 def test_invalid_sampling_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kwargs)
+
+
+def test_repetition_penalty_and_min_p_follow_their_definitions():
+    from infinitehip.engine.sampler import apply_repetition_penalty, sample_token
+
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0, -4.0])
+    got = apply_repetition_penalty(logits, torch.tensor([0, 1, 3]), 2.0)
+    assert got.tolist() == [1.0, -2.0, 0.5, 1.5, -4.0]  # positive / 2, negative x 2, unseen unchanged
+    # greedy: penalising token 3 (3.0 -> 1.5) makes token 0 (2.0) the most likely
+    assert sample_token(logits, SamplingParams(temperature=0.0, repetition_penalty=2.0), None, torch.tensor([3])) == 0
+    # min_p: p = softmax(logits); tokens under min_p x max(p) never come out
+    p = torch.softmax(logits, 0)
+    allowed = set((p >= 0.3 * p.max()).nonzero().flatten().tolist())
+    g = torch.Generator().manual_seed(0)
+    draws = {sample_token(logits, SamplingParams(temperature=1.0, min_p=0.3), g) for _ in range(300)}
+    assert draws == allowed
+
+
+def test_stop_token_ids_end_generation(tiny_hf_model):
+    _, _, path = tiny_hf_model
+    engine = engine_for_dir(path, max_context_tokens=256)
+    free = _run(engine, [_prompt(20, seed=3)], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+    stop = free.output_ids[4]
+    first = free.output_ids.index(stop)
+    (seq,) = _run(engine, [_prompt(20, seed=3)], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                                               stop_token_ids=(stop,)))
+    assert seq.output_ids == free.output_ids[: first + 1] and seq.finish_reason == "stop"
 
 
 @pytest.mark.parametrize(

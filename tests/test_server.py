@@ -254,6 +254,22 @@ def test_logprobs_and_echo_equal_the_offline_engine(base_url, client, engine, mo
     assert _error(e)["param"] == "top_logprobs"
 
 
+def test_vllm_sampling_extensions(client, engine, model):
+    free = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    ids = engine.tokenizer(free.choices[0].text, add_special_tokens=False)["input_ids"]
+    stopped = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, temperature=0,
+                                        extra_body={"ignore_eos": True, "stop_token_ids": [ids[2]]})
+    assert stopped.choices[0].finish_reason == "stop" and len(stopped.choices[0].text) < len(free.choices[0].text)
+    penalised = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, temperature=0,
+                                          extra_body={"repetition_penalty": 1.3, "min_p": 0.05})
+    assert penalised.choices[0].text
+    for field, value in (("min_p", 2.0), ("repetition_penalty", 0), ("stop_token_ids", [-3])):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=model, prompt="hi", max_tokens=2, extra_body={field: value})
+        assert _error(e)["param"] == field
+
+
 def test_tokenizer_routes_in_vllms_shapes(base_url, engine, model):
     text = "The capital of France is Paris."
     for prefix in ("", "/v1"):

@@ -16,7 +16,12 @@ class SamplingParams:
     top_k: int | None = None  # None: no top-k filter
     seed: int | None = None  # per-request generator; None: the engine's shared generator
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # generation ends at any of these tokens (kept in the output, as vLLM)
     ignore_eos: bool = False
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (0: off)
+    # > 1 makes tokens already in the prompt or output less likely (logit / p if positive, x p if not; HF and vLLM's
+    # rule); 1: off
+    repetition_penalty: float = 1.0
     # Log-probabilities (engine/logprobs.py): None = off; k >= 0 = each sampled token's, with the k most likely
     # alternatives (logprobs), and each prompt token's after the first, with k alternatives (prompt_logprobs).
     logprobs: int | None = None
@@ -35,6 +40,13 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1 (or None to disable), got {self.top_k}")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be non-negative token ids")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0.0 < self.repetition_penalty <= 100.0:
+            raise ValueError(f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:

@@ -237,7 +237,12 @@ class LLMEngine:
         samplers, logits = self.runner.run(plan)
         outputs = []
         for row, seq in enumerate(samplers):
-            token = sample_token(logits[row], seq.params, seq.generator or self.generator)
+            seen = None
+            if seq.params.repetition_penalty != 1.0:
+                seen = torch.tensor(sorted(seq.seen()), dtype=torch.long)
+            token = sample_token(logits[row], seq.params, seq.generator or self.generator, seen)
+            if seq.seen_tokens is not None:
+                seq.seen_tokens.add(token)
             if seq.params.logprobs is not None:
                 seq.output_logprobs += token_logprobs(logits[row : row + 1], torch.tensor([token], device=logits.device),
                                                      seq.params.logprobs)
@@ -256,7 +261,7 @@ class LLMEngine:
                 seq.output_text = seq.output_text[:idx]
                 self._finish(seq, "stop")
                 return True
-        if token in self.eos_ids and not params.ignore_eos:
+        if token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
             self._finish(seq, "stop")
         elif len(seq.output_ids) >= seq.max_tokens:
             self._finish(seq, "length")

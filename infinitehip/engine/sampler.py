@@ -1,4 +1,4 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds."""
+"""Token sampling: repetition penalty, greedy, temperature, top-k, top-p, min-p, per-request seeds."""
 
 from __future__ import annotations
 
@@ -7,8 +7,20 @@ import torch
 from infinitehip.config.sampling import SamplingParams
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """logits [vocab] float32 -> one token id."""
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits [vocab], seen [k] distinct token ids of the prompt and output -> logits with those tokens made less
+    likely: divided by the penalty where positive, multiplied where not (HF's and vLLM's rule)."""
+    picked = logits[seen]
+    out = logits.clone()
+    out[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return out
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+                 seen: torch.Tensor | None = None) -> int:
+    """logits [vocab] float32 -> one token id. seen: the distinct tokens so far (with a repetition penalty)."""
+    if params.repetition_penalty != 1.0 and seen is not None and seen.numel():
+        logits = apply_repetition_penalty(logits, seen.to(logits.device), params.repetition_penalty)
     if params.greedy:
         return int(torch.argmax(logits))
     logits = logits / params.temperature
@@ -22,5 +34,7 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
         drop = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    if params.min_p > 0.0:  # relative to the most likely token left (the most likely one always stays)
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
     # Sample on the CPU so a seed gives the same tokens on every device.
     return int(torch.multinomial(probs.cpu(), 1, generator=generator))

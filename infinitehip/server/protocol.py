@@ -45,6 +45,9 @@ class _SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     # Extensions (send with the openai client's `extra_body`).
     top_k: int | None = Field(None, description="Top-k filter (None: off)")
+    min_p: float | None = Field(None, description="Drop tokens below min_p x the most likely one's probability")
+    repetition_penalty: float | None = Field(None, description="> 1 discourages tokens of the prompt and output")
+    stop_token_ids: list[int] | None = Field(None, description="Token ids that end generation")
     ignore_eos: bool = False
     method: str | None = Field(None, description="Must equal the server's attention method (one engine per server)")
     preset: str | None = Field(None, description="Must equal the server's method preset")

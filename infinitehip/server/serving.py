@@ -30,7 +30,8 @@ MAX_STOP_CHARS = 1024  # characters per stop string
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat: up to the context)
 
-_PARAM_OF_MESSAGE = ("max_tokens", "temperature", "top_p", "top_k", "stop")
+_PARAM_OF_MESSAGE = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop_token_ids",
+                     "stop", "logprobs", "prompt_logprobs")
 
 
 def engine_preset(llm) -> str | None:
@@ -139,6 +140,8 @@ class OpenAIServing:
                 max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k, seed=seed, stop=stop,
                 ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                min_p=body.min_p or 0.0, stop_token_ids=tuple(body.stop_token_ids or ()),
+                repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
             )
         except ValueError as exc:
             msg = str(exc)
