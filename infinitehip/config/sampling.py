@@ -26,6 +26,9 @@ class SamplingParams:
     # alternatives (logprobs), and each prompt token's after the first, with k alternatives (prompt_logprobs).
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Structured output (engine/structured.py): the output must match this JSON schema (JSON text;
+    # '{"type": "object"}' is any JSON object). None: free text.
+    json_schema: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

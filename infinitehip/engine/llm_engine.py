@@ -24,6 +24,7 @@ from infinitehip.engine.kv_setup import build_kv
 from infinitehip.engine.runner import ModelRunner
 from infinitehip.engine.logprobs import token_logprobs
 from infinitehip.engine.sampler import sample_token
+from infinitehip.engine.structured import StructuredOutput
 from infinitehip.engine.scheduler import Scheduler
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.offload.bank import BankStats
@@ -95,6 +96,7 @@ class LLMEngine:
         self.generator = torch.Generator().manual_seed(config.generator_seed)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_ids = set(mc.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else set())
+        self.structured = StructuredOutput(self.tokenizer, mc.vocab_size)  # builds its tokenizer view on first use
 
     # ---- requests -------------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -155,6 +157,10 @@ class LLMEngine:
         force them in (attention/needle_probe.py)."""
         kept, max_tokens = self.check_request(prompt_ids, params.max_tokens)
         seq = Sequence(kept, params, max_tokens, dropped_prompt_tokens=len(prompt_ids) - len(kept))
+        if params.json_schema is not None:  # compiled now: a schema that cannot constrain output fails the request
+            if self.tokenizer is None:
+                raise ValueError("json_schema needs the model's tokenizer")
+            seq.grammar = self.structured.matcher(params.json_schema)
         if probe is not None:
             if seq.dropped_prompt_tokens:
                 raise ValueError(f"method {self.method.name!r} drops prompt tokens: a needle probe's positions would "
@@ -240,7 +246,14 @@ class LLMEngine:
             seen = None
             if seq.params.repetition_penalty != 1.0:
                 seen = torch.tensor(sorted(seq.seen()), dtype=torch.long)
-            token = sample_token(logits[row], seq.params, seq.generator or self.generator, seen)
+            row_logits = logits[row]
+            if seq.params.json_schema is not None:  # only tokens the schema allows next
+                if seq.grammar is None:
+                    seq.grammar = self.structured.matcher(seq.params.json_schema)
+                row_logits = self.structured.mask(seq.grammar, row_logits)
+            token = sample_token(row_logits, seq.params, seq.generator or self.generator, seen)
+            if seq.grammar is not None:
+                seq.grammar.consume_token(token)
             if seq.seen_tokens is not None:
                 seq.seen_tokens.add(token)
             if seq.params.logprobs is not None:
@@ -262,6 +275,8 @@ class LLMEngine:
                 self._finish(seq, "stop")
                 return True
         if token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
+            self._finish(seq, "stop")
+        elif seq.grammar is not None and seq.grammar.is_stopped():  # the schema's value is complete
             self._finish(seq, "stop")
         elif len(seq.output_ids) >= seq.max_tokens:
             self._finish(seq, "length")

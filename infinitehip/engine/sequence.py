@@ -40,6 +40,7 @@ class Sequence:
     output_logprobs: list = field(default_factory=list)
     prompt_logprobs: list = field(default_factory=list)
     seen_tokens: set | None = None  # distinct prompt and output tokens, kept for a repetition penalty
+    grammar: Any = None  # the structured-output matcher following the output (params.json_schema)
 
     def seen(self) -> set:
         """The distinct tokens of the prompt and output (built once from the prompt, then grown per token)."""

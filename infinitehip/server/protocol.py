@@ -27,6 +27,13 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class ResponseFormat(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = Field(None, description="{name, schema, strict}: the output matches `schema`")
+
+
 class _SamplingRequest(BaseModel):
     model_config = _STRICT
 
@@ -48,6 +55,7 @@ class _SamplingRequest(BaseModel):
     min_p: float | None = Field(None, description="Drop tokens below min_p x the most likely one's probability")
     repetition_penalty: float | None = Field(None, description="> 1 discourages tokens of the prompt and output")
     stop_token_ids: list[int] | None = Field(None, description="Token ids that end generation")
+    response_format: ResponseFormat | None = Field(None, description="json_object / json_schema: constrained output")
     ignore_eos: bool = False
     method: str | None = Field(None, description="Must equal the server's attention method (one engine per server)")
     preset: str | None = Field(None, description="Must equal the server's method preset")

@@ -17,6 +17,7 @@ from infinitehip.attention.registry import method_spec
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.config.server import ServerConfig
 from infinitehip.engine.llm_engine import ContextLengthError
+from infinitehip.engine.structured import json_object_schema
 from infinitehip.server.async_engine import (
     AsyncEngine, EngineUnavailableError, ErrorEvent, ProgressEvent, QueueFullError, RequestStream, TokenEvent,
 )
@@ -130,6 +131,7 @@ class OpenAIServing:
             if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
                 raise APIError(400, f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {seed}", param="seed")
             seed = (seed + choice) % 2**64  # independent choices, reproducible per choice
+        json_schema = self._json_schema(body)
         if isinstance(body, ChatCompletionRequest):
             logprobs, prompt_logprobs = ((body.top_logprobs or 0) if body.logprobs else None), None
         else:
@@ -142,11 +144,30 @@ class OpenAIServing:
                 ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                 min_p=body.min_p or 0.0, stop_token_ids=tuple(body.stop_token_ids or ()),
                 repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+                json_schema=json_schema,
             )
         except ValueError as exc:
             msg = str(exc)
             param = next((p for p in _PARAM_OF_MESSAGE if msg.startswith(p)), None)
             raise APIError(400, msg, param=param) from None
+
+    def _json_schema(self, body: _SamplingRequest) -> str | None:
+        """response_format -> the JSON schema text that constrains the output (None: free text), checked here so a
+        schema that cannot constrain output is a 400 naming response_format."""
+        fmt = body.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return json_object_schema()
+        if not fmt.json_schema or not isinstance(fmt.json_schema.get("schema"), dict):
+            raise APIError(400, "response_format json_schema needs json_schema.schema (an object)",
+                           param="response_format")
+        schema = json.dumps(fmt.json_schema["schema"])
+        try:
+            self.engine.engine.structured.grammar(schema)
+        except ValueError as exc:
+            raise APIError(400, f"response_format: {exc}", param="response_format") from None
+        return schema
 
     def _completion_prompts(self, prompt) -> list[str | list[int]]:
         if isinstance(prompt, str):
