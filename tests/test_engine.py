@@ -121,6 +121,31 @@ def test_repetition_penalty_and_min_p_follow_their_definitions():
     assert draws == allowed
 
 
+def test_generation_config_sampling_defaults(tiny_hf_model, tmp_path):
+    """The model's generation_config.json sampling fields are the defaults of what a request leaves unset (LLM API;
+    the server reads the same `sampling_defaults`), unless EngineConfig.use_generation_config is off."""
+    import json
+    import shutil
+
+    from infinitehip import LLM
+
+    _, _, path = tiny_hf_model
+    model_dir = tmp_path / "model"
+    shutil.copytree(path, model_dir)
+    config = json.loads((model_dir / "generation_config.json").read_text())
+    config.update(temperature=0.6, top_p=0.9, top_k=20, repetition_penalty=1.1, max_length=99)
+    (model_dir / "generation_config.json").write_text(json.dumps(config))
+    engine = engine_for_dir(model_dir, max_context_tokens=256)
+    assert engine.sampling_defaults == dict(temperature=0.6, top_p=0.9, top_k=20, repetition_penalty=1.1)
+    params = LLM.from_engine(engine).default_sampling_params(top_k=5)
+    assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (0.6, 0.9, 5, 1.1)
+    assert engine_for_dir(model_dir, max_context_tokens=256, use_generation_config=False).sampling_defaults == {}
+    config["top_p"] = 7.0
+    (model_dir / "generation_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="top_p"):
+        engine_for_dir(model_dir, max_context_tokens=256)
+
+
 def test_stop_token_ids_end_generation(tiny_hf_model):
     _, _, path = tiny_hf_model
     engine = engine_for_dir(path, max_context_tokens=256)

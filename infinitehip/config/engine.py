@@ -26,6 +26,9 @@ class EngineConfig:
     # supports it (infinitehip); CUDA only, ignored on CPU.
     cuda_graphs: bool = True
     generator_seed: int = 0  # seeds the shared generator used by requests that carry no seed of their own
+    # Sampling defaults from the model's generation_config.json (temperature, top_p, top_k, min_p,
+    # repetition_penalty) for what a request leaves unset, as vLLM does; false: SamplingParams' own defaults.
+    use_generation_config: bool = True
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):

@@ -50,13 +50,17 @@ class LLM:
         llm.config, llm.engine, llm.tokenizer = engine.config, engine, engine.tokenizer
         return llm
 
+    def default_sampling_params(self, **overrides) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (EngineConfig.use_generation_config)."""
+        return SamplingParams(**{**self.engine.sampling_defaults, **overrides})
+
     def generate(
         self, prompts: str | list[int] | list[str | list[int]], params: SamplingParams | None = None
     ) -> list[RequestOutput]:
         """Prompts are strings or token id lists; all are validated before any is run."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        return self._run([self.engine.encode_prompt(p) for p in prompts], params or SamplingParams())
+        return self._run([self.engine.encode_prompt(p) for p in prompts], params or self.default_sampling_params())
 
     def chat(self, conversations: list[dict] | list[list[dict]], params: SamplingParams | None = None,
              needle_tokens: list[int] | None = None, oracle: bool = False) -> list[RequestOutput]:
@@ -74,7 +78,7 @@ class LLM:
             probes = [NeedleProbe(tuple(needle_tokens), oracle=oracle)]
         elif oracle:
             raise ValueError("oracle=True needs needle_tokens (the prompt positions to force into the selection)")
-        return self._run([self.engine.encode_chat(c) for c in conversations], params or SamplingParams(), probes)
+        return self._run([self.engine.encode_chat(c) for c in conversations], params or self.default_sampling_params(), probes)
 
     def _run(self, prompt_ids: list[list[int]], params: SamplingParams, probes: list | None = None) -> list[RequestOutput]:
         for ids in prompt_ids:  # fail before anything runs

@@ -23,7 +23,7 @@ from infinitehip.engine.prompt_format import chat_prompt_ids
 from infinitehip.engine.kv_setup import build_kv
 from infinitehip.engine.runner import ModelRunner
 from infinitehip.engine.logprobs import token_logprobs
-from infinitehip.engine.sampler import sample_token
+from infinitehip.engine.sampler import generation_defaults, sample_token
 from infinitehip.engine.structured import StructuredOutput
 from infinitehip.engine.scheduler import Scheduler
 from infinitehip.engine.sequence import Sequence
@@ -97,6 +97,8 @@ class LLMEngine:
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_ids = set(mc.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else set())
         self.structured = StructuredOutput(self.tokenizer, mc.vocab_size)  # builds its tokenizer view on first use
+        # What requests leave unset (LLM API and server): the model's generation_config.json sampling fields.
+        self.sampling_defaults = generation_defaults(loaded.model_dir) if config.use_generation_config else {}
 
     # ---- requests -------------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:

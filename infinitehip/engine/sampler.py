@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from infinitehip.config.sampling import SamplingParams
+
+# generation_config.json fields that are sampling defaults, under SamplingParams' names.
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def generation_defaults(model_dir: Path | None) -> dict:
+    """The sampling defaults a model ships in generation_config.json (the fields vLLM reads; `do_sample` is not one:
+    a request that wants greedy decoding says temperature 0)."""
+    path = None if model_dir is None else Path(model_dir) / "generation_config.json"
+    if path is None or not path.is_file():
+        return {}
+    config = json.loads(path.read_text())
+    defaults = {k: config[k] for k in GENERATION_DEFAULTS if config.get(k) is not None}
+    SamplingParams(**defaults)  # a model's defaults must be valid sampling settings
+    return defaults
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:

@@ -17,6 +17,7 @@ from infinitehip.attention.registry import method_spec
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.config.server import ServerConfig
 from infinitehip.engine.llm_engine import ContextLengthError
+from infinitehip.engine.sampler import GENERATION_DEFAULTS
 from infinitehip.engine.structured import json_object_schema
 from infinitehip.server.async_engine import (
     AsyncEngine, EngineUnavailableError, ErrorEvent, ProgressEvent, QueueFullError, RequestStream, TokenEvent,
@@ -137,13 +138,13 @@ class OpenAIServing:
         else:
             logprobs = body.logprobs
             prompt_logprobs = body.logprobs if body.echo else None
+        # Fields the request leaves unset take the model's generation_config.json defaults (EngineConfig).
+        defaults = self.engine.engine.sampling_defaults
+        sampling = {name: getattr(body, name) for name in GENERATION_DEFAULTS if getattr(body, name) is not None}
         try:
             return SamplingParams(
-                max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k, seed=seed, stop=stop,
-                ignore_eos=body.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                min_p=body.min_p or 0.0, stop_token_ids=tuple(body.stop_token_ids or ()),
-                repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+                **{**defaults, **sampling}, max_tokens=max_tokens, seed=seed, stop=stop, ignore_eos=body.ignore_eos,
+                logprobs=logprobs, prompt_logprobs=prompt_logprobs, stop_token_ids=tuple(body.stop_token_ids or ()),
                 json_schema=json_schema,
             )
         except ValueError as exc:
