@@ -62,6 +62,9 @@ def test_logprobs_equal_transformers_log_softmax(embedded):
         assert abs(p.logprob - row[p.token].item()) < 1e-4
         assert [t for t, _ in p.top] == row.topk(3).indices.tolist() and p.top[0][0] == p.token  # greedy: the top one
     assert all(len(p.top) == 2 for p in out.prompt_logprobs)
+    (first,) = out.outputs  # vLLM's shape
+    assert (first.text, first.token_ids, first.finish_reason, first.logprobs) == (out.text, out.token_ids,
+                                                                                  out.finish_reason, out.logprobs)
     with pytest.raises(ValueError, match="logprobs"):
         SamplingParams(logprobs=21)
 

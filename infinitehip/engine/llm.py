@@ -15,6 +15,17 @@ from infinitehip.engine.llm_engine import LLMEngine
 
 
 @dataclass
+class CompletionOutput:
+    """One completion of a request, as vLLM names it (`request_output.outputs[0].text`)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: list | None = None
+
+
+@dataclass
 class RequestOutput:
     prompt_token_ids: list[int]  # the prompt as given
     token_ids: list[int]
@@ -25,6 +36,11 @@ class RequestOutput:
     # With SamplingParams.logprobs / prompt_logprobs: TokenLogprob per output token / per prompt token after the first
     logprobs: list | None = None
     prompt_logprobs: list | None = None
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """vLLM's shape: one CompletionOutput per completion (one here: n > 1 is a server feature)."""
+        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs)]
 
 
 class LLM:
