@@ -416,6 +416,29 @@ def test_non_streaming_disconnect_aborts(base_url, model):
     assert httpx.get(f"{base_url}/health").status_code == 200
 
 
+def test_client_killed_mid_prefill_frees_its_kv_within_one_chunk(base_url, engine, model):
+    """A streaming client that goes away after the first prefill chunk: the engine finishes the chunk in flight at
+    most, then aborts and frees the KV (prefill chunks of 512 tokens here; a ~1,900-token prompt has 4)."""
+    prompt = "hello " * 1890
+    before = metric(base_url, "infinitehip_prefill_tokens_total")
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "stream": True, "prefill_progress": True}
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, headers=AUTH, timeout=60) as r:
+        for line in r.iter_lines():
+            if "prefill_progress" in line:
+                processed = json.loads(line[len("data: "):])["prefill_progress"]["processed"]
+                break
+        closed = time.monotonic()
+    wait_idle(base_url)
+    freed_after = time.monotonic() - closed
+    prefilled = metric(base_url, "infinitehip_prefill_tokens_total") - before
+    total = len(engine.encode_prompt(prompt))
+    assert processed == 512 and prefilled < total  # the prompt was not read to its end
+    assert prefilled - processed <= 512, (prefilled, processed)  # only the chunk in flight at the disconnect
+    assert metric(base_url, "infinitehip_kv_cache_usage_ratio") == 0.0
+    print(f"disconnect after {processed} of {total} prompt tokens: {prefilled - processed} more prefilled, "
+          f"KV freed {freed_after:.2f} s later")
+
+
 # ---- units (no server) ------------------------------------------------------------------------------
 
 
