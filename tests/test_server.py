@@ -439,6 +439,42 @@ def test_client_killed_mid_prefill_frees_its_kv_within_one_chunk(base_url, engin
           f"KV freed {freed_after:.2f} s later")
 
 
+def test_gauges_and_new_metrics_at_admission(base_url, engine, model):
+    """A one-step prefill shows as running while it runs (the gauges update once the step is scheduled); queue time,
+    prompt and generation length histograms and the preemption counter are exported."""
+    wait_idle(base_url)
+    seen_running = []
+    body = {"model": model, "prompt": "hello " * 480, "max_tokens": 2, "ignore_eos": True}  # one 512-token chunk
+
+    def poll():
+        for _ in range(400):
+            seen_running.append(metric(base_url, "infinitehip_requests_running"))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=poll)
+    watcher.start()
+    r = httpx.post(f"{base_url}/v1/completions", json=body, headers=AUTH, timeout=60)
+    watcher.join()
+    assert r.status_code == 200 and max(seen_running) >= 1
+    text = httpx.get(f"{base_url}/metrics").text
+    for name in ("infinitehip_queue_time_seconds_count", "infinitehip_prompt_tokens_count",
+                 "infinitehip_generation_tokens_per_sequence_count", "infinitehip_preemptions_total"):
+        assert name in text, name
+    assert metric(base_url, "infinitehip_prompt_tokens_count") >= 1
+
+
+def test_cors_is_off_by_default_and_opt_in(engine):
+    origin = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    with ServerThread(create_app(engine, ServerConfig())) as url:
+        assert "access-control-allow-origin" not in httpx.options(f"{url}/v1/completions", headers=origin).headers
+    with ServerThread(create_app(engine, ServerConfig(allowed_origins=("https://app.example",), api_key="k"))) as url:
+        r = httpx.options(f"{url}/v1/completions", headers=origin)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        assert httpx.get(f"{url}/v1/models").status_code == 401  # the key still guards the API
+    with pytest.raises(ValueError, match="allowed_origins"):
+        ServerConfig(allowed_origins=("",))
+
+
 # ---- units (no server) ------------------------------------------------------------------------------
 
 
@@ -479,7 +515,7 @@ def test_server_config_validation_and_cli_flags(tmp_path):
 def test_engine_failure_fails_the_request_not_the_server(base_url, client, engine, model, monkeypatch):
     real_step = engine.step
 
-    def broken_step():
+    def broken_step(on_scheduled=None):
         monkeypatch.setattr(engine, "step", real_step)  # fail once
         raise RuntimeError("simulated device error")
 

@@ -16,6 +16,9 @@ class ServerConfig:
     keepalive_interval_s: float = 5.0  # SSE comment every N seconds while a stream has nothing to send
     served_model_name: str | None = None  # model id in /v1/models and responses; None: derived from the model
     log_level: str = "info"  # uvicorn log level
+    # Browser origins allowed to call the API (CORS, e.g. https://app.example.com; "*" = any). Empty: no CORS
+    # headers, so browsers on other origins are refused (the default: a local server is not a public API).
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -32,5 +35,8 @@ class ServerConfig:
             raise ValueError(f"keepalive_interval_s must be a positive number, got {self.keepalive_interval_s}")
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ValueError("served_model_name must be non-empty when given")
+        object.__setattr__(self, "allowed_origins", tuple(self.allowed_origins))
+        if any(not isinstance(o, str) or not o.strip() for o in self.allowed_origins):
+            raise ValueError("allowed_origins must be non-empty strings (an origin such as https://host:port, or *)")
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise ValueError(f"log_level must be one of critical/error/warning/info/debug/trace, got {self.log_level!r}")

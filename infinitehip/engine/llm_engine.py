@@ -231,9 +231,13 @@ class LLMEngine:
         return self.scheduler.has_work
 
     # ---- stepping -------------------------------------------------------------------------------------
-    def step(self) -> tuple[list[StepOutput], int]:
-        """Run one step; return the sampled tokens and the number of prefill tokens processed."""
+    def step(self, on_scheduled=None) -> tuple[list[StepOutput], int]:
+        """Run one step; return the sampled tokens and the number of prefill tokens processed. on_scheduled(admitted,
+        preempted), if given, runs once the step is scheduled and before the model runs (a server's gauges: a step
+        may take seconds)."""
         plan, admitted, preempted = self.scheduler.schedule()
+        if on_scheduled is not None:
+            on_scheduled(admitted, preempted)
         for seq in preempted:  # recomputed from scratch when re-admitted
             self.method.release(seq.method_state)
             self.runner.release(seq)

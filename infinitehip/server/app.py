@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from infinitehip.config.server import ServerConfig
@@ -86,6 +87,9 @@ def create_app(engine: LLMEngine, server_config: ServerConfig | None = None) -> 
     app.state.model_name = model_name
     install_error_handlers(app)
     app.add_middleware(ServerMiddleware, metrics=metrics, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    if config.allowed_origins:  # added last = outermost: a browser's preflight is answered before the key check
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
 
     def model_card() -> dict:
         return ModelCard(id=model_name, created=created, max_model_len=engine.max_context_tokens,

@@ -91,6 +91,7 @@ class _SeqState:
     seq: Sequence | None = None
     sent_len: int = 0
     sent_logprobs: int = 0
+    admitted: bool = False
     last_progress: int = -1
     last_token_time: float | None = None
 
@@ -248,6 +249,7 @@ class AsyncEngine:
         try:
             for st in stream.states:
                 st.seq = self.engine.add_request(st.prompt_ids, st.params)
+                self.metrics.prompt_length.observe(len(st.prompt_ids))
                 added.append(st)
                 self._by_seq[st.seq.seq_id] = st
                 self._queued.add(st)
@@ -278,7 +280,7 @@ class AsyncEngine:
     def _step(self) -> None:
         start = time.perf_counter()
         try:
-            outputs, prefilled = self.engine.step()
+            outputs, prefilled = self.engine.step(self._on_scheduled)
         except Exception as exc:  # a bug or device error: fail the running requests, keep serving
             logger.exception("engine step failed")
             self.last_error = f"{type(exc).__name__}: {exc}"
@@ -310,9 +312,22 @@ class AsyncEngine:
             if out.finished:
                 self._drop(st)
                 self.metrics.e2e.observe(now - st.stream.arrival)
+                self.metrics.generation_length.observe(len(out.seq.output_ids))
                 self.metrics.finished.labels(reason=out.seq.finish_reason).inc()
         for stream, evs in events.items():
             stream.push_threadsafe(evs)
+        self._publish_state()
+
+    def _on_scheduled(self, admitted: list[Sequence], preempted: list[Sequence]) -> None:
+        """Before the model runs: admissions and preemptions reach the metrics now, not after a step that may last
+        seconds (a one-step prefill would otherwise never show as running)."""
+        now = time.perf_counter()
+        for seq in admitted:
+            st = self._by_seq.get(seq.seq_id)
+            if st is not None and not st.admitted:  # re-admission after a preemption is not queue time
+                st.admitted = True
+                self.metrics.queue_time.observe(now - st.stream.arrival)
+        self.metrics.preemptions.inc(len(preempted))
         self._publish_state()
 
     def _token_event(self, st: _SeqState, finished: bool) -> TokenEvent:
