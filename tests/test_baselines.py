@@ -219,6 +219,27 @@ def test_every_method_short_input_is_deterministic_dense_and_frees_pages(tiny_ll
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_gives_prompt_and_token_logprobs(tiny_llama_dir, tokenizer, method):
+    """Log-probabilities come from the method that prefills and decodes: within its budgets they are dense's, in
+    prefill chunks of 48 (boundaries inside the prompt), one per prompt token after the first and per output token."""
+    ids = _ids(120, seed=9)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+
+    def run(name):
+        engine = _engine(tiny_llama_dir, name, tokenizer=tokenizer, prefill_chunk_size=48)
+        seq = engine.add_request(ids, params)
+        while engine.has_work:
+            engine.step()
+        return seq
+
+    dense, ours = run("dense"), run(method)
+    assert [e.token for e in ours.prompt_logprobs] == ids[1:] and len(ours.output_logprobs) == 4
+    got = torch.tensor([e.logprob for e in ours.prompt_logprobs + ours.output_logprobs])
+    want = torch.tensor([e.logprob for e in dense.prompt_logprobs + dense.output_logprobs])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_batched_requests_equal_requests_alone(tiny_llama_dir, tokenizer, method):
     """Sequences sharing steps (prefill chunks next to decode tokens) get what each gets alone."""
     prompts = [_ids(150, seed=7), _ids(90, seed=8)]

@@ -248,6 +248,18 @@ def test_logprobs_and_echo_equal_the_offline_engine(base_url, client, engine, mo
     assert len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     want = [e.logprob for e in ref.prompt_logprobs + ref.logprobs]
     assert max(abs(a - b) for a, b in zip(lp["token_logprobs"][1:], want)) < 1e-5
+    import torch
+    import transformers
+
+    from infinitehip.model.gguf_convert import default_cache_root
+    from infinitehip.model.loading import resolve_model_dir
+
+    model_dir, _ = resolve_model_dir(None, default_cache_root())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():  # and the server's numbers are transformers' own log-softmax (dense, fp32)
+        logp = torch.log_softmax(hf(torch.tensor([ids + ref.token_ids])).logits[0].float(), -1)
+    hf_lp = logp[torch.arange(len(ids)), torch.tensor(ids[1:] + ref.token_ids)].tolist()
+    assert max(abs(a - b) for a, b in zip(lp["token_logprobs"][1:], hf_lp)) < 1e-4
     assert lp["text_offset"] == sorted(lp["text_offset"]) and all(len(t) == 1 for t in lp["top_logprobs"][1:])
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model, messages=messages, max_tokens=2, top_logprobs=2)

@@ -253,9 +253,7 @@ class LLMEngine:
             if seq.params.repetition_penalty != 1.0:
                 seen = torch.tensor(sorted(seq.seen()), dtype=torch.long)
             row_logits = logits[row]
-            if seq.params.json_schema is not None:  # only tokens the schema allows next
-                if seq.grammar is None:
-                    seq.grammar = self.structured.matcher(seq.params.json_schema)
+            if seq.grammar is not None:  # structured output: only tokens the schema allows next
                 row_logits = self.structured.mask(seq.grammar, row_logits)
             token = sample_token(row_logits, seq.params, seq.generator or self.generator, seen)
             if seq.grammar is not None:

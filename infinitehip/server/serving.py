@@ -122,7 +122,8 @@ class OpenAIServing:
             raise APIError(400, f"n must be in [1, {min(MAX_N, self.config.max_waiting_requests)}], got {body.n}",
                            param="n")
 
-    def _params(self, body: _SamplingRequest, max_tokens: int | None, choice: int) -> SamplingParams:
+    def _params(self, body: _SamplingRequest, max_tokens: int | None, choice: int,
+                json_schema: str | None) -> SamplingParams:
         stop = body.stop if body.stop is not None else ()
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
         if len(stop) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stop):
@@ -132,7 +133,6 @@ class OpenAIServing:
             if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
                 raise APIError(400, f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {seed}", param="seed")
             seed = (seed + choice) % 2**64  # independent choices, reproducible per choice
-        json_schema = self._json_schema(body)
         if isinstance(body, ChatCompletionRequest):
             logprobs, prompt_logprobs = ((body.top_logprobs or 0) if body.logprobs else None), None
         else:
@@ -217,7 +217,8 @@ class OpenAIServing:
         if len(prompt_ids) * body.n > self.config.max_waiting_requests:
             raise APIError(400, f"{len(prompt_ids)} prompts x n={body.n} sequences exceed the server's limit of "
                            f"{self.config.max_waiting_requests} queued sequences", param="n")
-        seqs = [(ids, self._params(body, max_tokens, i)) for ids in prompt_ids for i in range(body.n)]
+        json_schema = self._json_schema(body)  # checked once per request
+        seqs = [(ids, self._params(body, max_tokens, i, json_schema)) for ids in prompt_ids for i in range(body.n)]
         try:
             stream = self.engine.submit(seqs, want_progress=body.stream and body.prefill_progress)
         except QueueFullError as exc:
