@@ -22,7 +22,7 @@ from infinitehip.eval.ruler.runner import RulerConfig, context_tokens_needed
 @dataclasses.dataclass(frozen=True)
 class RulerReportConfig:
     output: str | None = None  # markdown path; None: print only
-    title: str = "RULER results"
+    title: str = "RULER results"  # heading of the report
 
 
 def register(tasks) -> None:

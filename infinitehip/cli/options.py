@@ -8,6 +8,8 @@ import types
 import typing
 from typing import Any
 
+from infinitehip.cli.field_docs import field_docs
+
 
 def _scalar_type(tp: Any) -> tuple[Any, bool]:
     """(base type, optional?) of a field annotation like `int | None`."""
@@ -50,7 +52,9 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, exclude: tup
         tp, optional = _scalar_type(hints[f.name])
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f"(default: {default})"
+        doc = field_docs(cls).get(f.name)
+        help_text = f"{doc} (default: {default})" if doc else f"(default: {default})"
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help texts
         if typing.get_origin(tp) is tuple:
             group.add_argument(flag, dest=f.name, nargs="*", default=argparse.SUPPRESS, help=help_text)
         elif tp is bool:

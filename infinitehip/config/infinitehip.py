@@ -23,26 +23,26 @@ HEAD_AGGREGATIONS = ("max", "softmax", "zscore")  # see attention/infinitehip/sc
 class InfiniteHiPConfig:
     sink_tokens: int = 256  # first tokens, always attended
     stream_tokens: int = 1024  # most recent tokens, always attended
-    query_block_sizes: tuple[int, ...] = (64, 64, 64)
+    query_block_sizes: tuple[int, ...] = (64, 64, 64)  # prefill queries that share one selection, per stage
     # The defaults are what measured best on the real-text suite (docs/real-text.md), not the paper's: final chunks
     # of 16 tokens (a 5-digit pass key or a code word stays in one chunk; the paper's 8), refresh intervals 32/16/8
     # (the paper's 16/8/4; the question's chunks stay attended between refreshes) and question-time selection.
     # The paper's settings are the presets `paper-3k` (= `3k`) and `paper-5k` (= `5k`).
     chunk_sizes: tuple[int, ...] = (256, 32, 16)
-    keep_tokens: tuple[int, ...] = (32768, 8192, 2048)
+    keep_tokens: tuple[int, ...] = (32768, 8192, 2048)  # tokens each pruning stage keeps
     refresh_intervals: tuple[int, ...] = (32, 16, 8)  # decode steps between refreshes of each stage's mask
     early_layers: int = 3  # layers [0, early_layers) use the early RoPE style and early keep
     early_last_keep_tokens: int = 4096  # keep_tokens of the last stage in early layers
-    early_pruning_rope: str = "chunk_indexed"
-    late_pruning_rope: str = "relative"
-    attention_rope: str = "streaming"
+    early_pruning_rope: str = "chunk_indexed"  # RoPE style while scoring chunks in the early layers
+    late_pruning_rope: str = "relative"  # RoPE style while scoring chunks in the other layers
+    attention_rope: str = "streaming"  # RoPE style inside the block-sparse attention
     impl: str = "auto"  # "auto": triton on CUDA, the CPU formulations (kernel_impl.py) elsewhere
     # How a chunk's representative token is found: "landmark" (the key with the highest mean logit from its
     # next landmark_window queries; see attention/infinitehip/saliency.py) or "bisection" (the paper's SelectRep,
     # Alg. 3). Landmark is the default: on the embedded model's passkey (H100, depths 10-90%) bisection found
     # the needle 1/5 at 64K and 128K, landmark 4/5 and 5/5 (docs/benchmarks.md).
     representative: str = "landmark"
-    landmark_window: int = 512
+    landmark_window: int = 512  # later queries whose mean logit picks a chunk's landmark key
     # How the heads' chunk scores combine into a block's chunk ranking: "max" over heads of raw logits (the
     # paper, Alg. 2 line 11), "softmax" (sum over heads of each head's softmax over the chunks) or "zscore"
     # (max over heads of per-head standardised scores); docs/results/recall_study_cpu.md.
@@ -55,8 +55,8 @@ class InfiniteHiPConfig:
     # tokens); the question_keep_tokens best final-stage chunks are attended by the question's queries and by every
     # decode step of the answer, beside the hierarchy's own chunks. 0 = off (the paper).
     question_tokens: int = 32
-    question_keep_tokens: int = 2048
-    question_window: int = 9
+    question_keep_tokens: int = 2048  # tokens (in final-stage chunks) the question's vote adds to the answer's keys
+    question_window: int = 9  # odd width over which the question's votes are averaged and spread
 
     def __post_init__(self) -> None:
         for name in ("query_block_sizes", "chunk_sizes", "keep_tokens", "refresh_intervals"):

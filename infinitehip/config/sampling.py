@@ -12,12 +12,12 @@ MAX_LOGPROBS = 20  # alternatives per position (OpenAI's top_logprobs limit)
 class SamplingParams:
     max_tokens: int | None = None  # None: up to the engine's context limit
     temperature: float = 1.0  # 0: greedy
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus sampling: the smallest set of tokens holding this much probability
     top_k: int | None = None  # None: no top-k filter
     seed: int | None = None  # per-request generator; None: the engine's shared generator
-    stop: tuple[str, ...] = ()
+    stop: tuple[str, ...] = ()  # strings that end generation (cut from the output)
     stop_token_ids: tuple[int, ...] = ()  # generation ends at any of these tokens (kept in the output, as vLLM)
-    ignore_eos: bool = False
+    ignore_eos: bool = False  # keep generating past the end-of-sequence token
     min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (0: off)
     # > 1 makes tokens already in the prompt or output less likely (logit / p if positive, x p if not; HF and vLLM's
     # rule); 1: off
@@ -25,7 +25,7 @@ class SamplingParams:
     # Log-probabilities (engine/logprobs.py): None = off; k >= 0 = each sampled token's, with the k most likely
     # alternatives (logprobs), and each prompt token's after the first, with k alternatives (prompt_logprobs).
     logprobs: int | None = None
-    prompt_logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the prompt tokens' log-probabilities, with this many alternatives
     # Structured output (engine/structured.py): the output must match this JSON schema (JSON text;
     # '{"type": "object"}' is any JSON object). None: free text.
     json_schema: str | None = None

@@ -40,8 +40,8 @@ class TokenSelectConfig:
     # Defaults 32 / 9: on real-prose captures of the embedded model they put 3-4x more of a needle's value tokens
     # in the selection than one query's vote (docs/real-text.md).
     question_tokens: int = 32
-    question_select_tokens: int = 2048
-    question_window: int = 9
+    question_select_tokens: int = 2048  # tokens the question's vote selects for the answer
+    question_window: int = 9  # odd width over which the question's votes are averaged and spread
     selection_cache: bool = True  # decode: reuse the last selection while queries stay similar (App. C, Alg. 1)
     selection_cache_threshold: float = 0.9  # theta: reuse when cos(query, query of the last selection) >= theta
     impl: str = "auto"  # "auto": triton on CUDA; on CPU eager scoring + batched-SDPA sparse attention

@@ -29,11 +29,11 @@ from infinitehip.model.loading import LoadedModel
 @dataclass(frozen=True)
 class CompareConfig:
     methods: tuple[str, ...] = ("dense", "infinitehip", "tokenselect", "infinipot", "streaming", "truncate")  # registered names, or name:preset
-    tasks: tuple[str, ...] = ("passkey", "niah")
+    tasks: tuple[str, ...] = ("passkey", "niah")  # passkey (repeated filler) and/or niah (real essays)
     lengths: tuple[int, ...] = (2048, 8192, 32768)  # prompt lengths in tokens of the model's tokenizer
     depths: tuple[float, ...] = (0.1, 0.5, 0.9)  # needle depths, 0..1
     samples: int = 1  # samples per (task, method, length, depth), each with its own seed
-    seed: int = 0
+    seed: int = 0  # first sample seed (sample i uses seed + i)
     # Raise each method's default context limit up to this many tokens (dense past its trained length, to
     # see it fail); None: default limits only. Prompts beyond the limit are recorded as exceeding it.
     max_context: int | None = None

@@ -29,7 +29,7 @@ class EvalConfig:
     lengths: tuple[int, ...] = (2048, 4096)  # prompt lengths in tokens of the model's tokenizer
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # needle depth sweep, 0..1
     trials: int = 1  # samples per (length, depth), each with its own seed
-    seed: int = 0
+    seed: int = 0  # first sample seed (sample i uses seed + i)
     output: str | None = None  # JSON results path
 
     def __post_init__(self) -> None:

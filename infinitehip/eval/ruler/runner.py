@@ -33,11 +33,11 @@ __all__ = ["RulerConfig", "context_tokens_needed", "run_metadata", "run_ruler", 
 
 @dataclass(frozen=True)
 class RulerConfig:
-    tasks: tuple[str, ...] = tuple(TASKS)
-    haystacks: tuple[str, ...] = tuple(HAYSTACKS)
+    tasks: tuple[str, ...] = tuple(TASKS)  # RULER-style tasks to run
+    haystacks: tuple[str, ...] = tuple(HAYSTACKS)  # real-prose haystacks: essays, pydoc
     lengths: tuple[int, ...] = (4096,)  # templated prompt lengths in tokens of the model's tokenizer
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # target needle depth, 0..1
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1, 2)  # needle/value seeds per depth
     samples_per_depth: int = 2  # per seed and depth, each with its own derived seed
     oracle: bool = False  # force the target needle tokens into every layer's selection (upper bound)
     trace: bool = False  # record how much of the needle each selection keeps
