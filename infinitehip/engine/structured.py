@@ -55,11 +55,14 @@ class StructuredOutput:
         return llguidance.LLMatcher(self._llg_tokenizer(), self.grammar(json_schema))
 
     def mask(self, matcher, logits: torch.Tensor) -> torch.Tensor:
-        """logits [vocab] -> a copy with every token the grammar does not allow next at -inf."""
+        """logits [vocab] -> a copy with every token the grammar does not allow next at -inf. The matcher fills a
+        packed bitmask on the host (32 tokens per int32); it is unpacked on the logits' device (llguidance's own
+        apply step goes through torch.compile, seconds of compilation on a first CPU call)."""
         import llguidance.torch as llg_torch
 
         bitmask = llg_torch.allocate_token_bitmask(1, self.vocab_size)
         llg_torch.fill_next_token_bitmask(matcher, bitmask, 0)
-        masked = logits.float().cpu()[None].clone()
-        llg_torch.apply_token_bitmask_inplace(masked, bitmask)
-        return masked[0].to(logits.device)
+        words = bitmask[0].to(logits.device)
+        bits = (words[:, None] >> torch.arange(32, dtype=torch.int32, device=logits.device)) & 1  # [words, 32]
+        allowed = bits.flatten()[: logits.shape[-1]].bool()
+        return logits.float().masked_fill(~allowed, float("-inf"))
