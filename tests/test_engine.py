@@ -109,10 +109,12 @@ def test_repetition_penalty_and_min_p_follow_their_definitions():
     from infinitehip.engine.sampler import apply_repetition_penalty, sample_token
 
     logits = torch.tensor([2.0, -1.0, 0.5, 3.0, -4.0])
-    got = apply_repetition_penalty(logits, torch.tensor([0, 1, 3]), 2.0)
+    seen = torch.tensor([True, True, False, True, False])
+    got = apply_repetition_penalty(logits, seen, 2.0)
     assert got.tolist() == [1.0, -2.0, 0.5, 1.5, -4.0]  # positive / 2, negative x 2, unseen unchanged
     # greedy: penalising token 3 (3.0 -> 1.5) makes token 0 (2.0) the most likely
-    assert sample_token(logits, SamplingParams(temperature=0.0, repetition_penalty=2.0), None, torch.tensor([3])) == 0
+    only_3 = torch.tensor([False, False, False, True, False])
+    assert sample_token(logits, SamplingParams(temperature=0.0, repetition_penalty=2.0), None, only_3) == 0
     # min_p: p = softmax(logits); tokens under min_p x max(p) never come out
     p = torch.softmax(logits, 0)
     allowed = set((p >= 0.3 * p.max()).nonzero().flatten().tolist())

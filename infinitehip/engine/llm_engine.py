@@ -249,17 +249,17 @@ class LLMEngine:
         samplers, logits = self.runner.run(plan)
         outputs = []
         for row, seq in enumerate(samplers):
-            seen = None
-            if seq.params.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(seq.seen()), dtype=torch.long)
+            if seq.params.repetition_penalty != 1.0 and seq.seen_mask is None:
+                seq.seen_mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
+                seq.seen_mask[torch.tensor(seq.prompt_ids + seq.output_ids, dtype=torch.long)] = True
             row_logits = logits[row]
             if seq.grammar is not None:  # structured output: only tokens the schema allows next
                 row_logits = self.structured.mask(seq.grammar, row_logits)
-            token = sample_token(row_logits, seq.params, seq.generator or self.generator, seen)
+            token = sample_token(row_logits, seq.params, seq.generator or self.generator, seq.seen_mask)
             if seq.grammar is not None:
                 seq.grammar.consume_token(token)
-            if seq.seen_tokens is not None:
-                seq.seen_tokens.add(token)
+            if seq.seen_mask is not None:
+                seq.seen_mask[token] = True
             if seq.params.logprobs is not None:
                 seq.output_logprobs += token_logprobs(logits[row : row + 1], torch.tensor([token], device=logits.device),
                                                      seq.params.logprobs)

@@ -26,18 +26,16 @@ def generation_defaults(model_dir: Path | None) -> dict:
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """logits [vocab], seen [k] distinct token ids of the prompt and output -> logits with those tokens made less
+    """logits [vocab], seen [vocab] bool (the tokens of the prompt and output) -> logits with those tokens made less
     likely: divided by the penalty where positive, multiplied where not (HF's and vLLM's rule)."""
-    picked = logits[seen]
-    out = logits.clone()
-    out[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
-    return out
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
 
 
 def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
                  seen: torch.Tensor | None = None) -> int:
-    """logits [vocab] float32 -> one token id. seen: the distinct tokens so far (with a repetition penalty)."""
-    if params.repetition_penalty != 1.0 and seen is not None and seen.numel():
+    """logits [vocab] float32 -> one token id. seen [vocab] bool: the tokens so far (with a repetition penalty)."""
+    if params.repetition_penalty != 1.0 and seen is not None:
         logits = apply_repetition_penalty(logits, seen.to(logits.device), params.repetition_penalty)
     if params.greedy:
         return int(torch.argmax(logits))

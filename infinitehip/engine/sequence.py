@@ -39,14 +39,10 @@ class Sequence:
     # prompt token after the first (filled chunk by chunk during prefill).
     output_logprobs: list = field(default_factory=list)
     prompt_logprobs: list = field(default_factory=list)
-    seen_tokens: set | None = None  # distinct prompt and output tokens, kept for a repetition penalty
+    # With a repetition penalty: which tokens the prompt and output hold, [vocab] bool, built once from the prompt
+    # and marked per sampled token (rebuilding it from a million-token prompt each step would dominate the step)
+    seen_mask: Any = None
     grammar: Any = None  # the structured-output matcher following the output (params.json_schema)
-
-    def seen(self) -> set:
-        """The distinct tokens of the prompt and output (built once from the prompt, then grown per token)."""
-        if self.seen_tokens is None:
-            self.seen_tokens = set(self.prompt_ids) | set(self.output_ids)
-        return self.seen_tokens
 
     @property
     def num_tokens(self) -> int:
