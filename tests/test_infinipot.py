@@ -158,18 +158,23 @@ def _oracle_first_distillation(model, ids, catalyst_ids, config, chunk, num_kv_h
     return set(novel.tolist()), kept
 
 
-@pytest.mark.parametrize("novelty_fraction", [0.0, 0.5])
-def test_first_distillation_matches_oracle(llama3, tokenizer, novelty_fraction):
-    """NuC = the top-NLL tokens (in every head); the rest of each KV head's slots = its top catalyst scores."""
+@pytest.mark.parametrize("novelty_fraction,question_tokens", [(0.0, 0), (0.5, 0), (0.5, 8)])
+def test_first_distillation_matches_oracle(llama3, tokenizer, novelty_fraction, question_tokens):
+    """NuC = the top-NLL tokens (in every head); the rest of each KV head's slots = its top catalyst scores. With
+    question_tokens, the catalyst is the catalyst prompt followed by the prompt's last question_tokens tokens."""
     model, path = llama3
-    config = InfiniPotConfig(**{**SMALL.__dict__, "novelty_fraction": novelty_fraction})
+    config = InfiniPotConfig(**{**SMALL.__dict__, "novelty_fraction": novelty_fraction,
+                                "question_tokens": question_tokens})
     engine = _engine(path, tokenizer, config)
     limit, C = engine.method.kv_token_limit, config.compressed_tokens
+    assert limit + engine.method.kv_scratch_tokens == config.pot_tokens
+    assert engine.method.kv_scratch_tokens == engine.method.catalyst_ids.numel() + question_tokens
     ids = _ids(limit, seed=7)  # the pot fills exactly once, at the end of the prompt
     seq, _ = _run(engine, ids, max_tokens=1)
     st = seq.method_state
     assert st.distillations == 1
-    novel, kept = _oracle_first_distillation(model, ids, engine.method.catalyst_ids.tolist(), config, 64, 2)
+    catalyst = engine.method.catalyst_ids.tolist() + (ids[-question_tokens:] if question_tokens else [])
+    novel, kept = _oracle_first_distillation(model, ids, catalyst, config, 64, 2)
     assert set(st.novelty.tolist()) == novel and len(novel) == config.novelty_tokens
     for layer, per_head in enumerate(kept):
         for h, oracle in enumerate(per_head):

@@ -19,6 +19,7 @@ cache there returns the slots it kept and declares `kv_token_limit`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, ClassVar, Hashable
@@ -118,6 +119,9 @@ class ChunkHooks:
     extra_forward: Callable[[torch.Tensor], torch.Tensor]
     # Negative log-likelihood [n - 1] (fp32) of the step's tokens 1..n-1, each given the tokens before it.
     token_nll: Callable[[], torch.Tensor]
+    # The request's whole prompt (token ids, as the model reads it): the engine holds it from admission, so a
+    # method may score its cache with the question at the prompt's end before that part is prefilled.
+    prompt_ids: Sequence[int] = ()
 
 
 class AttentionMethod(ABC):

@@ -32,6 +32,10 @@ class InfiniPotConfig:
     # as "<catalyst_prompt> Question: <catalyst_question>" (the paper's best QA setting). Engine-wide:
     # every request of the engine uses it.
     catalyst_question: str | None = None
+    # Per request: the prompt's last question_tokens tokens (where a chat prompt puts the question) follow the
+    # catalyst prompt at every distillation, so the pot keeps what the request's own question attends. Not in
+    # the paper (its CaP-Q needs the question as separate text); 0 = off.
+    question_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.pot_tokens < 2:
@@ -45,6 +49,8 @@ class InfiniPotConfig:
                              f"{self.compressed_tokens - self.novelty_tokens}], got {self.sink_tokens}")
         if not self.catalyst_prompt.strip():
             raise ValueError("catalyst_prompt must not be empty: its attention scores select the kept tokens")
+        if self.question_tokens < 0:
+            raise ValueError(f"question_tokens must be >= 0, got {self.question_tokens}")
         if self.catalyst_question is not None and not self.catalyst_question.strip():
             raise ValueError("catalyst_question must be None or non-empty text")
 

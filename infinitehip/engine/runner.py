@@ -117,6 +117,7 @@ class ModelRunner:
         hooks = ChunkHooks(
             extra_forward=lambda ids: self._extra_forward(seq, ids),
             token_nll=lambda: self._token_nll(hidden[s.query_rows], seq, s.token_start),
+            prompt_ids=seq.prompt_ids,
         )
         kept = self.method.after_forward(s, hooks)
         if kept is not None:  # the method compacted the sequence's cache to its first `kept` slots

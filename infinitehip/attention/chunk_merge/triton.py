@@ -4,7 +4,8 @@ Why a kernel: the reference's sort is a handful of launches (argsort of a few hu
 ~0.1 ms on an H100 inside a decode graph, as much as a pruning stage. One program per row instead ranks each
 listed chunk by counting the listed chunks of both lists that start before it ([C, C], [C, E], [E, C], [E, E]
 comparisons in registers: the lists hold at most a few hundred chunks) and scatters it to its rank; empties
-follow in input order, as (0, 0).
+follow in input order, as (0, 0). The comparisons run on int32 copies (positions stay far below 2^31): int64
+[128, 128] tiles held twice the registers per thread, and 8 warps spread the tiles over 256 threads.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ def _merge_chunks_kernel(Starts, Lens, XStarts, XLens, OutStarts, OutLens, C, E,
     m = tl.program_id(0)
     ic = tl.arange(0, BLOCK_C)
     ie = tl.arange(0, BLOCK_E)
-    a_s = tl.load(Starts + m * stride_s + ic, mask=ic < C, other=0)
-    a_l = tl.load(Lens + m * stride_l + ic, mask=ic < C, other=0)
-    b_s = tl.load(XStarts + m * stride_xs + ie, mask=ie < E, other=0)
-    b_l = tl.load(XLens + m * stride_xl + ie, mask=ie < E, other=0)
+    a_s = tl.load(Starts + m * stride_s + ic, mask=ic < C, other=0).to(tl.int32)
+    a_l = tl.load(Lens + m * stride_l + ic, mask=ic < C, other=0).to(tl.int32)
+    b_s = tl.load(XStarts + m * stride_xs + ie, mask=ie < E, other=0).to(tl.int32)
+    b_l = tl.load(XLens + m * stride_xl + ie, mask=ie < E, other=0).to(tl.int32)
     a_ok = a_l > 0
     # An extra chunk already listed is dropped.
     dup = tl.sum(((a_s[:, None] == b_s[None, :]) & a_ok[:, None]).to(tl.int32), axis=0)  # [BLOCK_E]
@@ -43,10 +44,11 @@ def _merge_chunks_kernel(Starts, Lens, XStarts, XLens, OutStarts, OutLens, C, E,
     empty_b = ((b_ok == 0) & (ie < E)).to(tl.int32)
     rank_a = tl.where(a_ok, rank_a, n_listed + tl.cumsum(empty_a, axis=0) - 1)
     rank_b = tl.where(b_ok, rank_b, n_listed + tl.sum(empty_a, axis=0) + tl.cumsum(empty_b, axis=0) - 1)
-    tl.store(OutStarts + m * stride_os + rank_a, tl.where(a_ok, a_s, 0), mask=ic < C)
-    tl.store(OutLens + m * stride_ol + rank_a, tl.where(a_ok, a_l, 0), mask=ic < C)
-    tl.store(OutStarts + m * stride_os + rank_b, tl.where(b_ok, b_s, 0), mask=ie < E)
-    tl.store(OutLens + m * stride_ol + rank_b, tl.where(b_ok, b_l, 0), mask=ie < E)
+    s_ty, l_ty = OutStarts.dtype.element_ty, OutLens.dtype.element_ty
+    tl.store(OutStarts + m * stride_os + rank_a, tl.where(a_ok, a_s, 0).to(s_ty), mask=ic < C)
+    tl.store(OutLens + m * stride_ol + rank_a, tl.where(a_ok, a_l, 0).to(l_ty), mask=ic < C)
+    tl.store(OutStarts + m * stride_os + rank_b, tl.where(b_ok, b_s, 0).to(s_ty), mask=ie < E)
+    tl.store(OutLens + m * stride_ol + rank_b, tl.where(b_ok, b_l, 0).to(l_ty), mask=ie < E)
 
 
 def merge_chunks_triton(starts: torch.Tensor, lens: torch.Tensor, extra_starts: torch.Tensor,
@@ -63,10 +65,11 @@ def merge_chunks_triton(starts: torch.Tensor, lens: torch.Tensor, extra_starts: 
     tensors = (starts, lens, extra_starts, extra_lens)
     if any(t.stride(1) != 1 for t in tensors if t.shape[1] > 1):
         raise ValueError("chunk lists must be contiguous along their last dimension")
+    block_c, block_e = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(E, 1))
     _merge_chunks_kernel[(M,)](
         starts, lens, extra_starts, extra_lens, out_starts, out_lens, C, E,
         starts.stride(0), lens.stride(0), extra_starts.stride(0), extra_lens.stride(0),
         out_starts.stride(0), out_lens.stride(0),
-        BLOCK_C=triton.next_power_of_2(max(C, 1)), BLOCK_E=triton.next_power_of_2(max(E, 1)),
+        BLOCK_C=block_c, BLOCK_E=block_e, num_warps=8 if block_c * block_e >= 8192 else 4,
     )
     return out_starts, out_lens

@@ -74,10 +74,11 @@ class InfiniPotAttention(AttentionMethod):
             raise ValueError("method 'infinipot' needs the model's tokenizer to encode its catalyst prompt")
         ids = tokenizer(self.config.catalyst_text, add_special_tokens=False)["input_ids"]
         c = self.config
-        if c.compressed_tokens + len(ids) >= c.pot_tokens:
+        if c.compressed_tokens + len(ids) + c.question_tokens >= c.pot_tokens:
             raise ValueError(
                 f"pot_tokens = {c.pot_tokens} leaves no room for new tokens after a distillation: it must exceed "
                 f"compressed_tokens ({c.compressed_tokens}) + the catalyst prompt's {len(ids)} tokens"
+                + (f" + question_tokens ({c.question_tokens})" if c.question_tokens else "")
             )
         self.catalyst_ids = torch.tensor(ids, dtype=torch.long)
 
@@ -86,13 +87,22 @@ class InfiniPotAttention(AttentionMethod):
             raise RuntimeError("infinipot: bind_tokenizer() must run before the method is used (the engine does it)")
         return self.catalyst_ids
 
+    def _catalyst_for(self, prompt_ids) -> torch.Tensor:
+        """The catalyst run at a distillation [<= |P|]: the catalyst prompt, then the prompt's last
+        question_tokens tokens when set (fewer when the prompt is shorter)."""
+        n = self.config.question_tokens
+        if n == 0 or len(prompt_ids) == 0:
+            return self._catalyst()
+        tail = torch.tensor(list(prompt_ids[-n:]), dtype=torch.long)
+        return torch.cat([self._catalyst(), tail])
+
     @property
     def kv_token_limit(self) -> int:
-        return self.config.pot_tokens - self._catalyst().numel()
+        return self.config.pot_tokens - self.kv_scratch_tokens
 
     @property
     def kv_scratch_tokens(self) -> int:
-        return self._catalyst().numel()
+        return self._catalyst().numel() + self.config.question_tokens
 
     def default_max_context_tokens(self) -> int:
         return 1 << 20  # no positional limit (positions stay below pot_tokens); 1M as in the paper's Fig. 4
@@ -138,7 +148,7 @@ class InfiniPotAttention(AttentionMethod):
         state.catalyst_scores = [None] * self.model_config.num_layers
         state.scoring = True
         try:
-            hooks.extra_forward(self._catalyst())  # its k/v land in the scratch slots S..S+|P|-1
+            hooks.extra_forward(self._catalyst_for(hooks.prompt_ids))  # its k/v land in scratch slots S..S+|P|-1
         finally:
             state.scoring = False
         cap = torch.stack(state.catalyst_scores)  # [L, Hkv, S]
