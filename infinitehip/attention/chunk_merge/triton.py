@@ -44,11 +44,11 @@ def _merge_chunks_kernel(Starts, Lens, XStarts, XLens, OutStarts, OutLens, C, E,
     empty_b = ((b_ok == 0) & (ie < E)).to(tl.int32)
     rank_a = tl.where(a_ok, rank_a, n_listed + tl.cumsum(empty_a, axis=0) - 1)
     rank_b = tl.where(b_ok, rank_b, n_listed + tl.sum(empty_a, axis=0) + tl.cumsum(empty_b, axis=0) - 1)
-    s_ty, l_ty = OutStarts.dtype.element_ty, OutLens.dtype.element_ty
-    tl.store(OutStarts + m * stride_os + rank_a, tl.where(a_ok, a_s, 0).to(s_ty), mask=ic < C)
-    tl.store(OutLens + m * stride_ol + rank_a, tl.where(a_ok, a_l, 0).to(l_ty), mask=ic < C)
-    tl.store(OutStarts + m * stride_os + rank_b, tl.where(b_ok, b_s, 0).to(s_ty), mask=ie < E)
-    tl.store(OutLens + m * stride_ol + rank_b, tl.where(b_ok, b_l, 0).to(l_ty), mask=ie < E)
+    # tl.store casts the int32 values to the outputs' element type.
+    tl.store(OutStarts + m * stride_os + rank_a, tl.where(a_ok, a_s, 0), mask=ic < C)
+    tl.store(OutLens + m * stride_ol + rank_a, tl.where(a_ok, a_l, 0), mask=ic < C)
+    tl.store(OutStarts + m * stride_os + rank_b, tl.where(b_ok, b_s, 0), mask=ie < E)
+    tl.store(OutLens + m * stride_ol + rank_b, tl.where(b_ok, b_l, 0), mask=ie < E)
 
 
 def merge_chunks_triton(starts: torch.Tensor, lens: torch.Tensor, extra_starts: torch.Tensor,
