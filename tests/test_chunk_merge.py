@@ -30,12 +30,18 @@ def _as_set(starts: torch.Tensor, lens: torch.Tensor) -> list[set]:
     return [{(s, n) for s, n in zip(rs.tolist(), rl.tolist()) if n > 0} for rs, rl in zip(starts, lens)]
 
 
-@pytest.mark.parametrize("seed, rows, C, E, per_row", [(0, 1, 128, 128, False), (1, 5, 16, 8, True), (2, 3, 40, 24, True),
-                                                     (3, 2, 7, 1, False)])
-def test_merge_is_the_sorted_union_and_the_kernel_equals_it(seed, rows, C, E, per_row):
+# (0, 1, 128, 128) and (4, 2, 256, 128): the default's decode shapes (late and early layers: 2048 or 4096 tokens of
+# 16-token chunks, joined with the question's 128); shuffled: empties between listed chunks, starts unsorted.
+@pytest.mark.parametrize("seed, rows, C, E, per_row, shuffled", [
+    (0, 1, 128, 128, False, False), (1, 5, 16, 8, True, False), (2, 3, 40, 24, True, True), (3, 2, 7, 1, False, False),
+    (4, 2, 256, 128, False, True), (5, 2, 70, 0, False, True)])
+def test_merge_is_the_sorted_union_and_the_kernel_equals_it(seed, rows, C, E, per_row, shuffled):
     g = torch.Generator().manual_seed(seed)
     grid, chunk = 3 * (C + E), 8
     starts, lens = _chunks(g, rows, C, grid, chunk, sort=True)
+    if shuffled:
+        order = torch.randperm(C, generator=g)
+        starts, lens = starts[:, order].contiguous(), lens[:, order].contiguous()
     extra_starts, extra_lens = _chunks(g, rows if per_row else 1, E, grid, chunk, sort=False)
     if not per_row:
         extra_starts, extra_lens = extra_starts[0], extra_lens[0]

@@ -1,7 +1,7 @@
 """Joining a stage's chunk list with extra chunks of the same grid (question-time selection's chunks).
 
 - `reference`: eager PyTorch (a sort), the oracle;
-- `triton`: one Triton kernel (one program per row), imported on first use.
+- `triton`: two Triton kernels (tiles of chunks ranked against both lists), imported on first use.
 
 `merge_chunks(..., impl=...)` dispatches; see `reference.py` for the arguments and outputs.
 """

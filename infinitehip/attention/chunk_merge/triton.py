@@ -1,11 +1,13 @@
-"""Joining two chunk lists as one Triton kernel (same outputs as `reference.py`).
+"""Joining two chunk lists in two Triton kernels (same outputs as `reference.py`).
 
-Why a kernel: the reference's sort is a handful of launches (argsort of a few hundred entries included) that cost
-~0.1 ms on an H100 inside a decode graph, as much as a pruning stage. One program per row instead ranks each
-listed chunk by counting the listed chunks of both lists that start before it ([C, C], [C, E], [E, C], [E, E]
-comparisons in registers: the lists hold at most a few hundred chunks) and scatters it to its rank; empties
-follow in input order, as (0, 0). The comparisons run on int32 copies (positions stay far below 2^31): int64
-[128, 128] tiles held twice the registers per thread, and 8 warps spread the tiles over 256 threads.
+Why kernels: the reference's sort is a handful of launches (argsort of a few hundred entries included) that cost
+~0.1 ms on an H100 inside a decode graph, as much as a pruning stage. Instead, each listed chunk's output index is
+its rank: the number of listed chunks of both lists that start before it. Ranks are computed for a tile of TILE
+chunks per program against both whole lists ([TILE, C] and [TILE, E] comparisons): one program holding every
+comparison of two 256-chunk lists ([256, 256] tiles) spilled its registers and took >100 us. A first kernel
+marks which extra chunks are kept (not already listed), since the ranks of both lists depend on it. Empties
+follow the listed chunks, as (0, 0), at distinct indices (so every output slot is written). Comparisons run on
+int32 copies (positions stay far below 2^31).
 """
 
 from __future__ import annotations
@@ -18,37 +20,63 @@ from infinitehip.attention.triton_interpreter import fix_interpreter_if_active
 
 fix_interpreter_if_active()
 
+TILE = 32
+
 
 @triton.jit
-def _merge_chunks_kernel(Starts, Lens, XStarts, XLens, OutStarts, OutLens, C, E,
-                         stride_s, stride_l, stride_xs, stride_xl, stride_os, stride_ol,
-                         BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr):
-    m = tl.program_id(0)
+def _extra_kept_kernel(Starts, Lens, XStarts, XLens, Kept, C, E, stride_s, stride_l, stride_xs, stride_xl, stride_k,
+                       BLOCK_C: tl.constexpr, TILE: tl.constexpr):
+    """Kept[m, j] = extra chunk j is listed (length > 0) and its start is not among the listed chunks' starts."""
+    m, t = tl.program_id(0), tl.program_id(1)
+    ic = tl.arange(0, BLOCK_C)
+    j = t * TILE + tl.arange(0, TILE)
+    a_s = tl.load(Starts + m * stride_s + ic, mask=ic < C, other=0).to(tl.int32)
+    a_ok = tl.load(Lens + m * stride_l + ic, mask=ic < C, other=0) > 0
+    b_s = tl.load(XStarts + m * stride_xs + j, mask=j < E, other=0).to(tl.int32)
+    b_ok = tl.load(XLens + m * stride_xl + j, mask=j < E, other=0) > 0
+    dup = tl.sum(((a_s[:, None] == b_s[None, :]) & a_ok[:, None]).to(tl.int32), axis=0)  # [TILE]
+    tl.store(Kept + m * stride_k + j, (b_ok & (dup == 0)).to(tl.int8), mask=j < E)
+
+
+@triton.jit
+def _rank_kernel(Starts, Lens, XStarts, XLens, Kept, OutStarts, OutLens, C, E, NA,
+                 stride_s, stride_l, stride_xs, stride_xl, stride_k, stride_os, stride_ol,
+                 BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, TILE: tl.constexpr):
+    """Program (m, t): tile t of list a (t < NA) or of the extra list, scattered to its output indices."""
+    m, t = tl.program_id(0), tl.program_id(1)
     ic = tl.arange(0, BLOCK_C)
     ie = tl.arange(0, BLOCK_E)
     a_s = tl.load(Starts + m * stride_s + ic, mask=ic < C, other=0).to(tl.int32)
-    a_l = tl.load(Lens + m * stride_l + ic, mask=ic < C, other=0).to(tl.int32)
+    a_ok = tl.load(Lens + m * stride_l + ic, mask=ic < C, other=0) > 0
     b_s = tl.load(XStarts + m * stride_xs + ie, mask=ie < E, other=0).to(tl.int32)
-    b_l = tl.load(XLens + m * stride_xl + ie, mask=ie < E, other=0).to(tl.int32)
-    a_ok = a_l > 0
-    # An extra chunk already listed is dropped.
-    dup = tl.sum(((a_s[:, None] == b_s[None, :]) & a_ok[:, None]).to(tl.int32), axis=0)  # [BLOCK_E]
-    b_ok = (b_l > 0) & (dup == 0)
-    # Rank of a listed chunk: the listed chunks of both lists that start before it.
-    rank_a = (tl.sum(((a_s[None, :] < a_s[:, None]) & a_ok[None, :]).to(tl.int32), axis=1)
-              + tl.sum(((b_s[None, :] < a_s[:, None]) & b_ok[None, :]).to(tl.int32), axis=1))
-    rank_b = (tl.sum(((a_s[None, :] < b_s[:, None]) & a_ok[None, :]).to(tl.int32), axis=1)
-              + tl.sum(((b_s[None, :] < b_s[:, None]) & b_ok[None, :]).to(tl.int32), axis=1))
-    n_listed = tl.sum(a_ok.to(tl.int32), axis=0) + tl.sum(b_ok.to(tl.int32), axis=0)
-    empty_a = ((a_l <= 0) & (ic < C)).to(tl.int32)
-    empty_b = ((b_ok == 0) & (ie < E)).to(tl.int32)
-    rank_a = tl.where(a_ok, rank_a, n_listed + tl.cumsum(empty_a, axis=0) - 1)
-    rank_b = tl.where(b_ok, rank_b, n_listed + tl.sum(empty_a, axis=0) + tl.cumsum(empty_b, axis=0) - 1)
+    b_ok = tl.load(Kept + m * stride_k + ie, mask=ie < E, other=0) != 0
+    n_a = tl.sum(a_ok.to(tl.int32), axis=0)
+    n_listed = n_a + tl.sum(b_ok.to(tl.int32), axis=0)
+    it = tl.arange(0, TILE)
+    if t < NA:
+        i = t * TILE + it
+        valid = i < C
+        s = tl.load(Starts + m * stride_s + i, mask=valid, other=0).to(tl.int32)
+        n = tl.load(Lens + m * stride_l + i, mask=valid, other=0).to(tl.int32)
+        ok = n > 0
+        empty_other = (a_ok == 0) & (ic < C)
+        empties_before = tl.sum(((ic[None, :] < i[:, None]) & empty_other[None, :]).to(tl.int32), axis=1)
+        first_empty = n_listed
+    else:
+        i = (t - NA) * TILE + it
+        valid = i < E
+        s = tl.load(XStarts + m * stride_xs + i, mask=valid, other=0).to(tl.int32)
+        n = tl.load(XLens + m * stride_xl + i, mask=valid, other=0).to(tl.int32)
+        ok = tl.load(Kept + m * stride_k + i, mask=valid, other=0) != 0
+        empty_other = (b_ok == 0) & (ie < E)
+        empties_before = tl.sum(((ie[None, :] < i[:, None]) & empty_other[None, :]).to(tl.int32), axis=1)
+        first_empty = n_listed + C - n_a
+    rank = (tl.sum(((a_s[None, :] < s[:, None]) & a_ok[None, :]).to(tl.int32), axis=1)
+            + tl.sum(((b_s[None, :] < s[:, None]) & b_ok[None, :]).to(tl.int32), axis=1))
+    rank = tl.where(ok, rank, first_empty + empties_before)
     # tl.store casts the int32 values to the outputs' element type.
-    tl.store(OutStarts + m * stride_os + rank_a, tl.where(a_ok, a_s, 0), mask=ic < C)
-    tl.store(OutLens + m * stride_ol + rank_a, tl.where(a_ok, a_l, 0), mask=ic < C)
-    tl.store(OutStarts + m * stride_os + rank_b, tl.where(b_ok, b_s, 0), mask=ie < E)
-    tl.store(OutLens + m * stride_ol + rank_b, tl.where(b_ok, b_l, 0), mask=ie < E)
+    tl.store(OutStarts + m * stride_os + rank, tl.where(ok, s, 0), mask=valid)
+    tl.store(OutLens + m * stride_ol + rank, tl.where(ok, n, 0), mask=valid)
 
 
 def merge_chunks_triton(starts: torch.Tensor, lens: torch.Tensor, extra_starts: torch.Tensor,
@@ -65,11 +93,18 @@ def merge_chunks_triton(starts: torch.Tensor, lens: torch.Tensor, extra_starts: 
     tensors = (starts, lens, extra_starts, extra_lens)
     if any(t.stride(1) != 1 for t in tensors if t.shape[1] > 1):
         raise ValueError("chunk lists must be contiguous along their last dimension")
+    kept = torch.empty(M, max(E, 1), dtype=torch.int8, device=starts.device)  # [M, E]: extra chunk kept
     block_c, block_e = triton.next_power_of_2(max(C, 1)), triton.next_power_of_2(max(E, 1))
-    _merge_chunks_kernel[(M,)](
-        starts, lens, extra_starts, extra_lens, out_starts, out_lens, C, E,
-        starts.stride(0), lens.stride(0), extra_starts.stride(0), extra_lens.stride(0),
+    warps = 8 if TILE * max(block_c, block_e) >= 8192 else 4
+    if E > 0:
+        _extra_kept_kernel[(M, triton.cdiv(E, TILE))](
+            starts, lens, extra_starts, extra_lens, kept, C, E,
+            starts.stride(0), lens.stride(0), extra_starts.stride(0), extra_lens.stride(0), kept.stride(0),
+            BLOCK_C=block_c, TILE=TILE, num_warps=warps)
+    num_a = triton.cdiv(C, TILE)
+    _rank_kernel[(M, num_a + triton.cdiv(E, TILE))](
+        starts, lens, extra_starts, extra_lens, kept, out_starts, out_lens, C, E, num_a,
+        starts.stride(0), lens.stride(0), extra_starts.stride(0), extra_lens.stride(0), kept.stride(0),
         out_starts.stride(0), out_lens.stride(0),
-        BLOCK_C=block_c, BLOCK_E=block_e, num_warps=8 if block_c * block_e >= 8192 else 4,
-    )
+        BLOCK_C=block_c, BLOCK_E=block_e, TILE=TILE, num_warps=warps)
     return out_starts, out_lens
