@@ -325,6 +325,7 @@ def main() -> None:
     p.add_argument("--fast-prefill", action="store_true", help="random8b: prefill attention replaced by zeros (see above)")
     p.add_argument("--phase-times", action="store_true", help="synchronised wall time per prefill phase")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny random model, 700 tokens, 8 steps, tokens checked")
+    p.add_argument("--output", default=None, help="write the rows (and the dense layer-wise baseline) to this JSON file")
     args = p.parse_args()
     if args.passkey and args.model != "embedded":
         p.error("--passkey needs --model embedded (random weights cannot answer)")
@@ -409,6 +410,21 @@ def main() -> None:
             tail = f"{ours[0]:.2f} | {d['dense_ms'] / ours[0]:.2f}x" if ours else "- | -"
             print(f"| {d['context']:,} | {d['rest_ms']:.2f} | {d['layer_ms']:.3f} | {d['dense_ms']:.2f} | "
                   f"{1e3 / d['dense_ms']:.1f} | {tail} |")
+    if args.output:
+        import subprocess
+
+        import triton
+
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+        meta = {"device": device, "torch": torch.__version__, "triton": triton.__version__, "git_commit": commit,
+                "model": loaded.source, "preset": None if args.smoke else args.preset, "overrides": overrides,
+                "method_config": None if args.smoke else method.__dict__, "argv": sys.argv[1:],
+                "fast_prefill": bool(args.fast_prefill)}
+        keep = [{k: v for k, v in r.items() if k not in ("tokens",)} for r in rows]
+        Path(args.output).write_text(json.dumps({"meta": meta, "rows": keep,
+                                                 "dense_layerwise": dense if args.dense_layerwise else None},
+                                                indent=1, default=str))
+        print(f"wrote {args.output}")
     overflows = sum(r[f"{ph}_{b}_overflows"] for r in rows for ph in ("prefill", "decode") for b in ("mask", "attention"))
     if overflows:
         print(f"ERROR: {overflows} resolve calls asked a bank for more rows than it holds")
