@@ -139,7 +139,7 @@ def test_catalyst_tokens_are_never_kept(llama3, tokenizer, distillations):
     assert (seq.method_state.slot_tokens[:, :, :C] < 700).all()
 
 
-def _oracle_first_distillation(model, ids, catalyst_ids, config, chunk, num_kv_heads):
+def _oracle_first_distillation(model, ids, catalyst_ids, config, chunk, num_kv_heads, pool=1):
     """Token sets [L][Hkv] the paper's rule keeps from a pot holding ids (all tokens, positions 0..S-1)."""
     S, C, T = len(ids), config.compressed_tokens, config.novelty_tokens
     with torch.no_grad():
@@ -153,18 +153,21 @@ def _oracle_first_distillation(model, ids, catalyst_ids, config, chunk, num_kv_h
     for attn in out.attentions:  # [1, H, S + P, S + P]
         cap = attn[0, :, S:, :S].sum(1)  # [H, S]: the catalyst queries' attention to the pot
         cap = cap.view(num_kv_heads, -1, S).sum(1)  # query heads of a KV group added
+        # pool: each slot scores the max over the `pool` slots centred on it (edges padded with -inf)
+        cap = torch.nn.functional.pad(cap, (pool // 2, pool // 2), value=float("-inf")).unfold(1, pool, 1).amax(-1)
         cap[:, novel] = float("-inf")
         kept.append([set(novel.tolist()) | set(cap[h].topk(C - T).indices.tolist()) for h in range(num_kv_heads)])
     return set(novel.tolist()), kept
 
 
-@pytest.mark.parametrize("novelty_fraction,question_tokens", [(0.0, 0), (0.5, 0), (0.5, 8)])
-def test_first_distillation_matches_oracle(llama3, tokenizer, novelty_fraction, question_tokens):
+@pytest.mark.parametrize("novelty_fraction,question_tokens,pool", [(0.0, 0, 1), (0.5, 0, 1), (0.5, 8, 1), (0.25, 8, 5)])
+def test_first_distillation_matches_oracle(llama3, tokenizer, novelty_fraction, question_tokens, pool):
     """NuC = the top-NLL tokens (in every head); the rest of each KV head's slots = its top catalyst scores. With
-    question_tokens, the catalyst is the catalyst prompt followed by the prompt's last question_tokens tokens."""
+    question_tokens, the catalyst is the catalyst prompt followed by the prompt's last question_tokens tokens;
+    with pool_tokens, a slot's score is the max over its neighbours'."""
     model, path = llama3
     config = InfiniPotConfig(**{**SMALL.__dict__, "novelty_fraction": novelty_fraction,
-                                "question_tokens": question_tokens})
+                                "question_tokens": question_tokens, "pool_tokens": pool})
     engine = _engine(path, tokenizer, config)
     limit, C = engine.method.kv_token_limit, config.compressed_tokens
     assert limit + engine.method.kv_scratch_tokens == config.pot_tokens
@@ -174,7 +177,7 @@ def test_first_distillation_matches_oracle(llama3, tokenizer, novelty_fraction, 
     st = seq.method_state
     assert st.distillations == 1
     catalyst = engine.method.catalyst_ids.tolist() + (ids[-question_tokens:] if question_tokens else [])
-    novel, kept = _oracle_first_distillation(model, ids, catalyst, config, 64, 2)
+    novel, kept = _oracle_first_distillation(model, ids, catalyst, config, 64, 2, pool)
     assert set(st.novelty.tolist()) == novel and len(novel) == config.novelty_tokens
     for layer, per_head in enumerate(kept):
         for h, oracle in enumerate(per_head):
@@ -216,10 +219,17 @@ def test_config_and_binding_errors_name_the_field(llama3, tokenizer):
         InfiniPotConfig(compressed_tokens=1024, novelty_fraction=1.0, sink_tokens=4)  # no room beside NuC
     with pytest.raises(ValueError, match="catalyst_question"):
         InfiniPotConfig(catalyst_question=" ")
+    with pytest.raises(ValueError, match="pool_tokens"):
+        InfiniPotConfig(pool_tokens=4)
+    with pytest.raises(ValueError, match="question_tokens"):
+        InfiniPotConfig(question_tokens=-1)
     assert InfiniPotConfig(catalyst_question="Who won?").catalyst_text.endswith(" Question: Who won?")
     _, path = llama3
     with pytest.raises(ValueError, match="pot_tokens"):  # 48 kept + 5 catalyst tokens leave no room in 53 slots
         _engine(path, tokenizer, InfiniPotConfig(pot_tokens=53, compressed_tokens=48, catalyst_prompt=CATALYST))
+    with pytest.raises(ValueError, match="question_tokens"):  # 48 kept + 5 catalyst + 8 question tokens > 60
+        _engine(path, tokenizer, InfiniPotConfig(pot_tokens=60, compressed_tokens=48, catalyst_prompt=CATALYST,
+                                                 question_tokens=8))
     with pytest.raises(ValueError, match="tokenizer"):
         _engine(path, None)
     with pytest.raises(ValueError, match="pot_tokens"):  # the tiny model is trained to 4096 positions

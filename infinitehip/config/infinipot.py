@@ -36,6 +36,10 @@ class InfiniPotConfig:
     # catalyst prompt at every distillation, so the pot keeps what the request's own question attends. Not in
     # the paper (its CaP-Q needs the question as separate text); 0 = off.
     question_tokens: int = 0
+    # CaP scores max-pooled over this many neighbouring slots before the top-k (SnapKV's clustering; not in the
+    # paper): a kept token keeps its neighbours, so a fact split into several tokens (a word and its digits)
+    # survives whole. 1 = off (the paper's per-token top-k). Odd.
+    pool_tokens: int = 1
 
     def __post_init__(self) -> None:
         if self.pot_tokens < 2:
@@ -49,6 +53,8 @@ class InfiniPotConfig:
                              f"{self.compressed_tokens - self.novelty_tokens}], got {self.sink_tokens}")
         if not self.catalyst_prompt.strip():
             raise ValueError("catalyst_prompt must not be empty: its attention scores select the kept tokens")
+        if self.pool_tokens < 1 or self.pool_tokens % 2 == 0:
+            raise ValueError(f"pool_tokens must be an odd number >= 1, got {self.pool_tokens}")
         if self.question_tokens < 0:
             raise ValueError(f"question_tokens must be >= 0, got {self.question_tokens}")
         if self.catalyst_question is not None and not self.catalyst_question.strip():

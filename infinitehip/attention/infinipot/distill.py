@@ -35,6 +35,16 @@ def novelty_tokens(slot_tokens: torch.Tensor, slot_nll: torch.Tensor, nll_known:
     return tokens[picked].sort().values
 
 
+def pool_scores(cap_scores: torch.Tensor, window: int) -> torch.Tensor:
+    """Each slot's score [L, Hkv, S] -> the max over the `window` slots centred on it (odd window; 1 = unchanged)."""
+    if window == 1:
+        return cap_scores
+    L, H, S = cap_scores.shape
+    pooled = torch.nn.functional.max_pool1d(cap_scores.float().reshape(L * H, 1, S), window, stride=1,
+                                            padding=window // 2)
+    return pooled.reshape(L, H, S)
+
+
 def select_slots(cap_scores: torch.Tensor, slot_tokens: torch.Tensor, novel: torch.Tensor, keep: int) -> torch.Tensor:
     """Slots [L, Hkv, keep] (ascending) each layer/KV head keeps: the NuC tokens `novel` [t] first (every row
     holds them), then the keep - t other slots with the highest catalyst scores cap_scores [L, Hkv, S]."""

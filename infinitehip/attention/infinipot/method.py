@@ -22,7 +22,7 @@ import torch
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
 from infinitehip.attention.dense import causal_sdpa
-from infinitehip.attention.infinipot.distill import compact_cache, novelty_tokens, select_slots
+from infinitehip.attention.infinipot.distill import compact_cache, novelty_tokens, pool_scores, select_slots
 from infinitehip.config.infinipot import PRESETS, InfiniPotConfig
 from infinitehip.config.model import ModelConfig
 
@@ -151,7 +151,7 @@ class InfiniPotAttention(AttentionMethod):
             hooks.extra_forward(self._catalyst_for(hooks.prompt_ids))  # its k/v land in scratch slots S..S+|P|-1
         finally:
             state.scoring = False
-        cap = torch.stack(state.catalyst_scores)  # [L, Hkv, S]
+        cap = pool_scores(torch.stack(state.catalyst_scores), self.config.pool_tokens)  # [L, Hkv, S]
         state.catalyst_scores = []
         tokens = state.slot_tokens[..., :S]
         sinks = self.config.sink_tokens  # tokens 0..sinks-1: in every row, as every distillation keeps them
