@@ -59,8 +59,8 @@ def _rank_kernel(Starts, Lens, XStarts, XLens, Kept, OutStarts, OutLens, C, E, N
         s = tl.load(Starts + m * stride_s + i, mask=valid, other=0).to(tl.int32)
         n = tl.load(Lens + m * stride_l + i, mask=valid, other=0).to(tl.int32)
         ok = n > 0
-        empty_other = (a_ok == 0) & (ic < C)
-        empties_before = tl.sum(((ic[None, :] < i[:, None]) & empty_other[None, :]).to(tl.int32), axis=1)
+        empty_a = (a_ok == 0) & (ic < C)  # (names differ per branch: compiled Triton types each name once)
+        empties_before = tl.sum(((ic[None, :] < i[:, None]) & empty_a[None, :]).to(tl.int32), axis=1)
         first_empty = n_listed
     else:
         i = (t - NA) * TILE + it
@@ -68,8 +68,8 @@ def _rank_kernel(Starts, Lens, XStarts, XLens, Kept, OutStarts, OutLens, C, E, N
         s = tl.load(XStarts + m * stride_xs + i, mask=valid, other=0).to(tl.int32)
         n = tl.load(XLens + m * stride_xl + i, mask=valid, other=0).to(tl.int32)
         ok = tl.load(Kept + m * stride_k + i, mask=valid, other=0) != 0
-        empty_other = (b_ok == 0) & (ie < E)
-        empties_before = tl.sum(((ie[None, :] < i[:, None]) & empty_other[None, :]).to(tl.int32), axis=1)
+        empty_b = (b_ok == 0) & (ie < E)
+        empties_before = tl.sum(((ie[None, :] < i[:, None]) & empty_b[None, :]).to(tl.int32), axis=1)
         first_empty = n_listed + C - n_a
     rank = (tl.sum(((a_s[None, :] < s[:, None]) & a_ok[None, :]).to(tl.int32), axis=1)
             + tl.sum(((b_s[None, :] < s[:, None]) & b_ok[None, :]).to(tl.int32), axis=1))
