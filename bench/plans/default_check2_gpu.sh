@@ -21,6 +21,6 @@ python3 bench/pick_setting.py "q64p7=$OUT_DIR/pot_sel_q64p7.json=--preset 4k --q
 run pot_held $G --method infinipot $(cat $OUT_DIR/pot_winner.args) --lengths 32000 131072 --seeds 2 --samples-per-depth 2 --output $OUT_DIR/gemma_infinipot_heldout.json
 run short_ih $G --method infinitehip --lengths 4096 7000 --samples-per-depth 2 --output $OUT_DIR/gemma_short_infinitehip.json
 run short_ts $G --method tokenselect --lengths 4096 7000 --samples-per-depth 2 --output $OUT_DIR/gemma_short_tokenselect.json
-run pot_1m $G --method infinipot $(cat $OUT_DIR/pot_winner.args) --lengths 1048576 --seeds 2 --samples-per-depth 1 --output $OUT_DIR/gemma_infinipot_1m.json
-run g_1m_ih $G --method infinitehip --lengths 1048576 --seeds 0 1 --samples-per-depth 1 --trace true --output $OUT_DIR/gemma_1m_infinitehip_s01.json
+run g_1m_ih $G --method infinitehip --lengths 1048576 --seeds 0 --samples-per-depth 1 --trace true --output $OUT_DIR/gemma_1m_infinitehip_s0.json
+run pot_1m $G --method infinipot $(cat $OUT_DIR/pot_winner.args) --lengths 1048576 --seeds 2 --depths 0.1 0.5 0.9 --samples-per-depth 1 --output $OUT_DIR/gemma_infinipot_1m.json
 run g_1m_ts $G --method tokenselect --lengths 1048576 --seeds 0 --samples-per-depth 1 --trace true --output $OUT_DIR/gemma_1m_tokenselect_s0.json
