@@ -2,7 +2,8 @@
 
 Spawned (the default): `LLMEngine(config)` with tensor_parallel_size N, in one process, becomes rank 0 and starts
 ranks 1..N-1 with torch.multiprocessing (start method spawn) on cuda:1..N-1 (CPU: gloo ranks on the host); they
-meet over tcp://127.0.0.1 on a free port.
+meet over tcp://127.0.0.1 on a free port. The ranks outlive the engine: `LLMEngine.close()` returns them to
+waiting, the next engine of the same size reuses them (one open engine at a time), and they end with the process.
 
 torchrun (one node or several): every process runs the same command, e.g.
 
@@ -13,7 +14,7 @@ torchrun (one node or several): every process runs the same command, e.g.
 torchrun's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (torch.distributed's own transport, not
 engine settings) are read when WORLD_SIZE > 1: WORLD_SIZE must equal the size, each process uses cuda:LOCAL_RANK,
 rank 0 (the node that serves) goes on as the engine, and the others enter the worker loop inside the engine's
-constructor and exit when rank 0 stops. Give an HF directory (or convert a GGUF once beforehand): every rank reads
+constructor and exit when rank 0's process ends. Give an HF directory (or convert a GGUF once beforehand): every rank reads
 the checkpoint itself. Across nodes the per-layer all-reduce runs over the network: keep a tensor-parallel group
 within one NVLink node unless the model does not fit it.
 """
@@ -34,7 +35,7 @@ from infinitehip.model.loading import LoadedModel
 from infinitehip.parallel.rank_weights import RankWeights
 from infinitehip.parallel.shard import check_shardable
 from infinitehip.parallel.state import ParallelState, init_parallel, shutdown_parallel
-from infinitehip.parallel.worker import rank_device, run_worker, worker_main
+from infinitehip.parallel.worker import rank_device, serve, worker_main
 
 
 def rank_weights(config: EngineConfig, loaded: LoadedModel | RankWeights | None) -> RankWeights:
@@ -60,33 +61,54 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(config: EngineConfig, loaded: LoadedModel | RankWeights | None, method_config: object | None,
-                offload_config: OffloadConfig | None) -> tuple[ParallelState, LoadedModel]:
-    """Start (or, under torchrun, join) the engine's ranks; return rank 0's state and its part of the model."""
+_GROUP: ParallelState | None = None  # this process's ranks (rank 0's view), kept from one engine to the next
+
+
+def _join_group(config: EngineConfig) -> ParallelState:
+    """This process's group of ranks: started once (spawned, or joined under torchrun), then reused."""
+    global _GROUP
     size = config.tensor_parallel_size
-    weights = rank_weights(config, loaded)
-    check_shardable(weights.config, size)  # before any process starts
+    if _GROUP is not None:
+        if _GROUP.busy:
+            raise RuntimeError("a tensor-parallel engine is open in this process: close() it before building another")
+        if _GROUP.size != size or _GROUP.device != rank_device(config, _GROUP.rank):
+            raise RuntimeError(f"this process's ranks run tensor_parallel_size {_GROUP.size} on {_GROUP.device}; "
+                               f"an engine of size {size} on {config.device} needs a new process")
+        return _GROUP
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:  # torchrun
         if world != size:
             raise ValueError(f"torchrun started {world} processes for tensor_parallel_size {size}")
         parallel = init_parallel(int(os.environ["RANK"]), size, rank_device(config, int(os.environ["LOCAL_RANK"])),
                                  "env://")
-        if not parallel.is_driver:
-            run_worker(parallel, config, weights, method_config, offload_config)
+        if not parallel.is_driver:  # the other ranks serve rank 0's engines, then the process ends
+            serve(parallel)
             shutdown_parallel()
             sys.exit(0)
     else:
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         context = torch.multiprocessing.get_context("spawn")
         processes = [context.Process(target=worker_main, daemon=True, name=f"infinitehip-tp-rank{rank}",
-                                     args=(rank, size, init_method, config, weights, method_config, offload_config))
+                                     args=(rank, size, init_method, rank_device(config, rank)))
                      for rank in range(1, size)]
         for p in processes:
             p.start()
         parallel = init_parallel(0, size, rank_device(config, 0), init_method)
         parallel.processes = processes
-    atexit.register(stop_ranks, parallel)
+    atexit.register(_stop_group)
+    _GROUP = parallel
+    return parallel
+
+
+def start_ranks(config: EngineConfig, loaded: LoadedModel | RankWeights | None, method_config: object | None,
+                offload_config: OffloadConfig | None) -> tuple[ParallelState, LoadedModel]:
+    """Start (or reuse, or under torchrun join) the ranks, hand them the engine; return rank 0's state and its
+    part of the model."""
+    weights = rank_weights(config, loaded)
+    check_shardable(weights.config, config.tensor_parallel_size)  # before any process starts
+    parallel = _join_group(config)
+    parallel.busy = True
+    parallel.broadcast_object((config, weights, method_config, offload_config))
     try:
         return parallel, weights.load(parallel, parallel.device, config.torch_dtype())
     except BaseException:
@@ -94,12 +116,21 @@ def start_ranks(config: EngineConfig, loaded: LoadedModel | RankWeights | None, 
         raise
 
 
-def stop_ranks(parallel: ParallelState, timeout_s: float = 60.0) -> None:
-    """Rank 0: tell the other ranks to stop, wait for spawned ones, leave the process group. Idempotent."""
-    if parallel.stopped:
+def stop_ranks(parallel: ParallelState) -> None:
+    """Rank 0: close the engine on the other ranks (they wait for the next one). Idempotent."""
+    if parallel.busy:
+        parallel.busy = False
+        parallel.broadcast_object(None)
+
+
+def _stop_group(timeout_s: float = 60.0) -> None:
+    """At exit: close any open engine, end the other ranks, leave the process group."""
+    global _GROUP
+    parallel, _GROUP = _GROUP, None
+    if parallel is None:
         return
-    parallel.stopped = True
     try:
+        stop_ranks(parallel)
         parallel.broadcast_object(None)
     finally:
         for p in parallel.processes:

@@ -28,7 +28,7 @@ class ParallelState:
     group: object  # the collectives' group (NCCL on CUDA, gloo on CPU)
     cpu_group: object  # gloo group for the step broadcast (the same group on CPU)
     processes: list = field(default_factory=list)  # rank 0 of a spawned group: the other ranks' processes
-    stopped: bool = False
+    busy: bool = False  # rank 0: an engine is open on these ranks
 
     @property
     def is_driver(self) -> bool:

@@ -26,6 +26,7 @@ def rank_device(config: EngineConfig, local_rank: int) -> torch.device:
 
 def run_worker(parallel: ParallelState, config: EngineConfig, weights: RankWeights, method_config: object | None,
                offload_config: OffloadConfig | None) -> None:
+    """One engine on this rank: build its part, replay rank 0's calls until rank 0 closes the engine (None)."""
     dtype = config.torch_dtype()
     loaded = weights.load(parallel, parallel.device, dtype)
     parts = build_rank(config, loaded, method_config, offload_config, parallel.device, dtype, parallel, show=False)
@@ -36,14 +37,20 @@ def run_worker(parallel: ParallelState, config: EngineConfig, weights: RankWeigh
     mirror.release_all()
 
 
-def worker_main(rank: int, size: int, init_method: str, config: EngineConfig, weights: RankWeights,
-                method_config: object | None, offload_config: OffloadConfig | None) -> None:
+def serve(parallel: ParallelState) -> None:
+    """Engines one after another (rank 0 broadcasts each one's (config, weights, method config, offload config)),
+    until rank 0 broadcasts None: the ranks outlive an engine, so a process that builds several (one per method,
+    as `eval compare` does) starts its ranks once."""
+    while (spec := parallel.broadcast_object()) is not None:
+        run_worker(parallel, *spec)
+
+
+def worker_main(rank: int, size: int, init_method: str, device: torch.device) -> None:
     """Entry point of a spawned rank (torch.multiprocessing, start method spawn)."""
-    device = rank_device(config, rank)
     if device.type == "cpu":  # the ranks share the host's cores
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
     parallel = init_parallel(rank, size, device, init_method)
     try:
-        run_worker(parallel, config, weights, method_config, offload_config)
+        serve(parallel)
     finally:
         shutdown_parallel()
