@@ -65,17 +65,22 @@ class LLMEngine:
 
             self.parallel, loaded = start_ranks(config, loaded, method_config, offload_config)
             self.device = self.parallel.device
-        if loaded is not None and not isinstance(loaded, LoadedModel):  # parallel.rank_weights.RankWeights
-            loaded = loaded.load(None, self.device, self.dtype)
-        self.loaded = loaded = loaded or load_engine_model(config)
-        self.model_config = loaded.config
-        self.tokenizer = loaded.tokenizer
+        error, parts = None, None
         try:
+            if loaded is not None and not isinstance(loaded, LoadedModel):  # parallel.rank_weights.RankWeights
+                loaded = loaded.load(self.parallel, self.device, self.dtype)
+            self.loaded = loaded = loaded or load_engine_model(config)
             parts = build_rank(config, loaded, method_config, offload_config, self.device, self.dtype, self.parallel,
                                config.show_progress)
-        except BaseException:
-            self.close()
-            raise
+        except BaseException as e:
+            error = e
+        if self.parallel is not None and (failed := self.parallel.first_error(error)) is not None:
+            self.close()  # every rank backs out; the ranks wait for the next engine
+            raise error or RuntimeError(f"tensor-parallel engine not built: {failed}")
+        if error is not None:
+            raise error
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
         self.method, self.cache, self.kv_plan, self.rope = parts.method, parts.cache, parts.kv_plan, parts.rope
         self.sliding, self.max_context_tokens = parts.sliding, parts.max_context_tokens
         self.scheduler = Scheduler(PageAllocator(parts.num_pages, config.page_size), config.max_num_seqs,

@@ -62,7 +62,7 @@ def build_rank(config: EngineConfig, loaded: LoadedModel, method_config: object 
     num_pages = -(-kv_tokens // config.page_size)
     # Offloading: the method's checks and the capacity plan run before anything is allocated.
     cache, kv_plan = build_kv(offload_config, method, mc, dtype, device, config.page_size, num_pages,
-                              max_context_tokens, config.max_num_seqs, show)
+                              max_context_tokens, config.max_num_seqs, show, parallel)
     rope = RotaryEmbedding(mc, min(max_context_tokens, 1 << 16), device)
     sliding = None
     if layers.sliding_layers:  # one ring row per running sequence, plus prompt_logits' own

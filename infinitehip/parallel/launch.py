@@ -81,6 +81,7 @@ def _join_group(config: EngineConfig) -> ParallelState:
             raise ValueError(f"torchrun started {world} processes for tensor_parallel_size {size}")
         parallel = init_parallel(int(os.environ["RANK"]), size, rank_device(config, int(os.environ["LOCAL_RANK"])),
                                  "env://")
+        parallel.ranks_per_host = int(os.environ.get("LOCAL_WORLD_SIZE", size))
         if not parallel.is_driver:  # the other ranks serve rank 0's engines, then the process ends
             serve(parallel)
             shutdown_parallel()
@@ -94,26 +95,23 @@ def _join_group(config: EngineConfig) -> ParallelState:
         for p in processes:
             p.start()
         parallel = init_parallel(0, size, rank_device(config, 0), init_method)
-        parallel.processes = processes
+        parallel.processes, parallel.ranks_per_host = processes, size
     atexit.register(_stop_group)
     _GROUP = parallel
     return parallel
 
 
 def start_ranks(config: EngineConfig, loaded: LoadedModel | RankWeights | None, method_config: object | None,
-                offload_config: OffloadConfig | None) -> tuple[ParallelState, LoadedModel]:
-    """Start (or reuse, or under torchrun join) the ranks, hand them the engine; return rank 0's state and its
-    part of the model."""
+                offload_config: OffloadConfig | None) -> tuple[ParallelState, RankWeights]:
+    """Start (or reuse, or under torchrun join) the ranks and hand them the engine: they load their weights and
+    build their part. Rank 0 then does the same (`LLMEngine`) and every rank reports whether it succeeded
+    (`ParallelState.first_error`)."""
     weights = rank_weights(config, loaded)
     check_shardable(weights.config, config.tensor_parallel_size)  # before any process starts
     parallel = _join_group(config)
     parallel.busy = True
     parallel.broadcast_object((config, weights, method_config, offload_config))
-    try:
-        return parallel, weights.load(parallel, parallel.device, config.torch_dtype())
-    except BaseException:
-        stop_ranks(parallel)
-        raise
+    return parallel, weights
 
 
 def stop_ranks(parallel: ParallelState) -> None:

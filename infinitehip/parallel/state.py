@@ -29,6 +29,7 @@ class ParallelState:
     cpu_group: object  # gloo group for the step broadcast (the same group on CPU)
     processes: list = field(default_factory=list)  # rank 0 of a spawned group: the other ranks' processes
     busy: bool = False  # rank 0: an engine is open on these ranks
+    ranks_per_host: int = 1  # ranks sharing this host's memory (all of them when spawned; torchrun: per node)
 
     @property
     def is_driver(self) -> bool:
@@ -52,6 +53,21 @@ class ParallelState:
             dist.all_gather(parts, x, group=self.group)
             out = torch.stack(parts)
         return out.permute(1, 0, 2).reshape(x.shape[0], self.size * x.shape[1])
+
+    def host_share(self, available: int) -> int:
+        """Host memory this rank may plan its KV store in: the least any rank sees available, read by every rank
+        before any allocates (this call is a collective), split among the ranks of one host."""
+        least = torch.tensor([available], dtype=torch.int64)
+        dist.all_reduce(least, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        return int(least.item()) // self.ranks_per_host
+
+    def first_error(self, error: BaseException | None) -> str | None:
+        """Every rank's outcome of a step that may fail on some ranks only (building an engine): None when all
+        succeeded, else the first failing rank's message, on every rank (so all of them back out together)."""
+        errors: list = [None] * self.size
+        dist.all_gather_object(errors, None if error is None else f"{type(error).__name__}: {error}",
+                               group=self.cpu_group)
+        return next((f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None), None)
 
     def broadcast_object(self, obj: object = None) -> object:
         """Rank 0's obj on every rank (pickled; others pass None)."""

@@ -28,8 +28,15 @@ def run_worker(parallel: ParallelState, config: EngineConfig, weights: RankWeigh
                offload_config: OffloadConfig | None) -> None:
     """One engine on this rank: build its part, replay rank 0's calls until rank 0 closes the engine (None)."""
     dtype = config.torch_dtype()
-    loaded = weights.load(parallel, parallel.device, dtype)
-    parts = build_rank(config, loaded, method_config, offload_config, parallel.device, dtype, parallel, show=False)
+    error = None
+    try:
+        loaded = weights.load(parallel, parallel.device, dtype)
+        parts = build_rank(config, loaded, method_config, offload_config, parallel.device, dtype, parallel, show=False)
+    except Exception as e:  # e.g. the KV does not fit this rank's memory: every rank backs out (rank 0 raises)
+        error = e
+    if parallel.first_error(error) is not None:
+        parallel.broadcast_object()  # rank 0 closes the engine (None)
+        return
     mirror = StepMirror(parts.runner, parts.method)
     with torch.inference_mode():
         while (message := parallel.broadcast_object()) is not None:
@@ -50,6 +57,7 @@ def worker_main(rank: int, size: int, init_method: str, device: torch.device) ->
     if device.type == "cpu":  # the ranks share the host's cores
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
     parallel = init_parallel(rank, size, device, init_method)
+    parallel.ranks_per_host = size  # spawned ranks share one host
     try:
         serve(parallel)
     finally:
