@@ -7,9 +7,9 @@ waiting, the next engine of the same size reuses them (one open engine at a time
 
 torchrun (one node or several): every process runs the same command, e.g.
 
-    torchrun --nproc-per-node 2 -m infinitehip.cli serve --model DIR --tensor-parallel-size 2
+    torchrun --nproc-per-node 2 -m infinitehip.cli.main serve --model DIR --tensor-parallel-size 2
     torchrun --nnodes 2 --node-rank R --nproc-per-node 4 --master-addr HOST0 --master-port 29500 \\
-        -m infinitehip.cli serve --model DIR --tensor-parallel-size 8
+        -m infinitehip.cli.main serve --model DIR --tensor-parallel-size 8
 
 torchrun's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (torch.distributed's own transport, not
 engine settings) are read when WORLD_SIZE > 1: WORLD_SIZE must equal the size, each process uses cuda:LOCAL_RANK,
