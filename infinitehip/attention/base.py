@@ -126,9 +126,22 @@ class ChunkHooks:
 
 class AttentionMethod(ABC):
     name: ClassVar[str]
+    # A tensor-parallel rank (parallel/state.ParallelState) when the engine runs several: model_config then holds
+    # this rank's heads only. None single-process.
+    parallel: Any = None
 
     def __init__(self, model_config: ModelConfig):
         self.model_config = model_config
+
+    def bind_parallel(self, parallel: Any) -> None:
+        """Called by the engine of a tensor-parallel rank before anything runs."""
+        self.parallel = parallel
+
+    def reduce_heads(self, scores: torch.Tensor, op: str) -> torch.Tensor:
+        """Scores already combined over this rank's heads ("max" or "sum" of per-head scores), combined the same
+        way over every rank's heads: a selection shared by all heads is then the one a single process makes.
+        Identity single-process."""
+        return scores if self.parallel is None else self.parallel.all_reduce(scores, op)
 
     def new_state(self) -> Any:
         """Per-sequence state (created when a sequence is admitted)."""

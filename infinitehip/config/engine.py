@@ -29,13 +29,18 @@ class EngineConfig:
     # Sampling defaults from the model's generation_config.json (temperature, top_p, top_k, min_p,
     # repetition_penalty) for what a request leaves unset, as vLLM does; false: SamplingParams' own defaults.
     use_generation_config: bool = True
+    # Ranks of tensor parallelism: each runs 1/N of the attention heads (with their KV cache and the attention
+    # method), of the MLP and of the logits, on its own GPU (cuda:0..N-1; CPU: gloo ranks). N must divide the
+    # model's attention heads; KV heads are split, or replicated when N is a multiple of them. Ranks 1..N-1 are
+    # spawned by the engine, or started by torchrun (docs/tensor-parallel.md).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
-        for name in ("page_size", "prefill_chunk_size", "max_num_seqs"):
+        for name in ("page_size", "prefill_chunk_size", "max_num_seqs", "tensor_parallel_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("max_context_tokens", "kv_cache_tokens"):

@@ -27,11 +27,14 @@ logger = logging.getLogger(__name__)
 
 def plan_offload(offload: OffloadConfig, method: AttentionMethod, mc: ModelConfig, dtype: torch.dtype,
                  device: torch.device, page_size: int, kv_tokens: int, max_context_tokens: int,
-                 max_num_seqs: int) -> CapacityPlan:
-    """Checks and the capacity plan of an offloaded KV of kv_tokens tokens (raises before any allocation)."""
+                 max_num_seqs: int, parallel=None) -> CapacityPlan:
+    """Checks and the capacity plan of an offloaded KV of kv_tokens tokens (raises before any allocation).
+    parallel: a tensor-parallel rank: its store gets its share of the host memory (`ParallelState.host_share`)."""
     method.check_offload(offload, max_context_tokens, max_num_seqs)
     kv_dtype = offload.torch_kv_dtype(dtype)
     host = planner.host_available_bytes()
+    if parallel is not None:
+        host = parallel.host_share(host)
     # On CPU the banks live in host memory too (and spilling store layers to it would count that memory twice).
     cuda = device.type == "cuda"
     gpu = planner.gpu_free_bytes(device) if cuda else host
@@ -44,7 +47,7 @@ def plan_offload(offload: OffloadConfig, method: AttentionMethod, mc: ModelConfi
 
 def build_kv(offload: OffloadConfig | None, method: AttentionMethod, mc: ModelConfig, dtype: torch.dtype,
              device: torch.device, page_size: int, num_pages: int, max_context_tokens: int, max_num_seqs: int,
-             show: bool = True) -> tuple[PagedKVCache | OffloadedPagedCache, CapacityPlan | None]:
+             show: bool = True, parallel=None) -> tuple[PagedKVCache | OffloadedPagedCache, CapacityPlan | None]:
     """(cache, plan): a resident paged cache (plan None) or, with offload_enabled, the offloaded KV and its plan."""
     if offload is None or not offload.offload_enabled:
         if offload is not None and offload.torch_kv_dtype(dtype) != dtype:
@@ -52,7 +55,7 @@ def build_kv(offload: OffloadConfig | None, method: AttentionMethod, mc: ModelCo
                              f"attention kernels in the model's dtype ({dtype}); an FP8 KV lives in the host store")
         return PagedKVCache(mc.num_layers, num_pages, page_size, mc.num_kv_heads, mc.head_dim, dtype, device), None
     plan = plan_offload(offload, method, mc, dtype, device, page_size, num_pages * page_size, max_context_tokens,
-                        max_num_seqs)
+                        max_num_seqs, parallel)
     kv_tokens = num_pages * page_size
     for line in (plan.summary, plan.layout(kv_tokens)):
         logger.info(line)

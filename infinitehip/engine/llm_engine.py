@@ -11,17 +11,12 @@ from pathlib import Path
 
 import torch
 
-from infinitehip.attention.hybrid import LayerRouter
 from infinitehip.attention.needle_probe import NeedleProbe
-from infinitehip.attention.registry import create_method
-from infinitehip.attention.sliding_window import SlidingWindowAttention
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
-from infinitehip.engine.graph_decode import GraphDecoder
 from infinitehip.engine.prompt_format import chat_prompt_ids
-from infinitehip.engine.kv_setup import build_kv
-from infinitehip.engine.runner import ModelRunner
+from infinitehip.engine.rank import build_rank
 from infinitehip.engine.logprobs import token_logprobs
 from infinitehip.engine.sampler import generation_defaults, sample_token
 from infinitehip.engine.structured import StructuredOutput
@@ -30,7 +25,6 @@ from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.offload.bank import BankStats
 from infinitehip.kv.page_allocator import PageAllocator
 from infinitehip.model.loading import LoadedModel, load_model
-from infinitehip.model.rope import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
 
@@ -57,42 +51,46 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, method_config: object | None = None,
                  offload_config: OffloadConfig | None = None):
-        """offload_config: KV offloading (host store + GPU banks) when its offload_enabled is set; None: resident KV."""
+        """loaded: the model (None: the one config.model names); a `parallel.rank_weights.RankWeights` gives each
+        rank its weights its own way (random weights of a shape, for benchmarks).
+        offload_config: KV offloading (host store + GPU banks) when its offload_enabled is set; None: resident KV.
+        config.tensor_parallel_size > 1: this process is rank 0 (scheduler, sampling, API) of N ranks; call
+        close() (or let the process end) to stop the others."""
         self.config = config
         self.offload_config = offload_config
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
-        self.loaded = loaded = loaded or load_engine_model(config)
+        self.parallel = None
+        if config.tensor_parallel_size > 1:  # ranks 1..N-1 start here and follow this rank's steps
+            from infinitehip.parallel.launch import start_ranks
+
+            self.parallel, loaded = start_ranks(config, loaded, method_config, offload_config)
+            self.device = self.parallel.device
+        error, parts = None, None
+        try:
+            if loaded is not None and not isinstance(loaded, LoadedModel):  # parallel.rank_weights.RankWeights
+                loaded = loaded.load(self.parallel, self.device, self.dtype)
+            self.loaded = loaded = loaded or load_engine_model(config)
+            parts = build_rank(config, loaded, method_config, offload_config, self.device, self.dtype, self.parallel,
+                               config.show_progress)
+        except BaseException as e:
+            error = e
+        if self.parallel is not None and (failed := self.parallel.first_error(error)) is not None:
+            self.close()  # every rank backs out; the ranks wait for the next engine
+            raise error or RuntimeError(f"tensor-parallel engine not built: {failed}")
+        if error is not None:
+            raise error
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
-        # The method and its KV cache see only the layers it governs (all of them, unless the model has
-        # sliding-window layers: those keep a ring buffer of their window, attention/sliding_window.py).
-        mc = self.model_config.method_view()
-        self.method = create_method(config.method, mc, method_config)
-        self.method.bind_tokenizer(self.tokenizer)
-        self.max_context_tokens = config.max_context_tokens or self.method.default_max_context_tokens()
-        # A method that compacts its cache needs at most kv_token_limit slots per sequence (+ its scratch slots).
-        limit, scratch = self.method.kv_token_limit, self.method.kv_scratch_tokens
-        kv_tokens = config.kv_cache_tokens or (
-            (self.max_context_tokens if limit is None else min(self.max_context_tokens, limit)) + scratch
-        )
-        num_pages = -(-kv_tokens // config.page_size)
-        # Offloading: the method's checks and the capacity plan run before anything is allocated.
-        self.cache, self.kv_plan = build_kv(offload_config, self.method, mc, self.dtype, self.device, config.page_size,
-                                            num_pages, self.max_context_tokens, config.max_num_seqs, config.show_progress)
-        self.rope = RotaryEmbedding(mc, min(self.max_context_tokens, 1 << 16), self.device)
-        self.scheduler = Scheduler(
-            PageAllocator(num_pages, config.page_size), config.max_num_seqs, config.prefill_chunk_size, limit, scratch
-        )
-        self.sliding = None
-        if self.model_config.sliding_layers:  # one ring row per running sequence, plus prompt_logits' own
-            self.sliding = SlidingWindowAttention(self.model_config, config.max_num_seqs + 1, self.device, self.dtype)
-        # Hybrid models route layers; otherwise the method is the decoder's attention callable itself.
-        router = LayerRouter(self.method, self.model_config, self.sliding) if self.sliding is not None else None
-        graphs = None
-        if config.cuda_graphs and self.device.type == "cuda":
-            graphs = GraphDecoder(loaded.model, self.cache, self.rope, self.method, self.max_context_tokens,
-                                  attention=router)
-        self.runner = ModelRunner(loaded.model, self.cache, self.rope, self.method, graphs, router)
+        self.method, self.cache, self.kv_plan, self.rope = parts.method, parts.cache, parts.kv_plan, parts.rope
+        self.sliding, self.max_context_tokens = parts.sliding, parts.max_context_tokens
+        self.scheduler = Scheduler(PageAllocator(parts.num_pages, config.page_size), config.max_num_seqs,
+                                   config.prefill_chunk_size, parts.kv_token_limit, parts.kv_scratch_tokens)
+        self.runner = parts.runner
+        if self.parallel is not None:  # every model call is broadcast to the other ranks first
+            from infinitehip.parallel.step_sync import DriverRunner
+
+            self.runner = DriverRunner(parts.runner, self.parallel)
+        mc = self.model_config
         self.generator = torch.Generator().manual_seed(config.generator_seed)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_ids = set(mc.eos_token_ids) | ({tokenizer_eos} if tokenizer_eos is not None else set())
@@ -164,6 +162,8 @@ class LLMEngine:
                 raise ValueError("json_schema needs the model's tokenizer")
             seq.grammar = self.structured.matcher(params.json_schema)
         if probe is not None:
+            if self.parallel is not None:
+                raise ValueError("needle probes record on one process: run them with tensor_parallel_size 1")
             if seq.dropped_prompt_tokens:
                 raise ValueError(f"method {self.method.name!r} drops prompt tokens: a needle probe's positions would "
                                  "not match the tokens read")
@@ -225,6 +225,13 @@ class LLMEngine:
                                            "bytes_per_sequence": self.sliding.bytes_per_sequence,
                                            "bytes": self.sliding.bytes}
         return report
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing single-process); the engine cannot step afterwards."""
+        if self.parallel is not None:
+            from infinitehip.parallel.launch import stop_ranks
+
+            stop_ranks(self.parallel)
 
     @property
     def has_work(self) -> bool:

@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from infinitehip.config.model import ModelConfig
-from infinitehip.model.llama import MLP, Attention, AttentionFn
+from infinitehip.model.llama import MLP, Attention, AttentionFn, OutputHead
 from infinitehip.model.weights import load_hf_weights
+from infinitehip.parallel.state import ParallelState
 
 
 class GemmaRMSNorm(nn.Module):
@@ -39,14 +40,15 @@ class GemmaRMSNorm(nn.Module):
 
 
 class Gemma3DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int):
+    def __init__(self, config: ModelConfig, layer_idx: int, parallel: ParallelState | None = None):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps)
-        self.self_attn = Attention(config, layer_idx, norm=GemmaRMSNorm, o_proj_bias=config.attention_bias)
+        self.self_attn = Attention(config, layer_idx, norm=GemmaRMSNorm, o_proj_bias=config.attention_bias,
+                                   parallel=parallel)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, eps)
-        self.mlp = MLP(config, act=functools.partial(F.gelu, approximate="tanh"))
+        self.mlp = MLP(config, act=functools.partial(F.gelu, approximate="tanh"), parallel=parallel)
         self.post_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, eps)
 
     def forward(self, x: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
@@ -55,13 +57,17 @@ class Gemma3DecoderLayer(nn.Module):
 
 
 class Gemma3Model(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, parallel: ParallelState | None = None):
+        """parallel: build one tensor-parallel rank (parallel/shard.py)."""
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i) for i in range(config.num_layers))
+        self.output_head = OutputHead(config, parallel)
+        self.layer_config = self.output_head.layer_config  # the rank's heads and MLP rows under tensor parallelism
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(self.layer_config, i, parallel) for i in range(config.num_layers))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        rows = self.output_head.rows
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, rows, bias=False)
         self.embed_scale = math.sqrt(config.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
@@ -75,10 +81,9 @@ class Gemma3Model(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(hidden, weight).float()
+        logits = self.output_head.logits(hidden, self.embed_tokens, self.lm_head).float()
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def load_hf_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_hf_weights(self, self.config, tensors)
+        load_hf_weights(self, self.layer_config, self.output_head.weights(self.config, tensors))

@@ -16,6 +16,9 @@ from torch import nn
 
 from infinitehip.config.model import ModelConfig
 from infinitehip.model.weights import load_hf_weights
+from infinitehip.parallel.linear import VocabParallelLogits, row_linear
+from infinitehip.parallel.shard import local_config, shard_hf_tensor, shard_of
+from infinitehip.parallel.state import ParallelState
 
 
 class AttentionFn(Protocol):
@@ -40,9 +43,11 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Fused q/k/v projection, optional per-head q/k norm (`norm`: the model's RMSNorm class), the method's attention.
 
-    o_proj_bias: Gemma's o_proj follows attention_bias; Qwen2's q/k/v bias leaves o_proj without one."""
+    o_proj_bias: Gemma's o_proj follows attention_bias; Qwen2's q/k/v bias leaves o_proj without one.
+    parallel: a tensor-parallel rank (config is then the rank's `local_config`: its heads): o_proj sums over ranks."""
 
-    def __init__(self, config: ModelConfig, layer_idx: int, norm: type[nn.Module] = RMSNorm, o_proj_bias: bool = False):
+    def __init__(self, config: ModelConfig, layer_idx: int, norm: type[nn.Module] = RMSNorm, o_proj_bias: bool = False,
+                 parallel: ParallelState | None = None):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
@@ -50,7 +55,7 @@ class Attention(nn.Module):
         self.kv_size = config.num_kv_heads * config.head_dim
         # q, k and v projections fused into one matmul: [q_size + 2 * kv_size, hidden].
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_proj_bias)
+        self.o_proj = row_linear(self.q_size, config.hidden_size, o_proj_bias, parallel)
         self.q_norm = norm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = norm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         # Methods scale scores by head_dim ** -0.5; Gemma wants query_pre_attn_scalar ** -0.5 (folded into q).
@@ -73,13 +78,14 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """Gated MLP: down(act(gate) * up); act is SiLU (Llama family) or tanh-approximated GELU (Gemma's GeGLU)."""
 
-    def __init__(self, config: ModelConfig, act: Callable[[torch.Tensor], torch.Tensor] = F.silu):
+    def __init__(self, config: ModelConfig, act: Callable[[torch.Tensor], torch.Tensor] = F.silu,
+                 parallel: ParallelState | None = None):
         super().__init__()
         self.act = act
         self.intermediate_size = config.intermediate_size
         # gate and up projections fused: [2 * intermediate, hidden].
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.down_proj = row_linear(config.intermediate_size, config.hidden_size, False, parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -87,26 +93,61 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int):
+    def __init__(self, config: ModelConfig, layer_idx: int, parallel: ParallelState | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer_idx)
+        self.self_attn = Attention(config, layer_idx, parallel=parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, parallel=parallel)
 
     def forward(self, x: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), attention)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class OutputHead:
+    """The decoder's output projection, single-process or vocab-parallel (parallel/shard.py says why).
+
+    layer_config: the config the decoder's layers are built with (the rank's heads under tensor parallelism);
+    rows: the lm_head's rows (the rank's vocabulary rows)."""
+
+    def __init__(self, config: ModelConfig, parallel: ParallelState | None):
+        self.shard, self.vocab_parallel = None, None
+        self.layer_config = config if parallel is None else local_config(config, parallel.size)
+        self.rows = config.vocab_size
+        if parallel is not None:
+            self.shard = shard_of(config, parallel.rank, parallel.size)
+            self.vocab_parallel = VocabParallelLogits(self.shard, config.vocab_size, parallel)
+            self.rows = self.shard.vocab[1] - self.shard.vocab[0]
+
+    def logits(self, hidden: torch.Tensor, embed: nn.Embedding, lm_head: nn.Linear | None) -> torch.Tensor:
+        """hidden [N, hidden_size] -> logits [N, vocab] in the weights' dtype."""
+        weight = embed.weight if lm_head is None else lm_head.weight
+        if self.vocab_parallel is None:
+            return F.linear(hidden, weight)
+        if lm_head is None:  # tied: this rank's rows of the replicated embedding
+            weight = weight[self.shard.vocab[0] : self.shard.vocab[1]]
+        return self.vocab_parallel(hidden, weight)
+
+    def weights(self, config: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]):
+        """Checkpoint tensors as this rank holds them (all of them single-process)."""
+        if self.shard is None:
+            return tensors
+        return ((name, shard_hf_tensor(name, t, config, self.shard)) for name, t in tensors)
+
+
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, parallel: ParallelState | None = None):
+        """parallel: build one tensor-parallel rank (its heads, MLP rows and vocabulary rows; parallel/shard.py)."""
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.output_head = OutputHead(config, parallel)
+        self.layer_config = self.output_head.layer_config  # the rank's heads and MLP rows under tensor parallelism
+        self.layers = nn.ModuleList(DecoderLayer(self.layer_config, i, parallel) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        rows = self.output_head.rows
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, rows, bias=False)
 
     def forward(self, input_ids: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
         """input_ids [T] -> final normalised hidden states [T, hidden_size]."""
@@ -117,9 +158,8 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab]; callers pass only the rows they sample from."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.output_head.logits(hidden, self.embed_tokens, self.lm_head).float()
 
     def load_hf_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors into this model (model/weights.py)."""
-        load_hf_weights(self, self.config, tensors)
+        """Copy Hugging Face-named tensors into this model (model/weights.py), sliced to a rank's part."""
+        load_hf_weights(self, self.layer_config, self.output_head.weights(self.config, tensors))

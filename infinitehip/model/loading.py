@@ -11,6 +11,7 @@ from safetensors import safe_open
 from infinitehip.config.model import ModelConfig
 from infinitehip.model.gemma3 import Gemma3Model
 from infinitehip.model.llama import LlamaModel
+from infinitehip.parallel.state import ParallelState
 
 Decoder = LlamaModel | Gemma3Model
 
@@ -56,10 +57,12 @@ def decoder_class(config: ModelConfig) -> type[Decoder]:
     return Gemma3Model if config.is_gemma else LlamaModel
 
 
-def empty_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Decoder:
-    """Allocate the decoder without initialising its weights (they are overwritten next)."""
+def empty_model(config: ModelConfig, device: torch.device, dtype: torch.dtype,
+                parallel: ParallelState | None = None) -> Decoder:
+    """Allocate the decoder (one tensor-parallel rank's part with `parallel`) without initialising its weights
+    (they are overwritten next)."""
     with torch.device("meta"):
-        model = decoder_class(config)(config)
+        model = decoder_class(config)(config, parallel)
     return model.to_empty(device=device).to(dtype).eval().requires_grad_(False)
 
 
@@ -86,9 +89,11 @@ def load_model(model: str | None, cache_root: Path, device: torch.device, dtype:
     return LoadedModel(config, decoder, tokenizer, source, model_dir)
 
 
-def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Decoder:
-    """A decoder with random weights of the given shape (benchmarks of large shapes without a checkpoint)."""
-    model = empty_model(config, device, dtype)
+def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0,
+                 parallel: ParallelState | None = None) -> Decoder:
+    """A decoder with random weights of the given shape (benchmarks of large shapes without a checkpoint). With
+    `parallel`, one rank's part filled on its own (not a slice of the single-process model's weights)."""
+    model = empty_model(config, device, dtype, parallel)
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):

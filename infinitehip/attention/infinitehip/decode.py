@@ -63,7 +63,7 @@ def refresh_stage(
     spec: StageSpec, q: torch.Tensor, position: torch.Tensor, parent: StageCache | None, out: StageCache,
     k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int, stream: int, rope, num_candidates: int,
     group: int, trained_len: int, impl: str, saliency: tuple[KeySaliency, int] | None, shared: dict | None = None,
-    rep_keys=None, forced_tokens: torch.Tensor | None = None,
+    rep_keys=None, forced_tokens: torch.Tensor | None = None, reduce=None,
 ) -> None:
     """Recompute one stage for one sequence's decode query q [H, d] at position [1]; write `out` in place.
 
@@ -96,7 +96,7 @@ def refresh_stage(
             shared["q_rot", spec.rope_style] = rotate()
         q_rot = shared["q_rot", spec.rope_style]
     scores = score_candidates(spec, blocks, q_rot, pos, starts, lens, k_flat, page_table, page_size, rope, impl,
-                              saliency, rep_keys, static_groups=True)
+                              saliency, rep_keys, static_groups=True, reduce=reduce)
     if forced_tokens is not None:  # oracle diagnostics (needle_probe.py); eager steps only
         scores = force_chunks(scores, starts, lens, forced_tokens)
     # The top chunks (ties: the earlier one), in position order: candidates are already in position order (stage 1

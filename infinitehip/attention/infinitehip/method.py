@@ -123,6 +123,11 @@ class InfiniteHiPAttention(AttentionMethod):
             return "triton" if x.is_cuda else "sdpa"
         return self.config.impl
 
+    @property
+    def _reduce(self):
+        """Tensor parallelism: the chunk scores of every rank's heads combined (one mask, as single-process)."""
+        return None if self.parallel is None else self.reduce_heads
+
     def _specs(self, layer: int, decode: bool) -> list[StageSpec]:
         c = self.config
         return [
@@ -137,7 +142,7 @@ class InfiniteHiPAttention(AttentionMethod):
         return run_stage(spec, blocks, parent, k_flat, seq.page_table, seq.cache.page_size,
                          c.sink_tokens, c.stream_tokens, batch.rope, seq.context_len, self.trained_len, self._impl(blocks.q),
                          None if self.saliency is None else (self.saliency, layer), rep_keys=rep_keys,
-                         forced_tokens=_forced(seq.probe, blocks.q.device))
+                         forced_tokens=_forced(seq.probe, blocks.q.device), reduce=self._reduce)
 
     def _update_saliency(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> None:
         if self.saliency is not None:
@@ -201,7 +206,8 @@ class InfiniteHiPAttention(AttentionMethod):
         k_flat = seq.cache.flat_k(layer) if read_keys is None else None
         chunks = question_chunks(recent, k_flat, seq.page_table, seq.cache.page_size, c.sink_tokens, limit,
                                  c.question_keep_tokens // cs, cs, c.question_window, c.stream_tokens, batch.rope,
-                                 "triton" if q.is_cuda else "reference", _forced(seq.probe, q.device), read_keys)
+                                 "triton" if q.is_cuda else "reference", _forced(seq.probe, q.device), read_keys,
+                                 reduce=self._reduce)
         state.question[layer] = chunks
         if seq.probe is not None:
             seq.probe.record_prefill("question", layer, self.model_config.num_layers,
@@ -331,7 +337,7 @@ class InfiniteHiPAttention(AttentionMethod):
                                   page_tables[i], seq.cache.page_size, c.sink_tokens, c.stream_tokens, batch.rope,
                                   num_candidates, group, self.trained_len, self._impl(q),
                                   None if self.saliency is None else (self.saliency, layer), shared, rep_keys,
-                                  _forced(seq.probe, q.device))
+                                  _forced(seq.probe, q.device), reduce=self._reduce)
                     state.refreshes[s] += 1
                 parent = caches[s]
             if state.question[layer] is not None and pattern[-1]:

@@ -107,13 +107,14 @@ class StageSpec:
 def score_candidates(
     spec: StageSpec, blocks: QueryBlocks, q_rot: torch.Tensor, pos, starts: torch.Tensor, lens: torch.Tensor,
     k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, rope, impl: str,
-    saliency: tuple[KeySaliency, int] | None, rep_keys, static_groups: bool,
+    saliency: tuple[KeySaliency, int] | None, rep_keys, static_groups: bool, reduce=None,
 ) -> torch.Tensor:
     """Chunk scores [M, N] fp32 (-inf for empty chunks) of a stage's candidates starts / lens [M, N], for the
     blocks' rotated queries q_rot at scoring positions `pos`: SelectRep bisection (saliency None) or landmark
     representatives; heads combined by spec.head_aggregation. Landmark keys are read resident (rep_keys None) or
     through an offloaded cache's mask bank (`offload_access.RepresentativeKeys`) in groups of chunks that fit it:
-    static groups in decode (sync-free), groups sized from the data in prefill."""
+    static groups in decode (sync-free), groups sized from the data in prefill.
+    reduce(scores, op): tensor parallelism (`AttentionMethod.reduce_heads`): the heads of every rank combined."""
     per_head = spec.head_aggregation != "max"  # "max" is fused into the scoring kernels
     if saliency is None:
         scores, _ = chunk_scores(
@@ -137,6 +138,8 @@ def score_candidates(
             scores = rep_keys.score_in_groups(reps, starts, lens, spec.chunk_size, score)
     if per_head:  # [M, N, H] -> [M, N]
         scores = aggregate_heads(scores, lens, spec.head_aggregation, blocks.q.shape[-1] ** -0.5)
+    if reduce is not None:  # [M, N]: softmax votes add up over heads, max and zscore take the largest
+        scores = reduce(scores, "sum" if spec.head_aggregation == "softmax" else "max")
     return scores
 
 
@@ -150,6 +153,7 @@ def run_stage(
     spec: StageSpec, blocks: QueryBlocks, parent: StageOutput | None, k_flat: torch.Tensor, page_table: torch.Tensor,
     page_size: int, sink: int, stream: int, rope, context_len: int, trained_len: int, impl: str,
     saliency: tuple[KeySaliency, int] | None = None, rep_keys=None, forced_tokens: torch.Tensor | None = None,
+    reduce=None,
 ) -> StageOutput:
     """One pruning stage for all query blocks (parent None: the first stage, all chunks of [sink, limit)).
 
@@ -172,7 +176,7 @@ def run_stage(
         max_key_pos = int(pos.key_pos_base.max()) + (context_len // pos.token_pos_group if pos.token_pos_group else 0) + 2
         rope.ensure(max_key_pos)
         scores = score_candidates(spec, blocks, q_rot, pos, starts, lens, k_flat, page_table, page_size, rope, impl,
-                                  saliency, rep_keys, static_groups=False)
+                                  saliency, rep_keys, static_groups=False, reduce=reduce)
         if forced_tokens is not None:
             scores = force_chunks(scores, starts, lens, forced_tokens)
     starts, lens = keep_top_chunks(starts, lens, scores, keep)

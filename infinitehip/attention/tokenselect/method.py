@@ -149,6 +149,7 @@ class TokenSelectAttention(AttentionMethod):
                 device_tensor(need_counts, torch.int64, q.device), max(need_counts), self.vote_scale,
                 impl=self._score_impl(q),
             )
+            votes = self.reduce_heads(votes, "sum")  # tensor parallelism: every rank's heads vote
             if c.vote_pool_size > 1:  # spans around the peaks; past a row's count stays -inf (never picked)
                 pooled = F.max_pool1d(votes[:, None], c.vote_pool_size, stride=1, padding=c.vote_pool_size // 2)
                 votes = pooled[:, 0].masked_fill(votes == float("-inf"), float("-inf"))
@@ -190,7 +191,8 @@ class TokenSelectAttention(AttentionMethod):
         question = question_tokens(
             recent, seq.cache.flat_k(layer), seq.page_table, seq.cache.page_size, c.sink_tokens,
             self.window_start(first), c.question_select_tokens, c.question_window, c.local_tokens, batch.rope,
-            self._score_impl(q), probe.on(q.device) if probe is not None and probe.oracle else None)
+            self._score_impl(q), probe.on(q.device) if probe is not None and probe.oracle else None,
+            reduce=None if self.parallel is None else self.reduce_heads)
         seq.state.question[layer] = question
         outs = [self._prefill_blocks(layer, q[: n - tail], seq, batch, 0, c.query_block_size)] if tail < n else []
         outs.append(self._prefill_blocks(layer, q[n - tail :], seq, batch, n - tail, tail, question))
@@ -239,6 +241,14 @@ class TokenSelectAttention(AttentionMethod):
         )
 
     # ---- decode -------------------------------------------------------------------------------------------
+    def _similarity(self, cur: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Cosine similarity [B] of queries [B, H * d] over all heads; under tensor parallelism the dot product and
+        norms are summed over the ranks, so every rank takes the same reuse decision (as one process would)."""
+        if self.parallel is None:
+            return F.cosine_similarity(cur, last, dim=-1)
+        parts = self.reduce_heads(torch.stack([(cur * last).sum(-1), cur.square().sum(-1), last.square().sum(-1)]), "sum")
+        return parts[0] / (parts[1] * parts[2]).sqrt().clamp(min=1e-8)
+
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         c = self.config
         states: list[TokenSelectState] = [s.state for s in seqs]
@@ -249,7 +259,7 @@ class TokenSelectAttention(AttentionMethod):
             have = [i for i, st in enumerate(states) if st.query[layer] is not None]
             if have:
                 cur = flat_q if len(have) == len(seqs) else flat_q[device_tensor(have, torch.int64, q.device)]
-                sim = F.cosine_similarity(cur, torch.stack([states[i].query[layer] for i in have]), dim=-1)
+                sim = self._similarity(cur, torch.stack([states[i].query[layer] for i in have]))
                 for i, s in zip(have, sim.tolist()):
                     reuse[i] = s >= c.selection_cache_threshold
 
