@@ -29,6 +29,10 @@ class EngineConfig:
     # Sampling defaults from the model's generation_config.json (temperature, top_p, top_k, min_p,
     # repetition_penalty) for what a request leaves unset, as vLLM does; false: SamplingParams' own defaults.
     use_generation_config: bool = True
+    # Automatic prefix caching: KV pages of earlier prompts stay cached (LRU-evicted when room is needed) and a request
+    # sharing a prompt prefix prefills only the rest. On where the method supports it (dense, truncate, infinitehip,
+    # tokenselect; not infinipot or streaming, whose cache is compacted, nor models with sliding-window layers).
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):

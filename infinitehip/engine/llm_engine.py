@@ -21,6 +21,7 @@ from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.graph_decode import GraphDecoder
 from infinitehip.engine.prompt_format import chat_prompt_ids
 from infinitehip.engine.kv_setup import build_kv
+from infinitehip.engine import prefix_pages
 from infinitehip.engine.runner import ModelRunner
 from infinitehip.engine.logprobs import token_logprobs
 from infinitehip.engine.sampler import generation_defaults, sample_token
@@ -29,6 +30,7 @@ from infinitehip.engine.scheduler import Scheduler
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.offload.bank import BankStats
 from infinitehip.kv.page_allocator import PageAllocator
+from infinitehip.kv.prefix_cache import PrefixCachingAllocator, PrefixCacheStats
 from infinitehip.model.loading import LoadedModel, load_model
 from infinitehip.model.rope import RotaryEmbedding
 
@@ -80,9 +82,12 @@ class LLMEngine:
         self.cache, self.kv_plan = build_kv(offload_config, self.method, mc, self.dtype, self.device, config.page_size,
                                             num_pages, self.max_context_tokens, config.max_num_seqs, config.show_progress)
         self.rope = RotaryEmbedding(mc, min(self.max_context_tokens, 1 << 16), self.device)
-        self.scheduler = Scheduler(
-            PageAllocator(num_pages, config.page_size), config.max_num_seqs, config.prefill_chunk_size, limit, scratch
-        )
+        # Prefix caching: on where the method declares how a reused prefix stays exact (engine/prefix_pages.py).
+        self.prefix = prefix_pages.prefix_policy(config.enable_prefix_caching, self.method,
+                                                 bool(self.model_config.sliding_layers), config.page_size,
+                                                 config.prefill_chunk_size)
+        allocator = (PageAllocator if self.prefix is None else PrefixCachingAllocator)(num_pages, config.page_size)
+        self.scheduler = Scheduler(allocator, config.max_num_seqs, config.prefill_chunk_size, limit, scratch, self.prefix)
         self.sliding = None
         if self.model_config.sliding_layers:  # one ring row per running sequence, plus prompt_logits' own
             self.sliding = SlidingWindowAttention(self.model_config, config.max_num_seqs + 1, self.device, self.dtype)
@@ -226,6 +231,14 @@ class LLMEngine:
                                            "bytes": self.sliding.bytes}
         return report
 
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Prefix caching counters (tokens looked up, served from cache, pages evicted); None when it is off."""
+        return None if self.prefix is None else self.scheduler.allocator.stats
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix no running sequence holds; returns the pages dropped."""
+        return 0 if self.prefix is None else self.scheduler.allocator.reset_prefix_cache()
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
@@ -244,9 +257,17 @@ class LLMEngine:
             seq.method_state = None
         for seq in admitted:
             seq.method_state = self.method.new_state()
+            if seq.prefix_hit is not None:  # a reused prefix's private pages, copied before its first forward
+                prefix_pages.apply_hit(self.cache, self.method, self.scheduler.allocator, seq)
+                self.scheduler.copies_done(seq)
         if plan.is_empty:
             return [], 0
         samplers, logits = self.runner.run(plan)
+        if self.prefix is not None:  # before sampling: a sequence that finishes now releases its pages as cached
+            for seq, n in plan.prefill:
+                boundary = self.scheduler.cache_prefix(seq, seq.num_computed - n)
+                if boundary is not None and self.prefix.reuse.needs_snapshot:
+                    prefix_pages.snapshot(self.cache, self.method, self.scheduler.allocator, self.prefix, seq, boundary)
         outputs = []
         for row, seq in enumerate(samplers):
             if seq.params.repetition_penalty != 1.0 and seq.seen_mask is None:
