@@ -110,3 +110,88 @@ def test_second_request_reuses_the_prefix_with_the_same_greedy_tokens(embedded, 
     stats = on.prefix_cache_stats()
     assert stats.hits == 2 * 192 + fourth.cached_prompt_tokens
     assert stats.queries == sum(map(len, (Q1, Q2, Q3, Q4)))
+
+
+def test_eviction_under_a_small_cache_keeps_outputs_exact(embedded):
+    """10 pages of 16: a second document evicts the first one's tail pages (least recently released first); asking
+    the first again reuses its surviving head and recomputes the rest."""
+    doc_a, doc_b = _ids(96, 11), _ids(96, 12)
+    qa1, qb, qa2 = doc_a + _ids(8, 13), doc_b + _ids(8, 14), doc_a + _ids(9, 15)
+    off = _engine(embedded, kv_cache_tokens=160, enable_prefix_caching=False)
+    expected = [_run(off, [q])[0].output_ids for q in (qb, qa2)]
+    on = _engine(embedded, kv_cache_tokens=160)
+    _run(on, [qa1])
+    assert on.scheduler.allocator.num_cached_pages == 6
+    (b,) = _run(on, [qb])
+    stats = on.prefix_cache_stats()
+    assert b.cached_prompt_tokens == 0 and stats.evictions == 3  # 4 never-used pages, then 3 of doc_a's 6
+    (a,) = _run(on, [qa2])
+    assert [b.output_ids, a.output_ids] == expected
+    assert a.cached_prompt_tokens == 3 * 16  # doc_a's head survived
+    assert on.scheduler.allocator.num_free == on.scheduler.allocator.num_pages
+
+
+def test_preemption_while_pages_are_shared(embedded):
+    """Three sequences share a cached 32-token prefix in a 10-page cache and cannot all grow to 80 tokens: the newest
+    is preempted (its references dropped, the shared pages stay with the others) and recomputed from the cache."""
+    doc = _ids(32, 21)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompts = [doc + _ids(8, s) for s in (22, 23, 24)]
+    off = _engine(embedded, kv_cache_tokens=1024, enable_prefix_caching=False)
+    expected = [s.output_ids for s in _run(off, prompts, params)]
+    on = _engine(embedded, kv_cache_tokens=160)
+    _run(on, [doc + _ids(8, 25)], SamplingParams(temperature=0.0, max_tokens=1))
+    preempted, schedule = [], on.scheduler.schedule
+
+    def spy():
+        plan, admitted, gone = schedule()
+        preempted.extend(gone)
+        return plan, admitted, gone
+
+    on.scheduler.schedule = spy
+    seqs = _run(on, prompts, params)
+    assert [s.output_ids for s in seqs] == expected
+    assert preempted and all(s.cached_prompt_tokens == 32 for s in seqs)
+    allocator = on.scheduler.allocator
+    assert allocator.num_free == allocator.num_pages and all(allocator.refs(p) == 0 for p in range(allocator.num_pages))
+
+
+def test_methods_without_reuse_turn_caching_off_with_a_log_line(embedded, caplog):
+    from infinitehip.config.streaming import StreamingConfig
+
+    METHODS["streaming"] = StreamingConfig(sink_tokens=4, window_tokens=60, eviction_batch_tokens=40)
+    try:
+        with caplog.at_level(logging.INFO, logger="infinitehip.engine.prefix_pages"):
+            engine = _engine(embedded, "streaming")
+    finally:
+        del METHODS["streaming"]
+    assert engine.prefix is None and engine.prefix_cache_stats() is None
+    assert "prefix caching off: method 'streaming'" in caplog.text
+
+
+def test_disk_round_trip_through_server_restarts_and_mismatch_refused(embedded, tmp_path):
+    """Ask, stop the server (the cache is saved), start a new engine and server on the same directory (loaded), ask
+    again on the document: the same answer, the document not prefilled. A file of another KV layout is refused."""
+    import openai
+
+    from infinitehip.config.server import ServerConfig
+    from infinitehip.server.app import PREFIX_CACHE_FILE, create_app
+    from tests.test_server import ServerThread
+
+    def ask(engine, prompt):
+        with ServerThread(create_app(engine, ServerConfig(prefix_cache_dir=str(tmp_path)))) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+            model = client.models.list().data[0].id
+            return client.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0)
+
+    first = ask(_engine(embedded), Q1)
+    assert (tmp_path / PREFIX_CACHE_FILE).exists() and first.usage.prompt_tokens_details.cached_tokens == 0
+    restarted = _engine(embedded)
+    prefilled, step = [], restarted.step
+    restarted.step = lambda *a: (lambda out: (prefilled.append(out[1]), out)[1])(step(*a))
+    second = ask(restarted, Q2)
+    expected = _run(_engine(embedded, enable_prefix_caching=False), [Q2])[0].output_ids
+    assert second.choices[0].text == restarted.tokenizer.decode(expected, skip_special_tokens=True)
+    assert second.usage.prompt_tokens_details.cached_tokens == 192 and sum(prefilled) == len(Q2) - 192
+    with pytest.raises(ValueError, match="page_size"):
+        _engine(embedded, page_size=32).load_prefix_cache(tmp_path / PREFIX_CACHE_FILE)

@@ -239,6 +239,18 @@ class LLMEngine:
         """Drop every cached prefix no running sequence holds; returns the pages dropped."""
         return 0 if self.prefix is None else self.scheduler.allocator.reset_prefix_cache()
 
+    def save_prefix_cache(self, path) -> int:
+        """Write the cached prefixes to a safetensors file (engine/prefix_disk.py); call between steps."""
+        from infinitehip.engine.prefix_disk import save_prefix_cache
+
+        return save_prefix_cache(self, path)
+
+    def load_prefix_cache(self, path) -> int:
+        """Load cached prefixes saved by an engine of the same model, method and KV layout (else ValueError)."""
+        from infinitehip.engine.prefix_disk import load_prefix_cache
+
+        return load_prefix_cache(self, path)
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work

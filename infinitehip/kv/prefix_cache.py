@@ -73,6 +73,11 @@ class PrefixCachingAllocator(PageAllocator):
         return self.num_pages - self.num_free
 
     @property
+    def num_unused(self) -> int:
+        """Pages holding nothing (taking them evicts no cached prefix)."""
+        return len(self._free)
+
+    @property
     def num_cached_pages(self) -> int:
         """Pages holding a hashed prefix (in use or evictable)."""
         return len(self._hash_of)
