@@ -431,7 +431,7 @@ def test_non_streaming_disconnect_aborts(base_url, model):
 def test_client_killed_mid_prefill_frees_its_kv_within_one_chunk(base_url, engine, model):
     """A streaming client that goes away after the first prefill chunk: the engine finishes the chunk in flight at
     most, then aborts and frees the KV (prefill chunks of 512 tokens here; a ~1,900-token prompt has 4)."""
-    prompt = "hello " * 1890
+    prompt = "Goodbye " + "hello " * 1890  # a first word of its own: no prefix shared with earlier prompts (cached)
     before = metric(base_url, "infinitehip_prefill_tokens_total")
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "stream": True, "prefill_progress": True}
     with httpx.stream("POST", f"{base_url}/v1/completions", json=body, headers=AUTH, timeout=60) as r:

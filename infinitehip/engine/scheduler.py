@@ -130,7 +130,8 @@ class Scheduler:
         seq.page_table[:] = hit.shared + dst
         seq.num_computed = seq.num_cached = hit.tokens
         seq.cached_prompt_tokens = hit.tokens
-        seq.registered_pages = len(hit.shared)  # the copies hold the same content as cached pages: never named
+        # The copies hold the content of cached pages (named there), so registration goes on after the boundary.
+        seq.registered_pages = hit.tokens // self.allocator.page_size
         seq.prefix_hit = hit if hit.copies else None
         self.allocator.stats.hits += hit.tokens
 
