@@ -431,7 +431,7 @@ def test_non_streaming_disconnect_aborts(base_url, model):
 def test_client_killed_mid_prefill_frees_its_kv_within_one_chunk(base_url, engine, model):
     """A streaming client that goes away after the first prefill chunk: the engine finishes the chunk in flight at
     most, then aborts and frees the KV (prefill chunks of 512 tokens here; a ~1,900-token prompt has 4)."""
-    prompt = "hello " * 1890
+    prompt = "Goodbye " + "hello " * 1890  # a first word of its own: no prefix shared with earlier prompts (cached)
     before = metric(base_url, "infinitehip_prefill_tokens_total")
     body = {"model": model, "prompt": prompt, "max_tokens": 1, "stream": True, "prefill_progress": True}
     with httpx.stream("POST", f"{base_url}/v1/completions", json=body, headers=AUTH, timeout=60) as r:
@@ -569,3 +569,28 @@ def test_offloaded_kv_server_answers_and_reports_bank_metrics():
               for m in re.finditer(r'infinitehip_kv_bank_(hits|misses)\{bank="(mask|attention)"\} (\S+)', text)}
     assert counts["missesattention"] > 0 and counts["hitsattention"] > 0
     assert re.search(r'infinitehip_kv_bank_hit_ratio\{bank="attention"\} 0\.\d+', text)
+
+
+def test_prefix_cache_reports_cached_tokens_and_metrics(base_url, client, engine, model):
+    """Two questions on one long document: the second prefills only its own tail; its usage reports the cached
+    tokens as OpenAI does (prompt_tokens_details.cached_tokens), the metrics count the hit, and greedy answers
+    equal those of a prefill from scratch."""
+    document = " ".join(f"Room {i} of the archive holds box {i * 7 % 101} and the key {i * 13 % 97}." for i in range(60))
+    ask = lambda q: [{"role": "user", "content": f"{document}\n\nQuestion: {q}"}]
+    first = client.chat.completions.create(model=model, messages=ask("Which box is in room 5?"), max_tokens=8,
+                                           temperature=0)
+    hits_before = metric(base_url, "infinitehip_prefix_cache_hit_tokens")
+    second = client.chat.completions.create(model=model, messages=ask("Which key is in room 9?"), max_tokens=8,
+                                            temperature=0)
+    page = engine.config.page_size
+    assert first.usage.prompt_tokens > 600
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached % page == 0 and second.usage.prompt_tokens - 3 * page < cached < second.usage.prompt_tokens
+    assert metric(base_url, "infinitehip_prefix_cache_hit_tokens") - hits_before == cached
+    assert metric(base_url, "infinitehip_prefix_cache_cached_tokens") >= cached
+    assert 0 < metric(base_url, "infinitehip_prefix_cache_hit_rate") <= 1
+    # The same question again, streamed with usage: the same answer as the first one, computed from scratch.
+    chunks = list(client.chat.completions.create(model=model, messages=ask("Which box is in room 5?"), max_tokens=8,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == first.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= cached

@@ -29,6 +29,7 @@ import torch
 from infinitehip.attention.host_values import device_tensor
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache
+from infinitehip.kv.prefix_reuse import PrefixReuse
 from infinitehip.model.rope import RotaryEmbedding
 
 
@@ -218,6 +219,23 @@ class AttentionMethod(ABC):
         """Cache slots past the kept ones that `ChunkHooks.extra_forward` may fill (they are never kept): the
         scheduler gives every sequence page room for them on top of its cache (and kv_token_limit)."""
         return 0
+
+    # ---- prefix caching (kv/prefix_cache.py, kv/prefix_reuse.py) ------------------------------------------
+    # Why prefix caching is off for a method whose prefix_reuse() is None (the engine logs it).
+    prefix_reuse_note: ClassVar[str] = "the method does not declare how its state follows a reused prefix"
+
+    def prefix_reuse(self) -> PrefixReuse | None:
+        """How a cached prompt prefix may be reused exactly (kv/prefix_reuse.py); None: never. Default: never, so a
+        new method is correct before it opts in."""
+        return None
+
+    def prefix_snapshot(self, cache: PagedKVCache, slots: torch.Tensor) -> Any:
+        """With PrefixReuse.private_tail_tokens: the per-slot state of slots [N] (the keys just before a prefix
+        boundary, at the end of the chunk that reached it), kept with the cached page (host memory)."""
+        return None
+
+    def restore_prefix(self, cache: PagedKVCache, slots: torch.Tensor, snapshot: Any) -> None:
+        """Write a prefix_snapshot into the slots [N] of a sequence's private copies of those keys."""
 
     def bind_tokenizer(self, tokenizer: Any) -> None:
         """Called by the engine once, right after creating the method and before reading kv_token_limit, with

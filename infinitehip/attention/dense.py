@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.kv.prefix_reuse import PrefixReuse
 
 
 def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int) -> torch.Tensor:
@@ -32,6 +33,10 @@ class DenseAttention(AttentionMethod):
     def check_offload(self, offload, max_context_tokens: int, max_num_seqs: int) -> None:
         """Dense reads every key with `cache.read`, which an offloaded cache serves through its attention bank in
         pieces: correct at any size (slow at long contexts; meant for validating the offloaded path)."""
+
+    def prefix_reuse(self) -> PrefixReuse:
+        """Causal and stateless: a token's k/v depend on the tokens up to it only; any page boundary is exact."""
+        return PrefixReuse()
 
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         k, v = seq.cache.read(layer, seq.context_slots)

@@ -81,6 +81,7 @@ def sink_window_attention(
 
 class StreamingAttention(AttentionMethod):
     name = "streaming"
+    prefix_reuse_note = "its cache is compacted (sinks + window), not the prompt's prefix"
 
     def __init__(self, model_config: ModelConfig, config: StreamingConfig | None = None):
         super().__init__(model_config)

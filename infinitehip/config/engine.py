@@ -34,6 +34,10 @@ class EngineConfig:
     # model's attention heads; KV heads are split, or replicated when N is a multiple of them. Ranks 1..N-1 are
     # spawned by the engine, or started by torchrun (docs/tensor-parallel.md).
     tensor_parallel_size: int = 1
+    # Automatic prefix caching: KV pages of earlier prompts stay cached (LRU-evicted when room is needed) and a request
+    # sharing a prompt prefix prefills only the rest. On where the method supports it (dense, truncate, infinitehip,
+    # tokenselect; not infinipot or streaming, whose cache is compacted, nor models with sliding-window layers).
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):

@@ -19,6 +19,9 @@ class ServerConfig:
     # Browser origins allowed to call the API (CORS, e.g. https://app.example.com; "*" = any). Empty: no CORS
     # headers, so browsers on other origins are refused (the default: a local server is not a public API).
     allowed_origins: tuple[str, ...] = ()
+    # Directory of the prefix cache on disk: loaded at start when it holds one (refused if made for another model,
+    # method or KV layout), saved at shutdown, so a restarted server answers on a known document without its prefill.
+    prefix_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:

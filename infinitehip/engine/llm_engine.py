@@ -16,6 +16,7 @@ from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.prompt_format import chat_prompt_ids
+from infinitehip.engine import prefix_pages
 from infinitehip.engine.rank import build_rank
 from infinitehip.engine.logprobs import token_logprobs
 from infinitehip.engine.sampler import generation_defaults, sample_token
@@ -24,6 +25,7 @@ from infinitehip.engine.scheduler import Scheduler
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.offload.bank import BankStats
 from infinitehip.kv.page_allocator import PageAllocator
+from infinitehip.kv.prefix_cache import PrefixCachingAllocator, PrefixCacheStats
 from infinitehip.model.loading import LoadedModel, load_model
 
 logger = logging.getLogger(__name__)
@@ -83,8 +85,16 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.method, self.cache, self.kv_plan, self.rope = parts.method, parts.cache, parts.kv_plan, parts.rope
         self.sliding, self.max_context_tokens = parts.sliding, parts.max_context_tokens
-        self.scheduler = Scheduler(PageAllocator(parts.num_pages, config.page_size), config.max_num_seqs,
-                                   config.prefill_chunk_size, parts.kv_token_limit, parts.kv_scratch_tokens)
+        # Prefix caching: on where the method declares how a reused prefix stays exact (engine/prefix_pages.py).
+        # Off with tensor parallelism: a hit copies pages and saliency on the driver's rank only.
+        self.prefix = prefix_pages.prefix_policy(config.enable_prefix_caching and self.parallel is None, self.method,
+                                                 bool(loaded.config.sliding_layers), config.page_size,
+                                                 config.prefill_chunk_size)
+        if config.enable_prefix_caching and self.parallel is not None:
+            logger.info("prefix caching off: not supported with tensor_parallel_size > 1")
+        allocator = (PageAllocator if self.prefix is None else PrefixCachingAllocator)(parts.num_pages, config.page_size)
+        self.scheduler = Scheduler(allocator, config.max_num_seqs, config.prefill_chunk_size, parts.kv_token_limit,
+                                   parts.kv_scratch_tokens, self.prefix)
         self.runner = parts.runner
         if self.parallel is not None:  # every model call is broadcast to the other ranks first
             from infinitehip.parallel.step_sync import DriverRunner
@@ -233,6 +243,26 @@ class LLMEngine:
 
             stop_ranks(self.parallel)
 
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Prefix caching counters (tokens looked up, served from cache, pages evicted); None when it is off."""
+        return None if self.prefix is None else self.scheduler.allocator.stats
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached prefix no running sequence holds; returns the pages dropped."""
+        return 0 if self.prefix is None else self.scheduler.allocator.reset_prefix_cache()
+
+    def save_prefix_cache(self, path) -> int:
+        """Write the cached prefixes to a safetensors file (engine/prefix_disk.py); call between steps."""
+        from infinitehip.engine.prefix_disk import save_prefix_cache
+
+        return save_prefix_cache(self, path)
+
+    def load_prefix_cache(self, path) -> int:
+        """Load cached prefixes saved by an engine of the same model, method and KV layout (else ValueError)."""
+        from infinitehip.engine.prefix_disk import load_prefix_cache
+
+        return load_prefix_cache(self, path)
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
@@ -251,9 +281,17 @@ class LLMEngine:
             seq.method_state = None
         for seq in admitted:
             seq.method_state = self.method.new_state()
+            if seq.prefix_hit is not None:  # a reused prefix's private pages, copied before its first forward
+                prefix_pages.apply_hit(self.cache, self.method, self.scheduler.allocator, seq)
+                self.scheduler.copies_done(seq)
         if plan.is_empty:
             return [], 0
         samplers, logits = self.runner.run(plan)
+        if self.prefix is not None:  # before sampling: a sequence that finishes now releases its pages as cached
+            for seq, n in plan.prefill:
+                boundary = self.scheduler.cache_prefix(seq, seq.num_computed - n)
+                if boundary is not None and self.prefix.reuse.needs_snapshot:
+                    prefix_pages.snapshot(self.cache, self.method, self.scheduler.allocator, self.prefix, seq, boundary)
         outputs = []
         for row, seq in enumerate(samplers):
             if seq.params.repetition_penalty != 1.0 and seq.seen_mask is None:

@@ -13,6 +13,10 @@ slots than that, whatever its length, so its pages are bounded by it and a prefi
 past the limit (the method compacts after each chunk). `kv_scratch_tokens` more slots per sequence are
 room for tokens a method runs after the cache without keeping them (InfiniPot's catalyst prompt); they
 never count toward the limit or a chunk's room.
+
+Prefix caching (`prefix` set, with a `PrefixCachingAllocator`): at admission a sequence takes the longest cached
+prefix of its prompt the method may reuse (`kv/prefix_reuse.py`) and prefills only the rest; after each prefill
+chunk its full prompt pages are named by their hashes, so they stay cached when it finishes or is preempted.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass, field
 
 from infinitehip.engine.sequence import Sequence, SequenceStatus
 from infinitehip.kv.page_allocator import PageAllocator
+from infinitehip.kv.prefix_cache import page_hashes
+from infinitehip.kv.prefix_reuse import PrefixHit, PrefixPolicy
 
 
 @dataclass
@@ -40,10 +46,11 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, allocator: PageAllocator, max_num_seqs: int, prefill_chunk_size: int, kv_token_limit: int | None = None,
-                 kv_scratch_tokens: int = 0):
+                 kv_scratch_tokens: int = 0, prefix: PrefixPolicy | None = None):
         if kv_scratch_tokens < 0:
             raise ValueError(f"kv_scratch_tokens must be >= 0, got {kv_scratch_tokens}")
         self.allocator = allocator
+        self.prefix = prefix  # None: prefix caching off (allocator is then a plain PageAllocator)
         self.kv_token_limit = kv_token_limit
         self.kv_scratch_tokens = kv_scratch_tokens
         self.max_num_seqs = max_num_seqs
@@ -73,17 +80,94 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             tokens = self.cache_tokens(seq.prefill_target + 1)
-            if not self.allocator.can_allocate(self.allocator.pages_for(tokens)):
+            hit = self._lookup(seq)
+            if hit is not None:  # its pages are referenced now, so the room check below cannot evict them
+                self.allocator.take(hit.shared + [src for src, _ in hit.copies])
+                missing = self.allocator.pages_for(tokens) - len(hit.shared)
+            else:
+                missing = self.allocator.pages_for(tokens)
+            if not self.allocator.can_allocate(missing):
+                if hit is not None:
+                    self.allocator.release(hit.shared + [src for src, _ in hit.copies])
                 break  # FIFO: later requests wait behind it rather than starving it
             self.waiting.popleft()
+            if self.prefix is not None and seq.num_computed == 0:
+                self.allocator.stats.queries += seq.num_prompt_tokens
+                seq.cached_prompt_tokens = 0
+            if hit is not None:
+                self._apply_hit(seq, hit)
             self.allocator.grow(seq.page_table, tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
         return admitted
 
+    # ---- prefix caching ---------------------------------------------------------------------------------
+    def _lookup(self, seq: Sequence) -> PrefixHit | None:
+        """The cached prefix a sequence starting from scratch may reuse (None: none, or caching off)."""
+        if self.prefix is None or seq.num_computed or seq.probe is not None or seq.params.prompt_logprobs is not None:
+            return None  # a probe or prompt logprobs need every prompt position computed
+        a, p = self.allocator, self.prefix
+        if seq.page_hashes is None:
+            seq.page_hashes = page_hashes(seq.prompt_ids, a.page_size)
+        pages = a.match(seq.page_hashes)
+        if p.reuse.needs_snapshot:  # pages of one owner only: their per-slot state matches these tokens (prefix_reuse.py)
+            owner = a.owner(pages[0]) if pages else None
+            pages = pages[: next((i for i, pg in enumerate(pages) if a.owner(pg) != owner), len(pages))]
+        boundary = p.boundary(seq.num_prompt_tokens, len(pages))
+        if p.reuse.needs_snapshot:
+            while boundary and a.payload(pages[boundary // a.page_size - 1]) is None:
+                boundary -= p.grid
+        if boundary == 0:
+            return None
+        tail = p.tail_pages(boundary)
+        copies = [(pages[i], -1) for i in tail]
+        return PrefixHit(boundary, pages[: tail.start], copies, pages[boundary // a.page_size - 1] if copies else None)
+
+    def _apply_hit(self, seq: Sequence, hit: PrefixHit) -> None:
+        dst = self.allocator.allocate(len(hit.copies))
+        hit = PrefixHit(hit.tokens, hit.shared, [(src, d) for (src, _), d in zip(hit.copies, dst)], hit.snapshot_page)
+        seq.page_table[:] = hit.shared + dst
+        seq.num_computed = seq.num_cached = hit.tokens
+        seq.cached_prompt_tokens = hit.tokens
+        # The copies hold the content of cached pages (named there), so registration goes on after the boundary.
+        seq.registered_pages = hit.tokens // self.allocator.page_size
+        seq.prefix_hit = hit if hit.copies else None
+        self.allocator.stats.hits += hit.tokens
+
+    def copies_done(self, seq: Sequence) -> None:
+        """The engine copied a hit's pages: drop the references that kept their sources from eviction."""
+        if seq.prefix_hit is not None:
+            self.allocator.release([src for src, _ in seq.prefix_hit.copies])
+            seq.prefix_hit = None
+
+    def cache_prefix(self, seq: Sequence, start: int) -> int | None:
+        """After a prefill chunk [start, seq.num_computed): name the sequence's newly filled prompt pages by their
+        hashes. Returns the token up to which they are cached when it grew, else None."""
+        if self.prefix is None or seq.prefix_frozen or seq.probe is not None:
+            return None
+        end = self.prefix.registrable(start, seq.num_computed, seq.num_prompt_tokens)
+        if end is None:
+            seq.prefix_frozen = self.prefix.reuse.chunk_aligned and seq.num_computed < seq.num_prompt_tokens
+            return None
+        a = self.allocator
+        if seq.page_hashes is None:
+            seq.page_hashes = page_hashes(seq.prompt_ids, a.page_size)
+        upto = end // a.page_size
+        if upto <= seq.registered_pages:
+            return None
+        for i in range(seq.registered_pages, upto):
+            if not a.register(seq.page_table[i], seq.page_hashes[i], seq.seq_id) and self.prefix.reuse.needs_snapshot:
+                # Another sequence holds these pages: its chain continues, not ours (per-slot state is per owner).
+                seq.prefix_frozen = True
+                seq.registered_pages = i
+                return None
+        seq.registered_pages = upto
+        return end
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self.copies_done(seq)
         self.allocator.free(seq.page_table)
         seq.reset_cache()
         seq.status = SequenceStatus.WAITING
@@ -143,4 +227,5 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self.copies_done(seq)
         self.allocator.free(seq.page_table)

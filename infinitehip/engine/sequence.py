@@ -43,6 +43,15 @@ class Sequence:
     # and marked per sampled token (rebuilding it from a million-token prompt each step would dominate the step)
     seen_mask: Any = None
     grammar: Any = None  # the structured-output matcher following the output (params.json_schema)
+    # Prefix caching (kv/prefix_cache.py): chained hashes of the prompt's full pages (computed at the first lookup),
+    # prompt tokens served from cached pages at the latest admission, the hit's page copies still to run (the
+    # engine runs them before the next forward), pages of the prompt registered in the cache, and whether the
+    # sequence stopped registering (its chunks left the method's grid, or another sequence cached the same pages).
+    page_hashes: list | None = None
+    cached_prompt_tokens: int = 0
+    prefix_hit: Any = None
+    registered_pages: int = 0
+    prefix_frozen: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -67,8 +76,9 @@ class Sequence:
         self.num_cached += n
 
     def reset_cache(self) -> None:
-        """Preempted: everything is recomputed from the first token."""
+        """Preempted: everything is recomputed from the first token (or from a cached prefix)."""
         self.num_computed = self.num_cached = 0
+        self.registered_pages, self.prefix_frozen, self.prefix_hit = 0, False, None
 
     @property
     def max_total_tokens(self) -> int:

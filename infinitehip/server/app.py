@@ -61,6 +61,9 @@ def served_model_name(engine: LLMEngine, config: ServerConfig) -> tuple[str, set
     return name, aliases
 
 
+PREFIX_CACHE_FILE = "prefix_cache.safetensors"  # in ServerConfig.prefix_cache_dir
+
+
 def create_app(engine: LLMEngine, server_config: ServerConfig | None = None) -> FastAPI:
     config = server_config or ServerConfig()
     metrics = ServerMetrics()
@@ -71,11 +74,16 @@ def create_app(engine: LLMEngine, server_config: ServerConfig | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        cache_file = Path(config.prefix_cache_dir) / PREFIX_CACHE_FILE if config.prefix_cache_dir else None
+        if cache_file is not None and cache_file.exists():  # before the loop starts: nothing else touches the KV
+            engine.load_prefix_cache(cache_file)
         async_engine.start()
         try:
             yield
         finally:
             await asyncio.to_thread(async_engine.shutdown)
+            if cache_file is not None and engine.prefix is not None:  # the loop has stopped: the KV is still
+                await asyncio.to_thread(engine.save_prefix_cache, cache_file)
 
     app = FastAPI(
         title="infinitehip", version=_version(), lifespan=lifespan,

@@ -48,6 +48,7 @@ class TokenEvent:
     # with prompt_logprobs, the prompt's on the finishing event.
     logprobs: list | None = None
     prompt_logprobs: list | None = None
+    cached_tokens: int = 0  # prompt tokens the sequence took from the prefix cache (usage.prompt_tokens_details)
 
 
 @dataclass
@@ -339,9 +340,10 @@ class AsyncEngine:
         if seq.params.logprobs is not None:
             logprobs, st.sent_logprobs = seq.output_logprobs[st.sent_logprobs :], len(seq.output_logprobs)
         if not finished:
-            return TokenEvent(st.index, delta, len(seq.output_ids), logprobs=logprobs)
+            return TokenEvent(st.index, delta, len(seq.output_ids), logprobs=logprobs, cached_tokens=seq.cached_prompt_tokens)
         prompt = seq.prompt_logprobs if seq.params.prompt_logprobs is not None else None
-        return TokenEvent(st.index, delta, len(seq.output_ids), seq.finish_reason, seq.output_text, logprobs, prompt)
+        return TokenEvent(st.index, delta, len(seq.output_ids), seq.finish_reason, seq.output_text, logprobs, prompt,
+                          seq.cached_prompt_tokens)
 
     def _fail_all(self, message: str) -> None:
         streams = {st.stream for st in self._by_seq.values()}
@@ -368,6 +370,9 @@ class AsyncEngine:
         alloc = sched.allocator
         kv = 1.0 - alloc.num_free / alloc.num_pages if alloc.num_pages else 0.0
         self.metrics.set_engine_state(len(sched.running), self._num_queued, kv)
+        prefix = self.engine.prefix_cache_stats()  # None when prefix caching is off
+        if prefix is not None:
+            self.metrics.set_prefix_cache(prefix, alloc.num_cached_pages * alloc.page_size)
         banks = self.engine.kv_stats()  # None unless the KV is offloaded
         if banks is not None:
             self.metrics.set_kv_banks(banks)

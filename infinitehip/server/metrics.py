@@ -54,6 +54,16 @@ class ServerMetrics:
                                     registry=r)
         self.kv_bank_hit_ratio = Gauge("infinitehip_kv_bank_hit_ratio", "hits / (hits + misses) of a GPU bank", ["bank"],
                                        registry=r)
+        # Prefix caching (absent while it is off): cumulative since the engine started.
+        self.prefix_queried = Gauge("infinitehip_prefix_cache_queried_tokens",
+                                    "Prompt tokens of admitted sequences looked up in the prefix cache", registry=r)
+        self.prefix_hits = Gauge("infinitehip_prefix_cache_hit_tokens",
+                                 "Prompt tokens served from the prefix cache (not prefilled)", registry=r)
+        self.prefix_hit_rate = Gauge("infinitehip_prefix_cache_hit_rate", "hit tokens / queried tokens", registry=r)
+        self.prefix_cached = Gauge("infinitehip_prefix_cache_cached_tokens",
+                                   "Tokens in KV pages named by their prefix (in use or evictable)", registry=r)
+        self.prefix_evictions = Gauge("infinitehip_prefix_cache_evictions",
+                                      "Cached prefix pages evicted to make room", registry=r)
         self.preemptions = Counter("infinitehip_preemptions", "Sequences preempted (KV freed, recomputed later)",
                                    registry=r)
         self.queue_time = Histogram("infinitehip_queue_time_seconds", "From request arrival to its admission",
@@ -82,6 +92,14 @@ class ServerMetrics:
             self.kv_bank_hits.labels(bank=name).set(bank.total_hits)
             self.kv_bank_misses.labels(bank=name).set(bank.total_misses)
             self.kv_bank_hit_ratio.labels(bank=name).set(bank.hit_ratio)
+
+    def set_prefix_cache(self, stats, cached_tokens: int) -> None:
+        """stats: PrefixCacheStats (LLMEngine.prefix_cache_stats)."""
+        self.prefix_queried.set(stats.queries)
+        self.prefix_hits.set(stats.hits)
+        self.prefix_hit_rate.set(stats.hit_rate)
+        self.prefix_cached.set(cached_tokens)
+        self.prefix_evictions.set(stats.evictions)
 
     def observe_step(self, prefill_tokens: int, generated_tokens: int, seconds: float) -> None:
         if prefill_tokens:

@@ -146,10 +146,15 @@ def check_unicode(body: BaseModel) -> None:
 # ---- responses (documentation of the wire format; handlers build the dicts directly) -------------------
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens served from the prefix cache (not prefilled again)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class CompletionChoice(BaseModel):

@@ -234,15 +234,15 @@ class OpenAIServing:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             echoes = None if echo is None else [e for e in echo for _ in range(body.n)]  # per choice
-            gen = self._stream(stream, rid, chat, prompt_tokens, include_usage, echoes)
+            gen = self._stream(stream, rid, chat, prompt_tokens, include_usage, echoes, body.n)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         choice_prompts = [ids for ids in prompt_ids for _ in range(body.n)]
         return await self._complete(stream, request, rid, chat, prompt_tokens, choice_prompts,
-                                    None if echo is None else [e for e in echo for _ in range(body.n)])
+                                    None if echo is None else [e for e in echo for _ in range(body.n)], body.n)
 
     async def _complete(self, stream: RequestStream, request: Request, rid: str, chat: bool, prompt_tokens: int,
-                        choice_prompts: list[list[int]], echo: list[str] | None):
+                        choice_prompts: list[list[int]], echo: list[str] | None, n: int = 1):
         watcher = asyncio.create_task(self._abort_on_disconnect(request, stream))
         finals: dict[int, TokenEvent] = {}
         logprobs: dict[int, list] = {}
@@ -277,9 +277,10 @@ class OpenAIServing:
                 choices.append({"index": index, "text": (echo[index] if echo else "") + ev.final_text,
                                 "logprobs": lp, "finish_reason": ev.finish_reason})
         completion_tokens = sum(ev.completion_tokens for ev in finals.values())
+        cached = _cached_tokens({i: ev.cached_tokens for i, ev in finals.items()}, n)
         return JSONResponse({
             "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": self.model_name, "choices": choices, "usage": _usage(prompt_tokens, completion_tokens),
+            "model": self.model_name, "choices": choices, "usage": _usage(prompt_tokens, completion_tokens, cached),
         })
 
     @staticmethod
@@ -291,7 +292,7 @@ class OpenAIServing:
                 return
 
     async def _stream(self, stream: RequestStream, rid: str, chat: bool, prompt_tokens: int,
-                      include_usage: bool, echo: list[str] | None = None) -> AsyncIterator[str]:
+                      include_usage: bool, echo: list[str] | None = None, n: int = 1) -> AsyncIterator[str]:
         created, obj = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
         base = {"id": rid, "object": obj, "created": created, "model": self.model_name}
         extra = {"usage": None} if include_usage else {}
@@ -309,6 +310,7 @@ class OpenAIServing:
             return _sse({**base, "choices": [choice], **extra})
 
         completion_tokens: dict[int, int] = {}
+        cached: dict[int, int] = {}
         try:
             if chat:
                 for index in range(len(stream.prompt_lens)):
@@ -326,6 +328,7 @@ class OpenAIServing:
                 for ev in events:
                     if isinstance(ev, TokenEvent):
                         completion_tokens[ev.index] = ev.completion_tokens
+                        cached[ev.index] = ev.cached_tokens
                         lp = ev.logprobs or None  # the tokens since the last event (text may be held back)
                         if chat and ev.text and ev.finish_reason:
                             yield chunk(ev.index, ev.text, None, lp=lp)
@@ -342,12 +345,19 @@ class OpenAIServing:
             if stream.closed:
                 return
             if include_usage:
-                yield _sse({**base, "choices": [], "usage": _usage(prompt_tokens, sum(completion_tokens.values()))})
+                yield _sse({**base, "choices": [], "usage": _usage(prompt_tokens, sum(completion_tokens.values()),
+                                                                  _cached_tokens(cached, n))})
             yield "data: [DONE]\n\n"
         finally:
             stream.abort()  # client disconnected (generator cancelled / closed) or done: frees KV if unfinished
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def _cached_tokens(per_choice: dict[int, int], n: int) -> int:
+    """Prompt tokens served from the prefix cache: each prompt's first choice (its n choices read one prompt)."""
+    return sum(c for index, c in per_choice.items() if index % n == 0)
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}

@@ -56,6 +56,9 @@ def attention_with_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_o
 
 class InfiniPotAttention(AttentionMethod):
     name = "infinipot"
+    # Its pot holds what it distilled from the whole prompt so far, not the prefix's own k/v: only a prompt equal
+    # to an earlier one up to every compaction could reuse it. Prefix caching is off for it.
+    prefix_reuse_note = "its cache is the distilled pot of the whole prompt so far, not a reusable prefix"
 
     def __init__(self, model_config: ModelConfig, config: InfiniPotConfig | None = None):
         super().__init__(model_config)

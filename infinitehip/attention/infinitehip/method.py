@@ -32,6 +32,7 @@ from infinitehip.attention.question_selection import question_chunks
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
+from infinitehip.kv.prefix_reuse import PrefixReuse
 
 
 @dataclass
@@ -110,6 +111,24 @@ class InfiniteHiPAttention(AttentionMethod):
         return InfiniteHiPState(stage_cache=[None] * L, decode_steps=[0] * L, refreshes=[0] * S,
                                 pending_q=[None] * L, pending_pos=[None] * L, question=[None] * L, recent_q=[None] * L,
                                 question_merged=[None] * L)
+
+    # ---- prefix caching ----------------------------------------------------------------------------------
+    def prefix_reuse(self) -> PrefixReuse:
+        """Prefill selection depends on the chunk (its context length; landmark saliency from the chunk's later
+        queries): exact on the prefill-chunk grid only. The question's queries are recomputed (they may start in
+        the chunk before the last). Landmark saliency of a key changes until `landmark_window` later queries saw it:
+        the keys of that window before the boundary are private copies, their sums restored from a snapshot taken
+        at the boundary. The rest of the state (stage caches, question selection) is made after the boundary."""
+        tail = self.config.landmark_window - 1 if self.saliency is not None else 0
+        return PrefixReuse(chunk_aligned=True, min_recompute_tokens=max(1, self.config.question_tokens),
+                           private_tail_tokens=tail)
+
+    def prefix_snapshot(self, cache, slots: torch.Tensor):
+        return None if self.saliency is None else self.saliency.snapshot(slots)
+
+    def restore_prefix(self, cache, slots: torch.Tensor, snapshot) -> None:
+        if self.saliency is not None and snapshot is not None:
+            self.saliency.restore(cache, slots, snapshot)
 
     def _impl(self, x: torch.Tensor) -> str:
         """Pruning ops: Triton on CUDA; on CPU their CPU formulations ("auto") or the eager oracles."""

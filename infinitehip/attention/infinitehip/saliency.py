@@ -122,6 +122,18 @@ class KeySaliency:
         total.index_add_(0, target, logits)
         count.index_add_(0, target, hits.float())
 
+    def snapshot(self, slots: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's sums [N, H] and counts [N] of slots [N], on the host (prefix caching: the keys just before a
+        prefix boundary, whose sums the next window of queries still changes)."""
+        return {layer: (self._sum[layer][slots].cpu(), self._count[layer][slots].cpu()) for layer in self._sum}
+
+    def restore(self, cache: PagedKVCache, slots: torch.Tensor, snapshot: dict) -> None:
+        """Write a snapshot into slots [N] (a sequence's private copies of those keys)."""
+        for layer, (total, count) in snapshot.items():
+            t, c = self._buffers(layer, cache, total.shape[1])
+            t[slots] = total.to(t.device)
+            c[slots] = count.to(c.device)
+
     def representatives(self, layer: int, starts: torch.Tensor, lens: torch.Tensor, page_table: torch.Tensor,
                         page_size: int, chunk_size: int, impl: str = "reference") -> torch.Tensor:
         """Most salient token per head of each chunk [start, start + len): starts/lens [M, N] -> [M, N, H] int64.

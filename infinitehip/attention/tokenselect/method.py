@@ -47,6 +47,7 @@ from infinitehip.attention.sparse import sparse_attention_decode, sparse_attenti
 from infinitehip.attention.tokenselect import soft_vote
 from infinitehip.config.model import ModelConfig
 from infinitehip.config.tokenselect import TokenSelectConfig
+from infinitehip.kv.prefix_reuse import PrefixReuse
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 
 
@@ -105,6 +106,12 @@ class TokenSelectAttention(AttentionMethod):
 
     def new_state(self) -> TokenSelectState:
         return TokenSelectState.empty(self.model_config.num_layers)
+
+    def prefix_reuse(self) -> PrefixReuse:
+        """A block's selection uses its mean query (future tokens of the block) and blocks follow the chunks: a
+        prefix is exact on the prefill-chunk grid. The question's queries are recomputed (they may start in the
+        chunk before the last); the per-sequence state is all made after the boundary (Selection Cache: decode)."""
+        return PrefixReuse(chunk_aligned=True, min_recompute_tokens=max(1, self.config.question_tokens))
 
     def stats(self, state: TokenSelectState) -> dict:
         """Selection Cache counts of one sequence (summed over layers) and its hit ratio."""

@@ -1,0 +1,130 @@
+"""Cached prefixes on disk: save the prefix cache's pages as safetensors, load them into a fresh engine.
+
+A file holds, per cached page, its hash [32] uint8, owner (the sequence that computed it: methods with
+private per-slot state reuse one owner's chain only) and k/v [layers, page_size, kv_heads, head_dim] in the
+KV's dtype, plus the methods' snapshots at prefix boundaries. Its metadata carries a fingerprint of
+everything the k/v depend on (model config, a sample of the weights, attention method and its settings, page
+size and prefill chunk grid, KV dtype); loading a file made under another fingerprint is refused with the
+fields that differ, since its pages would silently give other tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "infinitehip-prefix-cache-v1"
+
+
+def fingerprint(engine) -> dict[str, str]:
+    """What a page's k/v depend on, as strings (safetensors metadata)."""
+    method_config = getattr(engine.method, "config", None)
+    weights = hashlib.sha256()
+    for name, p in sorted(engine.loaded.model.state_dict().items())[:4]:  # a sample: equal configs, other weights
+        weights.update(name.encode() + p.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+    grid = engine.prefix.grid if engine.prefix is not None else engine.config.page_size
+    return {
+        "format": FORMAT,
+        "model_config": json.dumps(asdict(engine.model_config), sort_keys=True, default=str),
+        "weights_sample_sha256": weights.hexdigest(),
+        "method": engine.method.name,
+        "method_config": json.dumps(asdict(method_config) if is_dataclass(method_config) else None, sort_keys=True,
+                                    default=str),
+        "page_size": str(engine.config.page_size),
+        "reuse_grid": str(grid),
+        "kv_dtype": str(_kv_dtype(engine.cache)),
+    }
+
+
+def _kv_dtype(cache) -> torch.dtype:
+    return cache.kv.store.dtype if getattr(cache, "is_offloaded", False) else cache.k.dtype
+
+
+def _read_pages(cache, pages: list[int], page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """k/v [P, layers, page_size, kv_heads, head_dim] of whole pages, on the host."""
+    if not getattr(cache, "is_offloaded", False):
+        index = torch.tensor(pages, dtype=torch.long, device=cache.device)
+        return (cache.k.index_select(1, index).transpose(0, 1).cpu().contiguous(),
+                cache.v.index_select(1, index).transpose(0, 1).cpu().contiguous())
+    slots = (torch.tensor(pages)[:, None] * page_size + torch.arange(page_size)).flatten()
+    ks, vs = zip(*(cache.kv.store.read(layer, slots) for layer in range(cache.num_layers)))
+    shape = (len(pages), page_size, *ks[0].shape[1:])
+    return (torch.stack([k.view(shape) for k in ks], 1).contiguous(), torch.stack([v.view(shape) for v in vs], 1).contiguous())
+
+
+def _write_pages(cache, pages: list[int], page_size: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    slots = (torch.tensor(pages)[:, None] * page_size + torch.arange(page_size)).flatten().to(cache.device)
+    for layer in range(cache.num_layers):
+        kl = k[:, layer].reshape(-1, *k.shape[-2:]).to(cache.device)
+        vl = v[:, layer].reshape(-1, *v.shape[-2:]).to(cache.device)
+        cache.write(layer, slots, kl, vl)
+
+
+@torch.inference_mode()
+def save_prefix_cache(engine, path: str | Path) -> int:
+    """Write every cached page (in use or evictable) to `path`; returns the pages written."""
+    if engine.prefix is None:
+        raise ValueError("prefix caching is off for this engine: nothing to save")
+    allocator = engine.scheduler.allocator
+    entries = allocator.cached_pages()
+    pages = [p for _, p in entries]
+    tensors: dict[str, torch.Tensor] = {}
+    if pages:
+        tensors["k"], tensors["v"] = _read_pages(engine.cache, pages, allocator.page_size)
+    tensors["hashes"] = torch.tensor([list(h) for h, _ in entries], dtype=torch.uint8).reshape(len(entries), 32)
+    tensors["owners"] = torch.tensor([allocator.owner(p) for p in pages], dtype=torch.int64)
+    for i, page in enumerate(pages):  # the methods' boundary snapshots: {layer: (sums [N, H], counts [N])}
+        for layer, (total, count) in (allocator.payload(page) or {}).items():
+            tensors[f"snapshot.{i}.{layer}.sum"], tensors[f"snapshot.{i}.{layer}.count"] = total, count
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata=fingerprint(engine))
+    logger.info("prefix cache: saved %d pages (%d tokens) to %s", len(pages), len(pages) * allocator.page_size, path)
+    return len(pages)
+
+
+@torch.inference_mode()
+def load_prefix_cache(engine, path: str | Path) -> int:
+    """Load a saved prefix cache into the engine's free pages (before requests run); returns the pages loaded.
+    ValueError when the file was made for another model, method or KV layout."""
+    if engine.prefix is None:
+        raise ValueError("prefix caching is off for this engine: cannot load a prefix cache")
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        saved = f.metadata() or {}
+    mine = fingerprint(engine)
+    differ = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
+    if differ:
+        raise ValueError(f"prefix cache {path} was saved for another configuration (differs in: {', '.join(differ)}); "
+                         "it cannot be reused with this model / method / KV layout")
+    tensors = load_file(str(path))
+    allocator = engine.scheduler.allocator
+    hashes, owners = tensors["hashes"], tensors["owners"]
+    n = min(hashes.shape[0], allocator.num_unused)  # never-used pages only: loading must not evict
+    if n < hashes.shape[0]:
+        logger.warning("prefix cache: %d of %d saved pages fit the free KV pages", n, hashes.shape[0])
+    if n == 0:
+        return 0
+    pages = allocator.allocate(n)
+    _write_pages(engine.cache, pages, allocator.page_size, tensors["k"][:n], tensors["v"][:n])
+    for i, page in enumerate(pages):
+        # Owners of another process: negative, never a live sequence's id.
+        owner = int(owners[i])
+        allocator.register(page, bytes(hashes[i].tolist()), -1 - owner if owner >= 0 else owner)
+        snap = {}
+        for key in [k for k in tensors if k.startswith(f"snapshot.{i}.") and k.endswith(".sum")]:
+            layer = int(key.split(".")[2])
+            snap[layer] = (tensors[key], tensors[f"snapshot.{i}.{layer}.count"])
+        if snap:
+            allocator.attach(page, snap)
+    allocator.release(pages)  # cached, unreferenced: evictable like any finished prompt's pages
+    logger.info("prefix cache: loaded %d pages (%d tokens) from %s", n, n * allocator.page_size, path)
+    return n

@@ -1,0 +1,79 @@
+"""The tensor side of prefix caching: whether it is on, and the page copies and snapshots of a reused prefix.
+
+The scheduler decides from hashes and reference counts which pages a sequence reuses (kv/prefix_cache.py);
+this module runs what that needs on the KV: copying the pages a method keeps private (their k/v and the
+method's per-slot state, `PrefixReuse.private_tail_tokens`) and taking that state's snapshot when a chunk
+reaches a prefix boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from infinitehip.attention.base import AttentionMethod
+from infinitehip.engine.sequence import Sequence
+from infinitehip.kv.prefix_cache import PrefixCachingAllocator
+from infinitehip.kv.prefix_reuse import PrefixPolicy
+
+logger = logging.getLogger(__name__)
+
+
+def prefix_policy(enabled: bool, method: AttentionMethod, has_sliding_layers: bool, page_size: int,
+                  prefill_chunk_size: int) -> PrefixPolicy | None:
+    """The method's reuse policy, or None (with a log line saying why) when prefix caching is off."""
+    if not enabled:
+        return None
+    reuse = method.prefix_reuse()
+    why = None
+    if reuse is None:
+        why = f"method {method.name!r}: {method.prefix_reuse_note}"
+    elif method.kv_token_limit is not None:
+        why = f"method {method.name!r} compacts its cache"
+    elif has_sliding_layers:  # their ring buffers hold the last window per sequence, outside the paged cache
+        why = "the model's sliding-window layers keep per-sequence rings outside the paged cache"
+    if why is not None:
+        logger.info("prefix caching off: %s", why)
+        return None
+    return PrefixPolicy(reuse, page_size, prefill_chunk_size)
+
+
+def _page_slots(pages: list[int], page_size: int, device: torch.device) -> torch.Tensor:
+    """Flat slots [len(pages) * page_size] (int64) of whole pages."""
+    p = torch.tensor(pages, dtype=torch.long, device=device)
+    return (p[:, None] * page_size + torch.arange(page_size, device=device)).flatten()
+
+
+def copy_pages(cache, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Every layer's k/v of slots src [N] into slots dst [N] (resident or offloaded KV)."""
+    if getattr(cache, "is_offloaded", False):  # the store is the page pool; writes drop stale bank rows
+        for layer in range(cache.num_layers):
+            k, v = cache.kv.store.read(layer, src)
+            cache.kv.write(layer, dst, k.to(cache.device), v.to(cache.device))
+    else:
+        cache.copy_slots(src, dst)
+
+
+@torch.inference_mode()
+def apply_hit(cache, method: AttentionMethod, allocator: PrefixCachingAllocator, seq: Sequence) -> None:
+    """Run a reused prefix's page copies (before the sequence's first forward); their sources are then released."""
+    hit = seq.prefix_hit
+    if hit is None:
+        return
+    ps = allocator.page_size
+    src = _page_slots([s for s, _ in hit.copies], ps, cache.device)
+    dst = _page_slots([d for _, d in hit.copies], ps, cache.device)
+    copy_pages(cache, src, dst)
+    method.restore_prefix(cache, dst, allocator.payload(hit.snapshot_page))
+
+
+@torch.inference_mode()
+def snapshot(cache, method: AttentionMethod, allocator: PrefixCachingAllocator, policy: PrefixPolicy, seq: Sequence,
+             boundary: int) -> None:
+    """A chunk ended at a cached prefix boundary: keep the method's state of the boundary's private tail with the
+    boundary's last page."""
+    tail = policy.tail_pages(boundary)
+    if len(tail):
+        slots = _page_slots([seq.page_table[i] for i in tail], allocator.page_size, cache.device)
+        allocator.attach(seq.page_table[boundary // allocator.page_size - 1], method.prefix_snapshot(cache, slots))
