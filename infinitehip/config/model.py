@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,23 +17,35 @@ class UnsupportedArchitectureError(ValueError):
     pass
 
 
+ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling. `kind` is "default" (none), "linear" or "llama3"."""
+    """RoPE frequency scaling, as transformers' rope_parameters define it (model/rope.py computes it)."""
 
-    kind: str = "default"
+    kind: str = "default"  # one of ROPE_KINDS
     factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position: int = 8192
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position: int = 8192  # llama3, yarn, longrope: the pretraining context
+    beta_fast: float = 32.0  # yarn: rotations bounding the extrapolated (unscaled) dimensions
+    beta_slow: float = 1.0  # yarn: rotations bounding the interpolated (scaled by 1 / factor) dimensions
+    truncate: bool = True  # yarn: round the correction range to whole dimensions
+    short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors within original_max_position
+    long_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors beyond it
+    # yarn / longrope: q.k is scaled by this squared (transformers multiplies cos and sin by it); 1.0 otherwise
+    attention_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("default", "linear", "llama3"):
+        if self.kind not in ROPE_KINDS:
             raise UnsupportedArchitectureError(
-                f"rope_scaling type {self.kind!r} is not supported; supported: default, linear, llama3"
+                f"rope_scaling type {self.kind!r} is not supported; supported: {', '.join(ROPE_KINDS)}"
             )
         if self.factor <= 0:
             raise ValueError(f"rope_scaling.factor must be > 0, got {self.factor}")
+        if self.kind == "longrope" and not (self.short_factor and self.long_factor):
+            raise ValueError("longrope rope_scaling needs short_factor and long_factor")
 
 
 @dataclass(frozen=True)
@@ -194,12 +207,36 @@ def _gemma3_fields(hf: dict) -> dict:
 def _rope_scaling(hf: dict) -> RopeScaling:
     params = _rope_params(hf)
     kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "su":  # Phi-3's early name for longrope
+        kind = "longrope"
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise UnsupportedArchitectureError(f"partial_rotary_factor={partial} (RoPE on part of each head) is not supported")
     if kind == "default":
         return RopeScaling()
-    return RopeScaling(
-        kind=kind,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position=int(params.get("original_max_position_embeddings", 8192)),
-    )
+    max_pos = hf.get("max_position_embeddings", 4096)
+    original = int(params.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings")
+                   or (8192 if kind == "llama3" else max_pos))
+    factor = params.get("factor")
+    if factor is None:  # yarn / longrope without one: the context extension itself (as transformers derives it)
+        factor = max_pos / original if kind in ("yarn", "longrope") else 1.0
+    factor = float(factor)
+    fields = dict(kind=kind, factor=factor, original_max_position=original,
+                  low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+                  high_freq_factor=float(params.get("high_freq_factor", 4.0)))
+    attention_factor = params.get("attention_factor")
+    if kind == "yarn":
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if attention_factor is None:
+            m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+            attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+        fields.update(beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
+                      truncate=bool(params.get("truncate", True)))
+    elif kind == "longrope":
+        if attention_factor is None:
+            attention_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        fields.update(short_factor=tuple(float(x) for x in params["short_factor"]),
+                      long_factor=tuple(float(x) for x in params["long_factor"]))
+    return RopeScaling(attention_factor=float(attention_factor or 1.0), **fields)

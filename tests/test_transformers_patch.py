@@ -1,0 +1,80 @@
+"""`infinitehip.patch`: our methods inside a plain transformers model give our engine's greedy tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import infinitehip
+from infinitehip import LLM, SamplingParams
+from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.config.streaming import StreamingConfig
+from infinitehip.config.tokenselect import TokenSelectConfig
+from infinitehip.engine.llm_engine import ContextLengthError
+from tests.conftest import engine_for_dir
+
+# Methods at sizes where a 700-token prompt is far past their budgets (and past the model's 256 positions).
+SMALL = {
+    "infinitehip": InfiniteHiPConfig(sink_tokens=16, stream_tokens=64, query_block_sizes=(32, 16, 8),
+                                     chunk_sizes=(64, 16, 4), keep_tokens=(512, 128, 32), early_last_keep_tokens=64,
+                                     refresh_intervals=(4, 2, 1), early_layers=1, landmark_window=48),
+    "tokenselect": TokenSelectConfig(select_tokens=64, sink_tokens=16, local_tokens=64, query_block_size=64,
+                                     question_select_tokens=32),
+    "streaming": StreamingConfig(sink_tokens=4, window_tokens=60, eviction_batch_tokens=64),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      rope_theta=10000.0, tie_word_embeddings=False,
+                                      bos_token_id=None, eos_token_id=None, pad_token_id=None)  # no EOS: 12 tokens each
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    path = tmp_path_factory.mktemp("llama")
+    model.save_pretrained(path)
+    return model, path
+
+
+def _engine_tokens(path, method, config, ids, n, chunk):
+    engine = engine_for_dir(path, None, config, method=method, max_context_tokens=4096, prefill_chunk_size=chunk)
+    (out,) = LLM.from_engine(engine).generate([ids], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    return out.token_ids
+
+
+@pytest.mark.parametrize("method", ["infinitehip", "tokenselect", "streaming", "dense"])
+def test_patched_transformers_greedy_equals_engine(tiny_llama, method):
+    model, path = tiny_llama
+    ids = torch.randint(0, 512, (700,), generator=torch.Generator().manual_seed(3)).tolist()
+    config = SMALL.get(method)
+    ours = _engine_tokens(path, method, config, ids, 12, chunk=256)
+    with torch.no_grad(), infinitehip.patch(model, method=method, method_config=config, prefill_chunk_size=256,
+                                                    max_context_tokens=4096):
+        out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
+    assert out.shape[1] == 700 + 12  # the whole prompt was read: nothing truncated
+    assert out[0, 700:].tolist() == ours
+    assert model.config._attn_implementation != "infinitehip"  # the patch is gone
+
+
+def test_patch_logits_equal_unpatched_for_dense(tiny_llama):
+    model, _ = tiny_llama
+    ids = torch.randint(0, 512, (1, 200), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = model(ids).logits
+        with infinitehip.patch(model, method="dense"):
+            got = model(ids).logits
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_patch_refuses_what_it_cannot_do(tiny_llama):
+    model, _ = tiny_llama
+    with pytest.raises(ValueError, match="infinipot.*ChunkHooks|ChunkHooks.*infinipot"):
+        infinitehip.patch(model, method="infinipot")
+    ids = torch.randint(0, 512, (1, 300))
+    with infinitehip.patch(model, method="dense"):  # dense stops at the model's 256 positions, loudly
+        with pytest.raises(ContextLengthError, match="nothing was truncated"):
+            model.generate(ids, max_new_tokens=4)
+        with pytest.raises(ValueError, match="padded"):
+            model(ids[:, :8].repeat(2, 1), attention_mask=torch.tensor([[1] * 8, [0] + [1] * 7]))
