@@ -78,3 +78,48 @@ def test_patch_refuses_what_it_cannot_do(tiny_llama):
             model.generate(ids, max_new_tokens=4)
         with pytest.raises(ValueError, match="padded"):
             model(ids[:, :8].repeat(2, 1), attention_mask=torch.tensor([[1] * 8, [0] + [1] * 7]))
+
+
+# ---- the embedded model (SmolLM2-135M-Instruct, 8192 trained positions), loaded by transformers ----------------
+@pytest.fixture(scope="module")
+def embedded():
+    from infinitehip.model.gguf_convert import default_cache_root
+    from infinitehip.model.loading import load_model
+
+    loaded = load_model(None, default_cache_root(), torch.device("cpu"), torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=torch.float32).eval()
+    return loaded, hf
+
+
+def _compare_on_embedded(embedded, method, config, n_prompt, n_new, **engine):
+    from infinitehip.config.engine import EngineConfig
+    from infinitehip.engine.llm_engine import LLMEngine
+    from infinitehip.eval.passkey import make_passkey_sample
+    from infinitehip.engine.prompt_format import chat_prompt_ids
+
+    loaded, hf = embedded
+    sample = make_passkey_sample(loaded.tokenizer, n_prompt, 0.5, 7)
+    ids = chat_prompt_ids(loaded.tokenizer, sample.messages)
+    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, **engine)
+    (out,) = LLM.from_engine(LLMEngine(cfg, loaded, config)).generate(
+        [ids], SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True))
+    with torch.no_grad(), infinitehip.patch(hf, method=method, method_config=config, **engine):
+        got = hf.generate(torch.tensor([ids]), max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False)
+    assert got.shape[1] == len(ids) + n_new  # every prompt token read
+    assert got[0, len(ids):].tolist() == out.token_ids
+    return len(ids)
+
+
+def test_patch_on_embedded_model_equals_engine(embedded):
+    """Short: streaming with a 60-token window over a 300-token prompt in 64-token chunks, so eviction runs."""
+    _compare_on_embedded(embedded, "streaming", StreamingConfig(sink_tokens=4, window_tokens=60,
+                                                                eviction_batch_tokens=32), 300, 4,
+                         prefill_chunk_size=64)
+
+
+@pytest.mark.slow
+def test_patch_on_embedded_model_past_training_window(embedded):
+    """~6 min on 2 CPU cores: InfiniteHiP's default preset at 8.6K tokens, past the model's 8192 positions, greedy
+    tokens of the patched transformers model equal the engine's (both chunk the prefill at 4096)."""
+    n = _compare_on_embedded(embedded, "infinitehip", None, 8600, 8)
+    assert n > 8192
