@@ -122,6 +122,8 @@ class ChunkHooks:
 
 class AttentionMethod(ABC):
     name: ClassVar[str]
+    # Whether the method applies ModelConfig.attn_logit_softcapping (Gemma 2); the registry refuses others.
+    supports_attn_softcapping: ClassVar[bool] = False
 
     def __init__(self, model_config: ModelConfig):
         self.model_config = model_config

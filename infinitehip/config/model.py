@@ -1,15 +1,19 @@
-"""Architecture description of a supported decoder (Llama family, Gemma 3), read from a Hugging Face config.json."""
+"""Architecture description of a supported decoder (Llama family, Phi-3, Gemma 2/3), read from a Hugging Face config.json."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+logger = logging.getLogger(__name__)
+
 # Hugging Face `model_type` -> what differs from plain Llama.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+GEMMA_TYPES = ("gemma2", "gemma3_text")  # Gemma norms, sandwich layers, GeGLU, scaled embeddings
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"  # transformers' layer_types values
 
 
@@ -73,6 +77,7 @@ class ModelConfig:
     sliding_rope_theta: float | None = None  # RoPE base of the sliding layers (None: rope_theta)
     query_pre_attn_scalar: float | None = None  # scores scaled by this ** -0.5 instead of head_dim ** -0.5
     final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None  # Gemma 2: scores -> tanh(s / cap) * cap before the softmax
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -95,7 +100,7 @@ class ModelConfig:
 
     @property
     def is_gemma(self) -> bool:
-        return self.model_type == "gemma3_text"
+        return self.model_type in GEMMA_TYPES
 
     @property
     def full_layers(self) -> tuple[int, ...]:
@@ -129,16 +134,9 @@ class ModelConfig:
                 f"supported model types: {', '.join(SUPPORTED_MODEL_TYPES)} "
                 "(Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5, Qwen3, SmolLM2)"
             )
-        if model_type == "mistral" and hf.get("sliding_window") not in (None, 0):
-            # Sliding-window Mistral (v0.1) would silently differ from the trained model under full attention.
-            if hf["sliding_window"] < hf.get("max_position_embeddings", 0):
-                raise UnsupportedArchitectureError(
-                    f"Mistral with sliding_window={hf['sliding_window']} is not supported "
-                    "(only full-attention Mistral, v0.2 and later)"
-                )
-        if model_type == "gemma3_text" and (hf.get("attn_logit_softcapping") or hf.get("use_bidirectional_attention")):
-            raise UnsupportedArchitectureError(
-                "Gemma 3 with attn_logit_softcapping or bidirectional attention is not supported")
+        _check_uniform_sliding_window(hf)
+        if model_type in GEMMA_TYPES and hf.get("use_bidirectional_attention"):
+            raise UnsupportedArchitectureError("Gemma with bidirectional attention is not supported")
         num_heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
         eos = hf.get("eos_token_id")
@@ -154,14 +152,14 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=_rope_theta(hf, "full_attention"),
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", model_type == "gemma3_text")),
+            max_position_embeddings=_trained_positions(hf),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", model_type in GEMMA_TYPES)),
             attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
             qk_norm=model_type in ("qwen3", "gemma3_text"),
             rope_scaling=_rope_scaling(hf),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            **(_gemma3_fields(hf) if model_type == "gemma3_text" else {}),
+            **(_gemma_fields(hf) if model_type in GEMMA_TYPES else {}),
         )
 
     @classmethod
@@ -186,28 +184,64 @@ def _rope_theta(hf: dict, layer_type: str = FULL_ATTENTION) -> float:
     return float(_rope_params(hf, layer_type).get("rope_theta", hf.get("rope_theta", default)))
 
 
-def _gemma3_fields(hf: dict) -> dict:
-    """Gemma 3's hybrid layers, as transformers' Gemma3TextConfig derives them."""
+def _gemma_fields(hf: dict) -> dict:
+    """Gemma 2 / 3's hybrid layers, as transformers' Gemma2Config / Gemma3TextConfig derive them."""
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
     if act != "gelu_pytorch_tanh":
-        raise UnsupportedArchitectureError(f"Gemma 3 with hidden_activation {act!r} is not supported")
+        raise UnsupportedArchitectureError(f"Gemma with hidden_activation {act!r} is not supported")
     layers = hf["num_hidden_layers"]
-    pattern = hf.get("sliding_window_pattern", 6)  # older configs: every pattern-th layer is global
+    gemma2 = hf["model_type"] == "gemma2"
+    # Gemma 2 alternates sliding / full; older Gemma 3 configs: every pattern-th layer is global.
+    pattern = 2 if gemma2 else hf.get("sliding_window_pattern", 6)
     types = hf.get("layer_types") or [SLIDING_ATTENTION if (i + 1) % pattern else FULL_ATTENTION for i in range(layers)]
     sliding = _rope_params(hf, SLIDING_ATTENTION)
+    local_theta = sliding.get("rope_theta", hf.get("rope_local_base_freq", _rope_theta(hf) if gemma2 else 10000.0))
     return dict(
         layer_types=tuple(types),
         sliding_window=hf.get("sliding_window", 4096),
-        sliding_rope_theta=float(sliding.get("rope_theta", hf.get("rope_local_base_freq", 10000.0))),
+        sliding_rope_theta=float(local_theta),
         query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
         final_logit_softcapping=hf.get("final_logit_softcapping"),
+        attn_logit_softcapping=hf.get("attn_logit_softcapping"),
     )
+
+
+def _check_uniform_sliding_window(hf: dict) -> None:
+    """Mistral v0.1, Phi-3-mini-4k, Qwen2 with use_sliding_window: every layer attends a sliding window. Run
+    with full attention they would silently differ from the trained model, and with every layer local there is
+    no long-context layer for a method to govern: refused, naming the setting."""
+    model_type, window = hf.get("model_type"), hf.get("sliding_window")
+    if model_type == "qwen2" and not hf.get("use_sliding_window"):
+        return  # Qwen2 configs carry a window they do not use
+    if model_type in ("mistral", "phi3", "qwen2") and window not in (None, 0):
+        if window < hf.get("max_position_embeddings", 0):
+            raise UnsupportedArchitectureError(
+                f"{model_type} with sliding_window={window} on every layer (max_position_embeddings="
+                f"{hf.get('max_position_embeddings')}) is not supported: full attention would differ from the trained "
+                "model, and no layer attends the long context (supported: full-attention Mistral v0.2+, "
+                "Phi-3 128k, Qwen2 without use_sliding_window)")
+
+
+def _trained_positions(hf: dict) -> int:
+    """The context the model's dense attention is valid for. Qwen2.5-1M's dual chunk attention (DCA), which
+    reaches 1M positions by re-indexing them in chunks, is not implemented: its own trained length
+    (dual_chunk_attention_config.original_max_position_embeddings, 256K) bounds dense attention, and our sparse
+    methods (whose own position schemes stay inside it) take over past it. Said once, never silently."""
+    max_pos = hf.get("max_position_embeddings", 4096)
+    dca = hf.get("dual_chunk_attention_config")
+    if dca:
+        trained = int(dca.get("original_max_position_embeddings") or max_pos)
+        logger.warning("dual_chunk_attention_config is not implemented: dense attention is limited to the model's "
+                       "%d trained positions (max_position_embeddings %d needs DCA); use a sparse method "
+                       "(infinitehip, tokenselect) past it", trained, max_pos)
+        return min(max_pos, trained)
+    return max_pos
 
 
 def _rope_scaling(hf: dict) -> RopeScaling:
     params = _rope_params(hf)
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "su":  # Phi-3's early name for longrope
+    if kind == "su" or (kind == "yarn" and hf.get("model_type") == "phi3"):  # as transformers' Phi3Config reads them
         kind = "longrope"
     partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
