@@ -78,6 +78,8 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # scores scaled by this ** -0.5 instead of head_dim ** -0.5
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None  # Gemma 2: scores -> tanh(s / cap) * cap before the softmax
+    fp8_weights: bool = False  # an FP8 (e4m3) checkpoint: weights dequantized with their scales while loading
+    fp8_weight_block: tuple[int, ...] = ()  # its [rows, cols] per block scale (weight_block_size); () per-tensor/channel
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -134,6 +136,7 @@ class ModelConfig:
                 f"supported model types: {', '.join(SUPPORTED_MODEL_TYPES)} "
                 "(Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5, Qwen3, SmolLM2)"
             )
+        fp8 = _check_quantization(hf)  # before any weight is read
         _check_uniform_sliding_window(hf)
         if model_type in GEMMA_TYPES and hf.get("use_bidirectional_attention"):
             raise UnsupportedArchitectureError("Gemma with bidirectional attention is not supported")
@@ -159,6 +162,8 @@ class ModelConfig:
             rope_scaling=_rope_scaling(hf),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            fp8_weights=fp8,
+            fp8_weight_block=tuple((hf.get("quantization_config") or {}).get("weight_block_size") or ()) if fp8 else (),
             **(_gemma_fields(hf) if model_type in GEMMA_TYPES else {}),
         )
 
@@ -204,6 +209,23 @@ def _gemma_fields(hf: dict) -> dict:
         final_logit_softcapping=hf.get("final_logit_softcapping"),
         attn_logit_softcapping=hf.get("attn_logit_softcapping"),
     )
+
+
+def _check_quantization(hf: dict) -> bool:
+    """True for an FP8 e4m3 checkpoint (dequantized while loading: model/fp8.py); any other quantization_config
+    (AWQ, GPTQ, bitsandbytes, ...) is refused here, from config.json alone, before a weight is read."""
+    q = hf.get("quantization_config")
+    if not q:
+        return False
+    method = str(q.get("quant_method", "unknown")).lower()
+    if method == "fp8" and str(q.get("fmt", "e4m3")).lower() == "e4m3":
+        return True
+    bits = q.get("bits") or q.get("w_bit")
+    raise UnsupportedArchitectureError(
+        f"quantized checkpoint: quantization_config.quant_method={method!r}"
+        f"{f' ({bits}-bit)' if bits else ''} is not supported (its weights are {method} codes the decoder cannot "
+        "use); load the unquantized model, or its GGUF (converted to bfloat16). Supported quantized format: FP8 "
+        "e4m3 (quant_method 'fp8'), dequantized while loading")
 
 
 def _check_uniform_sliding_window(hf: dict) -> None:

@@ -32,6 +32,9 @@ def load_hf_weights(model: nn.Module, config: ModelConfig, tensors: Iterable[tup
             if f".{hf_part}." in name:
                 target, offset, rows = name.replace(hf_part, ours), off, n
         if target not in params:
+            if name.endswith((".qweight", ".qzeros", ".g_idx", ".scales")):  # a quantized checkpoint without its config
+                raise KeyError(f"checkpoint tensor {name!r} is a GPTQ/AWQ-style quantized weight, which the "
+                               f"{config.model_type} decoder cannot use; load the unquantized model")
             raise KeyError(f"checkpoint tensor {name!r} has no place in the {config.model_type} decoder")
         dest = params[target] if rows is None else params[target][offset : offset + rows]
         if dest.shape != tensor.shape:
