@@ -248,7 +248,7 @@ def _write_tiny(path: Path, arch: str, *, tied: bool, rope_factors: np.ndarray |
 def test_tiny_architectures_roundtrip(tmp_path: Path, arch: str) -> None:
     # qwen3 gets head_dim != hidden / heads, as in real Qwen3 checkpoints.
     hp, hf = _write_tiny(tmp_path / "tiny.gguf", arch, tied=arch == "qwen2", head_dim=16 if arch == "qwen3" else 8)
-    config, state_dict = read_gguf(tmp_path / "tiny.gguf")
+    config, state_dict = read_gguf(tmp_path / "tiny.gguf", dtype=torch.float32)  # exact (the cache: bfloat16)
     assert config["model_type"] == arch
     assert (config["head_dim"], config["num_key_value_heads"], config["vocab_size"]) == (hp["head_dim"], 2, 64)
     assert config["tie_word_embeddings"] == (arch == "qwen2")

@@ -123,3 +123,28 @@ def test_patch_on_embedded_model_past_training_window(embedded):
     tokens of the patched transformers model equal the engine's (both chunk the prefill at 4096)."""
     n = _compare_on_embedded(embedded, "infinitehip", None, 8600, 8)
     assert n > 8192
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_patch_on_hybrid_models_equals_unpatched(family):
+    """Gemma 2 / 3 (sliding-window and full layers; Gemma 2's attention soft-capping): under `dense` the patched
+    model's logits and greedy tokens are transformers' own."""
+    from tests.conftest import TINY_CONFIGS
+    from tests.test_model_coverage import CONFIGS
+
+    torch.manual_seed(0)
+    config = CONFIGS["gemma2"]() if family == "gemma2" else TINY_CONFIGS["gemma3"]()
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(6.0)  # large scores: soft-capping bites
+    ids = torch.randint(0, 512, (1, 90), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = model(ids).logits
+        want = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
+        with infinitehip.patch(model, method="dense", prefill_chunk_size=32):
+            got = model(ids).logits
+            tokens = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert tokens.tolist() == want.tolist()
