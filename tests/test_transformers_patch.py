@@ -125,15 +125,16 @@ def test_patch_on_embedded_model_past_training_window(embedded):
     assert n > 8192
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
-def test_patch_on_hybrid_models_equals_unpatched(family):
-    """Gemma 2 / 3 (sliding-window and full layers; Gemma 2's attention soft-capping): under `dense` the patched
-    model's logits and greedy tokens are transformers' own."""
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "llama-yarn", "phi3-longrope"])
+def test_patch_dense_equals_unpatched(family):
+    """Gemma 2 / 3 (sliding-window and full layers; Gemma 2's attention soft-capping), YaRN and longrope (their
+    attention factor, which transformers folds into cos / sin): under `dense` the patched model's logits and
+    greedy tokens are transformers' own (90 tokens: past longrope's 64 original positions, its long factors)."""
     from tests.conftest import TINY_CONFIGS
     from tests.test_model_coverage import CONFIGS
 
     torch.manual_seed(0)
-    config = CONFIGS["gemma2"]() if family == "gemma2" else TINY_CONFIGS["gemma3"]()
+    config = TINY_CONFIGS["gemma3"]() if family == "gemma3" else CONFIGS[family]()
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -14,6 +14,7 @@ What the patch changes on the model, all undone on exit (or by `.remove()`):
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 import torch
@@ -49,6 +50,7 @@ class PatchSession:
         self._full_layers = set(self.model_config.full_layers)
         self.rope = RotaryEmbedding(mc, min(self.max_context_tokens, 1 << 16), model.device)
         self.active_cache: MethodCache | None = None
+        self.cache_kwarg = "cache"  # the model's name for its cache argument (set by Patch)
 
     def rope_factor(self, layer: int) -> float:
         """yarn / longrope's attention factor squared on the full-attention layers' scores (1.0 otherwise)."""
@@ -86,6 +88,8 @@ class Patch:
             m.forward = functools.partial(identity_rotary, head_dim=session.model_config.head_dim)
         for m in self._attention:
             m._infinitehip_session = session
+        # transformers renamed the cache argument past_key_values -> cache (5.x); use the model's own name.
+        session.cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         model.forward = functools.partial(_forward, model.forward, session)
         model.generate = functools.partial(_generate, model.generate, model, session)
 
@@ -122,12 +126,12 @@ def _forward(original, session: PatchSession, *args, **kwargs):
     if mask is not None and mask.dim() == 2 and not bool(mask.all()):
         raise ValueError("padded batches are not supported under infinitehip.patch (every row is one sequence of "
                          "the method); run prompts of different lengths one at a time")
-    cache = kwargs.pop("past_key_values", None) or kwargs.get("cache")
+    cache = _pop_cache(kwargs)
     if not isinstance(cache, MethodCache):
         if cache is not None and cache.get_seq_length() > 0:
             raise ValueError(f"a {type(cache).__name__} holding tokens cannot continue under infinitehip.patch")
         cache = session.new_cache()
-    kwargs["cache"] = cache
+    kwargs[session.cache_kwarg] = cache
     session.active_cache = cache
     try:
         out = original(*args, **kwargs)
@@ -140,12 +144,18 @@ def _forward(original, session: PatchSession, *args, **kwargs):
     return out
 
 
+def _pop_cache(kwargs: dict):
+    """The cache the caller passed under either name (None if none)."""
+    found = [kwargs.pop(name) for name in ("cache", "past_key_values") if kwargs.get(name) is not None]
+    return found[0] if found else None
+
+
 def _generate(original, model, session: PatchSession, *args, **kwargs):
-    user_cache = kwargs.pop("past_key_values", None) or kwargs.get("cache")
+    user_cache = _pop_cache(kwargs)
     if user_cache is not None and not isinstance(user_cache, MethodCache):
         raise ValueError("under infinitehip.patch pass no cache to generate (or an infinitehip MethodCache)")
-    cache = user_cache or session.new_cache()
-    kwargs["cache"] = cache
+    cache = user_cache if user_cache is not None else session.new_cache()
+    kwargs[session.cache_kwarg] = cache
     kwargs.setdefault("prefill_chunk_size", session.prefill_chunk_size)
     input_ids = kwargs.get("input_ids", args[0] if args else None)
     if input_ids is not None:
