@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2) over a flat batch of tokens.
+"""Llama-family decoder (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2, Phi-3) over a flat batch of tokens.
 
 The decoder knows nothing about sequences, positions or caches: every layer hands its pre-RoPE
 q/k/v to an `AttentionFn` supplied by the engine, which owns the KV cache and the attention method.
