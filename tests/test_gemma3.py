@@ -10,9 +10,9 @@ import torch
 
 
 from infinitehip import SamplingParams  # noqa: E402
-from infinitehip.attention.registry import METHODS, method_spec  # noqa: E402
+from infinitehip.attention.registry import METHODS, create_method, method_spec  # noqa: E402
 from infinitehip.config.infinipot import InfiniPotConfig  # noqa: E402
-from infinitehip.config.model import ModelConfig, UnsupportedArchitectureError  # noqa: E402
+from infinitehip.config.model import ModelConfig  # noqa: E402
 from infinitehip.config.streaming import StreamingConfig  # noqa: E402
 from tests.conftest import TINY_CONFIGS, closure_graph_decoder, engine_for_dir, record_step_logits  # noqa: E402
 from tests.test_infinitehip_method import SMALL as SMALL_IH  # noqa: E402
@@ -64,12 +64,15 @@ def test_config_reads_layer_types_thetas_and_views(gemma_dir):
     assert view.num_layers == 2 and view.full_layers == (0, 1) and view.rope_theta == 1e6
     assert mc.sliding_view().rope_theta == 1e4
     # Older configs give only the pattern: every 6th layer is global.
-    old = ModelConfig.from_hf_dict({"model_type": "gemma3_text", "vocab_size": 8, "hidden_size": 8,
-                                    "intermediate_size": 8, "num_hidden_layers": 12, "num_attention_heads": 1,
-                                    "head_dim": 8, "sliding_window": 4})
+    old_dict = {"model_type": "gemma3_text", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+                "num_hidden_layers": 12, "num_attention_heads": 1, "head_dim": 8, "sliding_window": 4}
+    old = ModelConfig.from_hf_dict(old_dict)
     assert old.full_layers == (5, 11) and old.tie_word_embeddings
-    with pytest.raises(UnsupportedArchitectureError, match="attn_logit_softcapping"):
-        ModelConfig.from_hf_dict({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0})
+    # Attention soft-capping (Gemma 2's; issue 22) is read: dense and the sliding layers apply it, other methods refuse.
+    capped = ModelConfig.from_hf_dict({**old_dict, "attn_logit_softcapping": 50.0})
+    assert capped.attn_logit_softcapping == 50.0
+    with pytest.raises(ValueError, match="soft-capping"):
+        create_method("infinitehip", capped.method_view())
 
 
 def test_kv_cache_holds_only_full_layers_and_ring_memory_is_fixed(gemma_dir):

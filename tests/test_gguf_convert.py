@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import time
@@ -34,7 +35,8 @@ def embedded() -> Path:
 
 @pytest.fixture(scope="module")
 def ours(embedded: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    return read_gguf(embedded)
+    """The exact (float32) conversion: what the oracle loader gives."""
+    return read_gguf(embedded, dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +126,17 @@ def test_convert_gguf_builds_loadable_cache(embedded: Path, ours: tuple, convert
                                            add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nhi<|im_end|>" in prompt
 
+    # The cache holds bfloat16 matrices (the float32 values rounded to nearest even) and float32 vectors:
+    # half the size of a float32 cache (issue 22).
     _, state_dict = ours
     saved = load_file(converted / "model.safetensors")
     assert set(saved) == set(state_dict)
     for name, tensor in saved.items():
-        assert tensor.dtype == torch.float32 and torch.equal(tensor, state_dict[name]), name
+        want = torch.bfloat16 if tensor.dim() > 1 else torch.float32
+        assert tensor.dtype == want and torch.equal(tensor, state_dict[name].to(want)), name
+    fp32_bytes = sum(t.numel() * 4 for t in state_dict.values())
+    assert (converted / "model.safetensors").stat().st_size < 0.51 * fp32_bytes
+    assert json.loads((converted / "config.json").read_text())["torch_dtype"] == "bfloat16"
 
     stamps = {p.name: p.stat().st_mtime_ns for p in converted.iterdir()}
     start = time.perf_counter()
@@ -240,7 +248,7 @@ def _write_tiny(path: Path, arch: str, *, tied: bool, rope_factors: np.ndarray |
 def test_tiny_architectures_roundtrip(tmp_path: Path, arch: str) -> None:
     # qwen3 gets head_dim != hidden / heads, as in real Qwen3 checkpoints.
     hp, hf = _write_tiny(tmp_path / "tiny.gguf", arch, tied=arch == "qwen2", head_dim=16 if arch == "qwen3" else 8)
-    config, state_dict = read_gguf(tmp_path / "tiny.gguf")
+    config, state_dict = read_gguf(tmp_path / "tiny.gguf", dtype=torch.float32)  # exact (the cache: bfloat16)
     assert config["model_type"] == arch
     assert (config["head_dim"], config["num_key_value_heads"], config["vocab_size"]) == (hp["head_dim"], 2, 64)
     assert config["tie_word_embeddings"] == (arch == "qwen2")

@@ -130,6 +130,8 @@ class AttentionMethod(ABC):
     # A tensor-parallel rank (parallel/state.ParallelState) when the engine runs several: model_config then holds
     # this rank's heads only. None single-process.
     parallel: Any = None
+    # Whether the method applies ModelConfig.attn_logit_softcapping (Gemma 2); the registry refuses others.
+    supports_attn_softcapping: ClassVar[bool] = False
 
     def __init__(self, model_config: ModelConfig):
         self.model_config = model_config

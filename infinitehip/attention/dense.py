@@ -6,7 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.attention.softcap import attend
 from infinitehip.kv.prefix_reuse import PrefixReuse
+
+ROWS_PER_PASS = 512  # soft-capped queries per pass: their scores are materialised, heads x rows x context floats
 
 
 def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int) -> torch.Tensor:
@@ -27,8 +30,21 @@ def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int
     return out[0].transpose(0, 1)
 
 
+def softcapped_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, cap: float) -> torch.Tensor:
+    """causal_sdpa with Gemma 2's logit soft-capping, in passes of ROWS_PER_PASS queries -> [n, H, d]."""
+    out = torch.empty_like(q)
+    kh, vh = k.transpose(0, 1), v.transpose(0, 1)
+    for a in range(0, q.shape[0], ROWS_PER_PASS):
+        b = min(a + ROWS_PER_PASS, q.shape[0])
+        end = q_offset + b  # keys the pass's last query sees
+        visible = torch.arange(end, device=q.device)[None, :] <= (q_offset + torch.arange(a, b, device=q.device))[:, None]
+        out[a:b] = attend(q[a:b].transpose(0, 1), kh[:, :end], vh[:, :end], visible, cap).transpose(0, 1)
+    return out
+
+
 class DenseAttention(AttentionMethod):
     name = "dense"
+    supports_attn_softcapping = True
 
     def check_offload(self, offload, max_context_tokens: int, max_num_seqs: int) -> None:
         """Dense reads every key with `cache.read`, which an offloaded cache serves through its attention bank in
@@ -42,4 +58,5 @@ class DenseAttention(AttentionMethod):
         k, v = seq.cache.read(layer, seq.context_slots)
         k = batch.rope.apply_range(k, 0)
         q = batch.rope.apply_range(q, seq.start_pos)
-        return causal_sdpa(q, k, v, seq.start_pos)
+        cap = self.model_config.attn_logit_softcapping
+        return causal_sdpa(q, k, v, seq.start_pos) if cap is None else softcapped_causal(q, k, v, seq.start_pos, cap)

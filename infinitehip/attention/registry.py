@@ -65,6 +65,11 @@ def method_spec(name: str) -> MethodSpec:
 
 def create_method(name: str, model_config: ModelConfig, method_config: object | None = None) -> AttentionMethod:
     spec = method_spec(name)
+    if model_config.attn_logit_softcapping is not None and not spec.cls.supports_attn_softcapping:
+        capable = ", ".join(n for n, s in METHODS.items() if s.cls.supports_attn_softcapping)
+        raise ValueError(f"method {name!r} does not apply attention logit soft-capping (attn_logit_softcapping="
+                         f"{model_config.attn_logit_softcapping}, Gemma 2), which would change the model's outputs; "
+                         f"methods that do: {capable}")
     if spec.config_cls is None:
         if method_config is not None:
             raise ValueError(f"method {name!r} takes no configuration, got {type(method_config).__name__}")

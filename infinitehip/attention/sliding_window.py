@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from infinitehip.attention.base import ForwardBatch, SequenceSlice
 from infinitehip.attention.host_values import device_tensor
+from infinitehip.attention.softcap import attend
 from infinitehip.config.model import ModelConfig
 from infinitehip.model.rope import apply_rotary, inverse_frequencies, rotary_at
 
@@ -29,6 +30,7 @@ class SlidingWindowAttention:
             raise ValueError("the model has no sliding-window layers")
         local = config.sliding_view()
         self.window = config.sliding_window
+        self.softcap = config.attn_logit_softcapping  # Gemma 2 (None: plain SDPA)
         self.inv_freq = inverse_frequencies(local.head_dim, local.rope_theta, local.rope_scaling)
         shape = (len(config.sliding_layers), max_rows, self.window, config.num_kv_heads, config.head_dim)
         # Zeroed: a slot never written by the row's sequence is masked, but must not hold NaN bit patterns.
@@ -95,7 +97,7 @@ class SlidingWindowAttention:
         band = (j >= i) & (j <= i + W - 1)  # causal and inside the window: [W, 2W - 1]
         key_pos = p - W + 1 + W * torch.arange(nb, device=device)[:, None] + j[0][None, :]  # [nb, 2W - 1]
         mask = band[None] & (key_pos >= 0)[:, None, :]  # keys before the sequence's start do not exist
-        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask[:, None], enable_gqa=q.shape[1] != k.shape[1])
+        out = attend(qb, kb, vb, mask[:, None], self.softcap)
         out = out.transpose(1, 2).reshape(nb * W, *q.shape[1:])[:n]
         if not s.scratch:  # the chunk's last W keys become the ring (extra_forward tokens are never kept)
             m = min(n, W)
@@ -129,7 +131,6 @@ class SlidingWindowAttention:
         # Slot j holds position pos - ((pos - j) mod W): present when >= 0 (the window is always in the ring).
         j = torch.arange(W, device=device)[None, :]
         valid = (pos[:, None] - (pos[:, None] - j).remainder(W)) >= 0  # [B, W]
-        out = F.scaled_dot_product_attention(
-            q[:, :, None], ring_k.transpose(1, 2), ring_v.transpose(1, 2), attn_mask=valid[:, None, None],
-            enable_gqa=q.shape[1] != k.shape[1])  # [B, H, 1, d]
+        out = attend(q[:, :, None], ring_k.transpose(1, 2), ring_v.transpose(1, 2), valid[:, None, None],
+                     self.softcap)  # [B, H, 1, d]
         return out[:, :, 0]

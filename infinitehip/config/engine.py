@@ -11,7 +11,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # HF dir, .gguf file or built-in name (gemma3-270m); None: embedded SmolLM2-135M-Instruct
+    # HF dir, Hub id (org/name: the local HF cache first), .gguf file or built-in name (gemma3-270m); None: the
+    # embedded SmolLM2-135M-Instruct
+    model: str | None = None
     model_cache_dir: str | None = None  # where GGUF conversions are cached; None: ~/.cache/infinitehip/models
     method: str = "dense"  # attention method (see infinitehip.attention.registry)
     device: str = "auto"  # "auto": cuda when available, else cpu

@@ -1,4 +1,6 @@
-"""Gemma 3 text decoder (transformers' `Gemma3ForCausalLM`) over a flat batch of tokens.
+"""Gemma 3 text decoder (transformers' `Gemma3ForCausalLM`) over a flat batch of tokens; Gemma 2 is the same
+decoder without the q/k norms (qk_norm False), with alternating local/global layers and attention soft-capping
+(attn_logit_softcapping, applied by the sliding-window layers and the dense method: attention/softcap.py).
 
 Same contract as `model/llama.py`: every layer hands pre-RoPE q/k/v to the engine's `AttentionFn` with its
 own layer index; the engine routes sliding-window layers to exact local attention and full-attention

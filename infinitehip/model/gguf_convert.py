@@ -2,8 +2,8 @@
 
 GGUF is how most quantized checkpoints are shipped; the rest of the engine loads plain Hugging Face
 directories. We dequantize once with the `gguf` package, undo llama.cpp's layout changes, and cache the
-result so later starts only pay for reading safetensors. Weights are cached in float32, except for
-architectures listed in `_CACHE_DTYPES` (Gemma 3: bfloat16).
+result so later starts only pay for reading safetensors. Weight matrices are cached in bfloat16 (the dtype
+these models are trained and shipped in), vectors (norms, biases) in float32.
 
 Built-in model names (`BUILTIN_MODELS`, e.g. `gemma3-270m`) map to GGUF files shipped in PyPI packages.
 """
@@ -28,12 +28,13 @@ import torch
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 # Bump when the cache layout or conversion changes, so stale caches are never reused.
 # v2: per-architecture cache dtype (bfloat16 matrices for gemma3), part of the key.
-_FORMAT_VERSION = 2
-# Cache dtype of weight matrices per GGUF architecture (default float32); vectors (norms, biases) stay
-# float32. Gemma 3 is trained and shipped in bfloat16, and its 262K-row embedding alone is 0.67 GB in float32
-# (270M: 1.07 GB in all vs 0.54 GB); bf16 rounding (<= 2^-9 relative) is well below the error of the 4-6 bit
-# codes of a Q4_K_M GGUF. Pass dtype=torch.float32 for a conversion bit-identical to the GGUF's values.
-_CACHE_DTYPES = {"gemma3": torch.bfloat16}
+# v3: bfloat16 matrices for every architecture (a float32 cache of an 8B Q4 model took ~32 GB).
+_FORMAT_VERSION = 3
+# Cache dtype of weight matrices per GGUF architecture; vectors (norms, biases) stay float32. Llama, Qwen,
+# SmolLM2 and Gemma 3 are trained and shipped in bfloat16; bf16 rounding (<= 2^-9 relative) is well below the
+# error of the 4-6 bit codes of a Q4 GGUF, and halves the cache (SmolLM2-135M: 0.54 -> 0.27 GB). Pass
+# dtype=torch.float32 for a conversion bit-identical to the GGUF's values.
+_CACHE_DTYPES = {arch: torch.bfloat16 for arch in ("llama", "qwen2", "qwen3", "gemma3")}
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16"}
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
 
@@ -278,8 +279,8 @@ def read_gguf_config(gguf_path: str | Path, dtype: torch.dtype | None = None) ->
 def read_gguf(gguf_path: str | Path, dtype: torch.dtype | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
     """Return (hf_config_dict, state_dict) with Hugging Face names: the tensors the cache would hold.
 
-    dtype: of the weight matrices (vectors are float32); None: the architecture's cache dtype (float32,
-    bfloat16 for gemma3). Tensors are dequantized one at a time: peak memory is the model plus one
+    dtype: of the weight matrices (vectors are float32); None: the architecture's cache dtype
+    (bfloat16). Tensors are dequantized one at a time: peak memory is the model plus one
     tensor's float32 temporaries."""
     reader, arch = _open(Path(gguf_path))
     config, plan = _describe(reader, arch, dtype)
@@ -332,7 +333,7 @@ def _is_complete(directory: Path) -> bool:
 def convert_gguf(gguf_path: str | Path, cache_root: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Convert `gguf_path` once into `cache_root/<stem>-<key>/` and return that directory.
 
-    dtype: of the cached weight matrices; None: the architecture's (float32; bfloat16 for gemma3).
+    dtype: of the cached weight matrices; None: the architecture's (bfloat16).
     The directory is built under a temporary name and renamed into place, so it either holds a
     complete conversion or does not exist; an existing complete one is returned without work."""
     src = Path(gguf_path).expanduser().resolve()

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2) over a flat batch of tokens.
+"""Llama-family decoder (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, SmolLM2, Phi-3) over a flat batch of tokens.
 
 The decoder knows nothing about sequences, positions or caches: every layer hands its pre-RoPE
 q/k/v to an `AttentionFn` supplied by the engine, which owns the KV cache and the attention method.
@@ -60,6 +60,8 @@ class Attention(nn.Module):
         self.k_norm = norm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         # Methods scale scores by head_dim ** -0.5; Gemma wants query_pre_attn_scalar ** -0.5 (folded into q).
         self.q_factor = math.sqrt(config.head_dim / (config.query_pre_attn_scalar or config.head_dim))
+        if layer_idx in config.full_layers:  # yarn / longrope scale full-attention scores by attention_factor ** 2
+            self.q_factor *= config.rope_scaling.attention_factor ** 2
 
     def forward(self, x: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
         T = x.shape[0]

@@ -1,4 +1,4 @@
-"""Find a model (HF directory, GGUF file, built-in name, or the embedded default) and load it into our decoder."""
+"""Find a model (HF directory, Hub id, GGUF file, built-in name, or the embedded default) and load it into our decoder."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from infinitehip.config.model import ModelConfig
+from infinitehip.model.fp8 import dequantize_fp8
 from infinitehip.model.gemma3 import Gemma3Model
 from infinitehip.model.llama import LlamaModel
 from infinitehip.parallel.state import ParallelState
@@ -26,9 +27,10 @@ class LoadedModel:
 
 
 def resolve_model_dir(model: str | None, cache_root: Path) -> tuple[Path, str]:
-    """Map the user's `model` (None: the embedded default; a path; or a built-in name such as "gemma3-270m")
-    to a Hugging Face-format directory; GGUF files are converted once into cache_root."""
-    from infinitehip.model import builtin, gguf_convert
+    """Map the user's `model` (None: the embedded default; a path; a built-in name such as "gemma3-270m"; or a
+    Hub id `org/name`, from the local HF cache) to a Hugging Face-format directory; GGUF files are converted
+    once into cache_root."""
+    from infinitehip.model import builtin, gguf_convert, hub
 
     if model is None:
         gguf_path = builtin.embedded_model_path()
@@ -37,20 +39,23 @@ def resolve_model_dir(model: str | None, cache_root: Path) -> tuple[Path, str]:
     if not path.exists() and model in builtin.BUILTIN_MODELS:  # an existing path of that name wins
         gguf_path = builtin.BUILTIN_MODELS[model]()
         return gguf_convert.convert_gguf(gguf_path, cache_root), f"built-in {model} ({gguf_path.name})"
+    source = str(path)
+    if not path.exists() and hub.looks_like_hub_id(model):
+        path, source = hub.resolve_hub_id(model), model
     if not path.exists():
         raise FileNotFoundError(
-            f"model path {model!r} does not exist (expected a Hugging Face model directory, a .gguf file "
-            f"or a built-in name: {', '.join(builtin.BUILTIN_MODELS)})"
+            f"model path {model!r} does not exist (expected a Hugging Face model directory, a Hub id org/name, "
+            f"a .gguf file or a built-in name: {', '.join(builtin.BUILTIN_MODELS)})"
         )
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"model file {model!r} is not a .gguf file")
-        return gguf_convert.convert_gguf(path, cache_root), str(path)
+        return gguf_convert.convert_gguf(path, cache_root), source
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model directory {model!r} has no config.json")
     if not list(path.glob("*.safetensors")):
         raise FileNotFoundError(f"model directory {model!r} has no *.safetensors weights")
-    return path, str(path)
+    return path, source
 
 
 def decoder_class(config: ModelConfig) -> type[Decoder]:
@@ -75,7 +80,26 @@ def load_weights_from_dir(model: Decoder, model_dir: Path) -> None:
                 for name in f.keys():
                     yield name, f.get_tensor(name)
 
-    model.load_hf_weights(tensors())
+    if model.config.fp8_weights:
+        model.load_hf_weights(dequantize_fp8(tensors(), _tensor_reader(files), model.config.fp8_weight_block))
+    else:
+        model.load_hf_weights(tensors())
+
+
+def _tensor_reader(files: list[Path]):
+    """name -> tensor from whichever file holds it (None if none): FP8 scales may sit in another shard."""
+    where = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            where.update(dict.fromkeys(f.keys(), file))
+
+    def read(name: str) -> torch.Tensor | None:
+        if name not in where:
+            return None
+        with safe_open(str(where[name]), framework="pt") as f:
+            return f.get_tensor(name)
+
+    return read
 
 
 def load_model(model: str | None, cache_root: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:

@@ -16,8 +16,20 @@ from infinitehip.config.model import ModelConfig, RopeScaling
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
-    """[head_dim / 2] float64 inverse frequencies, with linear or llama3 scaling applied."""
+    """[head_dim / 2] float64 inverse frequencies, with linear, llama3, yarn or longrope scaling applied.
+
+    yarn / longrope also scale q.k by `scaling.attention_factor` squared: the decoder folds that into q."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling.kind == "yarn":
+        return _yarn(inv_freq, head_dim, theta, scaling)
+    if scaling.kind == "longrope":
+        # The long factors at every length: keys are rotated when read, so one table serves the whole context.
+        # transformers switches to them only once a forward's positions pass original_max_position (below that
+        # its short factors give slightly different logits; past it, and for every key it re-reads, ours agree).
+        factors = torch.tensor(scaling.long_factor, dtype=torch.float64)
+        if factors.numel() != inv_freq.numel():
+            raise ValueError(f"longrope long_factor has {factors.numel()} entries, head_dim / 2 is {inv_freq.numel()}")
+        return inv_freq / factors
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
     if scaling.kind == "llama3":
@@ -33,6 +45,24 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
         blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
         return torch.where(is_medium, blended, scaled)
     return inv_freq
+
+
+def _yarn(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN (NTK-by-parts): dimensions rotating fewer than beta_slow times over the original context are
+    interpolated (divided by factor), those rotating more than beta_fast times kept, a linear ramp between."""
+
+    def dim_of(rotations: float) -> float:  # the dimension whose wavelength fits `rotations` times
+        return head_dim * math.log(scaling.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(scaling.beta_fast), dim_of(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (original frequency), 0: interpolate
+    return inv_freq / scaling.factor * (1 - keep) + inv_freq * keep
 
 
 class RotaryEmbedding:

@@ -1,4 +1,5 @@
-"""Copy Hugging Face-named checkpoint tensors into our decoders, fusing q/k/v and gate/up on the way."""
+"""Copy Hugging Face-named checkpoint tensors into our decoders, fusing q/k/v and gate/up on the way (Phi-3
+checkpoints arrive fused already: `qkv_proj`, `gate_up_proj`)."""
 
 from __future__ import annotations
 
@@ -31,12 +32,20 @@ def load_hf_weights(model: nn.Module, config: ModelConfig, tensors: Iterable[tup
             if f".{hf_part}." in name:
                 target, offset, rows = name.replace(hf_part, ours), off, n
         if target not in params:
+            if name.endswith((".qweight", ".qzeros", ".g_idx", ".scales")):  # a quantized checkpoint without its config
+                raise KeyError(f"checkpoint tensor {name!r} is a GPTQ/AWQ-style quantized weight, which the "
+                               f"{config.model_type} decoder cannot use; load the unquantized model")
             raise KeyError(f"checkpoint tensor {name!r} has no place in the {config.model_type} decoder")
         dest = params[target] if rows is None else params[target][offset : offset + rows]
         if dest.shape != tensor.shape:
             raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(tensor.shape)} vs model {tuple(dest.shape)}")
         dest.copy_(tensor)
-        loaded.add(f"{target}:{offset}")
+        if rows is None and target.endswith(("qkv_proj.weight", "qkv_proj.bias")):  # a fused checkpoint tensor
+            loaded.update(f"{target}:{off}" for off in (0, q, q + kv))
+        elif rows is None and "gate_up_proj" in target:
+            loaded.update(f"{target}:{off}" for off in (0, config.intermediate_size))
+        else:
+            loaded.add(f"{target}:{offset}")
     expected = sum(
         3 if p.endswith("qkv_proj.weight") or p.endswith("qkv_proj.bias") else 2 if "gate_up_proj" in p else 1
         for p in params

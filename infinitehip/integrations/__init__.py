@@ -1,0 +1,1 @@
+"""Our attention methods applied to models we do not own (transformers)."""

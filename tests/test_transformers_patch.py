@@ -1,0 +1,151 @@
+"""`infinitehip.patch`: our methods inside a plain transformers model give our engine's greedy tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import infinitehip
+from infinitehip import LLM, SamplingParams
+from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.config.streaming import StreamingConfig
+from infinitehip.config.tokenselect import TokenSelectConfig
+from infinitehip.engine.llm_engine import ContextLengthError
+from tests.conftest import engine_for_dir
+
+# Methods at sizes where a 700-token prompt is far past their budgets (and past the model's 256 positions).
+SMALL = {
+    "infinitehip": InfiniteHiPConfig(sink_tokens=16, stream_tokens=64, query_block_sizes=(32, 16, 8),
+                                     chunk_sizes=(64, 16, 4), keep_tokens=(512, 128, 32), early_last_keep_tokens=64,
+                                     refresh_intervals=(4, 2, 1), early_layers=1, landmark_window=48),
+    "tokenselect": TokenSelectConfig(select_tokens=64, sink_tokens=16, local_tokens=64, query_block_size=64,
+                                     question_select_tokens=32),
+    "streaming": StreamingConfig(sink_tokens=4, window_tokens=60, eviction_batch_tokens=64),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      rope_theta=10000.0, tie_word_embeddings=False,
+                                      bos_token_id=None, eos_token_id=None, pad_token_id=None)  # no EOS: 12 tokens each
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    path = tmp_path_factory.mktemp("llama")
+    model.save_pretrained(path)
+    return model, path
+
+
+def _engine_tokens(path, method, config, ids, n, chunk):
+    engine = engine_for_dir(path, None, config, method=method, max_context_tokens=4096, prefill_chunk_size=chunk)
+    (out,) = LLM.from_engine(engine).generate([ids], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    return out.token_ids
+
+
+@pytest.mark.parametrize("method", ["infinitehip", "tokenselect", "streaming", "dense"])
+def test_patched_transformers_greedy_equals_engine(tiny_llama, method):
+    model, path = tiny_llama
+    ids = torch.randint(0, 512, (700,), generator=torch.Generator().manual_seed(3)).tolist()
+    config = SMALL.get(method)
+    ours = _engine_tokens(path, method, config, ids, 12, chunk=256)
+    with torch.no_grad(), infinitehip.patch(model, method=method, method_config=config, prefill_chunk_size=256,
+                                                    max_context_tokens=4096):
+        out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
+    assert out.shape[1] == 700 + 12  # the whole prompt was read: nothing truncated
+    assert out[0, 700:].tolist() == ours
+    assert model.config._attn_implementation != "infinitehip"  # the patch is gone
+
+
+def test_patch_logits_equal_unpatched_for_dense(tiny_llama):
+    model, _ = tiny_llama
+    ids = torch.randint(0, 512, (1, 200), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = model(ids).logits
+        with infinitehip.patch(model, method="dense"):
+            got = model(ids).logits
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_patch_refuses_what_it_cannot_do(tiny_llama):
+    model, _ = tiny_llama
+    with pytest.raises(ValueError, match="infinipot.*ChunkHooks|ChunkHooks.*infinipot"):
+        infinitehip.patch(model, method="infinipot")
+    ids = torch.randint(0, 512, (1, 300))
+    with infinitehip.patch(model, method="dense"):  # dense stops at the model's 256 positions, loudly
+        with pytest.raises(ContextLengthError, match="nothing was truncated"):
+            model.generate(ids, max_new_tokens=4)
+        with pytest.raises(ValueError, match="padded"):
+            model(ids[:, :8].repeat(2, 1), attention_mask=torch.tensor([[1] * 8, [0] + [1] * 7]))
+
+
+# ---- the embedded model (SmolLM2-135M-Instruct, 8192 trained positions), loaded by transformers ----------------
+@pytest.fixture(scope="module")
+def embedded():
+    from infinitehip.model.gguf_convert import default_cache_root
+    from infinitehip.model.loading import load_model
+
+    loaded = load_model(None, default_cache_root(), torch.device("cpu"), torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=torch.float32).eval()
+    return loaded, hf
+
+
+def _compare_on_embedded(embedded, method, config, n_prompt, n_new, **engine):
+    from infinitehip.config.engine import EngineConfig
+    from infinitehip.engine.llm_engine import LLMEngine
+    from infinitehip.eval.passkey import make_passkey_sample
+    from infinitehip.engine.prompt_format import chat_prompt_ids
+
+    loaded, hf = embedded
+    sample = make_passkey_sample(loaded.tokenizer, n_prompt, 0.5, 7)
+    ids = chat_prompt_ids(loaded.tokenizer, sample.messages)
+    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, **engine)
+    (out,) = LLM.from_engine(LLMEngine(cfg, loaded, config)).generate(
+        [ids], SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True))
+    with torch.no_grad(), infinitehip.patch(hf, method=method, method_config=config, **engine):
+        got = hf.generate(torch.tensor([ids]), max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False)
+    assert got.shape[1] == len(ids) + n_new  # every prompt token read
+    assert got[0, len(ids):].tolist() == out.token_ids
+    return len(ids)
+
+
+def test_patch_on_embedded_model_equals_engine(embedded):
+    """Short: streaming with a 60-token window over a 300-token prompt in 64-token chunks, so eviction runs."""
+    _compare_on_embedded(embedded, "streaming", StreamingConfig(sink_tokens=4, window_tokens=60,
+                                                                eviction_batch_tokens=32), 300, 4,
+                         prefill_chunk_size=64)
+
+
+@pytest.mark.slow
+def test_patch_on_embedded_model_past_training_window(embedded):
+    """~6 min on 2 CPU cores: InfiniteHiP's default preset at 8.6K tokens, past the model's 8192 positions, greedy
+    tokens of the patched transformers model equal the engine's (both chunk the prefill at 4096)."""
+    n = _compare_on_embedded(embedded, "infinitehip", None, 8600, 8)
+    assert n > 8192
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "llama-yarn", "phi3-longrope"])
+def test_patch_dense_equals_unpatched(family):
+    """Gemma 2 / 3 (sliding-window and full layers; Gemma 2's attention soft-capping), YaRN and longrope (their
+    attention factor, which transformers folds into cos / sin): under `dense` the patched model's logits and
+    greedy tokens are transformers' own (90 tokens: past longrope's 64 original positions, its long factors)."""
+    from tests.conftest import TINY_CONFIGS
+    from tests.test_model_coverage import CONFIGS
+
+    torch.manual_seed(0)
+    config = TINY_CONFIGS["gemma3"]() if family == "gemma3" else CONFIGS[family]()
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(6.0)  # large scores: soft-capping bites
+    ids = torch.randint(0, 512, (1, 90), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = model(ids).logits
+        want = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
+        with infinitehip.patch(model, method="dense", prefill_chunk_size=32):
+            got = model(ids).logits
+            tokens = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert tokens.tolist() == want.tolist()
