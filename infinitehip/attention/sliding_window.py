@@ -31,7 +31,8 @@ class SlidingWindowAttention:
         local = config.sliding_view()
         self.window = config.sliding_window
         self.softcap = config.attn_logit_softcapping  # Gemma 2 (None: plain SDPA)
-        self.inv_freq = inverse_frequencies(local.head_dim, local.rope_theta, local.rope_scaling)
+        # On the ring's device: a CPU copy would be moved at every decode step, which CUDA-graph capture refuses.
+        self.inv_freq = inverse_frequencies(local.head_dim, local.rope_theta, local.rope_scaling).to(device)
         shape = (len(config.sliding_layers), max_rows, self.window, config.num_kv_heads, config.head_dim)
         # Zeroed: a slot never written by the row's sequence is masked, but must not hold NaN bit patterns.
         self.k = torch.zeros(shape, dtype=dtype, device=device)
