@@ -22,7 +22,9 @@ from tests.conftest import TINY_CONFIGS, engine_for_dir
 PAGE = 16
 # Encodes (embedded tokenizer) to 5 ids below 512, inside the tiny models' vocabulary.
 CATALYST = "in the re on at"
-SMALL = InfiniPotConfig(pot_tokens=160, compressed_tokens=48, novelty_fraction=0.5, catalyst_prompt=CATALYST)
+# The paper's mechanics (no question tail, per-token top-k) unless a test sets them: the oracles below follow them.
+PAPER = dict(question_tokens=0, pool_tokens=1)
+SMALL = InfiniPotConfig(pot_tokens=160, compressed_tokens=48, novelty_fraction=0.5, catalyst_prompt=CATALYST, **PAPER)
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +191,7 @@ def test_first_distillation_matches_oracle(llama3, tokenizer, novelty_fraction, 
 def test_equals_dense_when_the_pot_holds_the_whole_input(llama3, tokenizer):
     _, path = llama3
     ids = _ids(700, seed=1)
-    big = InfiniPotConfig(pot_tokens=1024, compressed_tokens=256, catalyst_prompt=CATALYST)
+    big = InfiniPotConfig(pot_tokens=1024, compressed_tokens=256, catalyst_prompt=CATALYST, **PAPER)
     pot_seq, pot_logits = _run(_engine(path, tokenizer, big, prefill_chunk_size=128), ids, max_tokens=20)
     dense_seq, dense_logits = _run(_engine(path, tokenizer, method="dense", prefill_chunk_size=128), ids, max_tokens=20)
     assert pot_seq.method_state.distillations == 0 and pot_seq.output_ids == dense_seq.output_ids
@@ -249,7 +251,7 @@ def test_cli_flags_build_the_config():
     args = parser.parse_args(["--preset", "2k"])
     assert method_config_from_args(EngineConfig(method="infinipot"), args).pot_tokens == 2048
     args = parser.parse_args(["--preset", "4k-retrieval", "--sink-tokens", "2"])  # a flag overrides its preset
-    assert method_config_from_args(EngineConfig(method="infinipot"), args) == InfiniPotConfig(novelty_fraction=0.99, sink_tokens=2)
+    assert method_config_from_args(EngineConfig(method="infinipot"), args) == InfiniPotConfig(novelty_fraction=0.99, sink_tokens=2, **PAPER)
 
 
 def test_embedded_model_finds_passkey_beyond_a_small_pot():

@@ -50,7 +50,7 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     DenseAttention.name: MethodSpec(DenseAttention),
     InfiniteHiPAttention.name: MethodSpec(InfiniteHiPAttention, InfiniteHiPConfig, dict(INFINITEHIP_PRESETS), "default"),
-    InfiniPotAttention.name: MethodSpec(InfiniPotAttention, InfiniPotConfig, dict(INFINIPOT_PRESETS), "4k"),
+    InfiniPotAttention.name: MethodSpec(InfiniPotAttention, InfiniPotConfig, dict(INFINIPOT_PRESETS), "default"),
     TokenSelectAttention.name: MethodSpec(TokenSelectAttention, TokenSelectConfig, dict(TOKENSELECT_PRESETS), "default"),
     StreamingAttention.name: MethodSpec(StreamingAttention, StreamingConfig),
     TruncateAttention.name: MethodSpec(TruncateAttention, TruncateConfig),
