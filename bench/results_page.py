@@ -52,11 +52,11 @@ TABLES = [
                 f"{GEMMA} --method dense --tasks niah_single_word --lengths 4096 7000 32000"),
             Row("infinitehip (default)", [D25 + "gpu_default/gemma_infinitehip_question.json",
                                           D25 + "gpu_default/g_long_q.json", D26 + "gpu_a/gemma_1m_infinitehip.json",
-                                          D26 + "gpu_b/gemma_1m_infinitehip_s01.json",
+                                          D26 + "gpu_b/gemma_1m_infinitehip_s0.json",
                                           D26 + "gpu_b/gemma_short_infinitehip.json"],
                 f"{GEMMA} --method infinitehip --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
                 "32K-512K ran with refresh intervals 32/16/8 (the default before 2026-11-26, same masks for answers "
-                "of <= 16 tokens); 512K from the run's log"),
+                "of <= 16 tokens); 512K from the run's log; 4K/7K read the bf16 weight cache (2026-11-26)"),
             Row("tokenselect (default)", [D25 + "gemma_tokenselect.json", D25 + "gpu_default/g_ts.json",
                                           D25 + "gpu_default/g_long_ts.json", D26 + "gpu_a/gemma_1m_tokenselect.json",
                                           D26 + "gpu_b/gemma_1m_tokenselect_s0.json",
@@ -111,7 +111,9 @@ def cell(rows: list[dict]) -> str:
 
 
 def length_label(n: int) -> str:
-    return f"{round(n / 1048576)}M" if n >= 1048576 else f"{round(n / 1024)}K"
+    if n >= 1048576:
+        return f"{round(n / 1048576)}M"
+    return f"{n // 1024}K" if n % 1024 == 0 else f"{round(n / 1000)}K"  # 32000 tokens: "32K"
 
 
 def accuracy_markdown(table: AccuracyTable) -> tuple[str, dict[str, dict[int, float]]]:
@@ -159,11 +161,35 @@ def speed_markdown() -> str:
                 o = json.loads(p.read_text())
                 for row in o["rows"]:
                     label = "infinitehip default" + (", attention bank 128K tokens" if "bank128k" in f else "")
+                    argv = o["meta"]["argv"]
+                    argv = argv[: argv.index("--output")] + argv[argv.index("--output") + 2:] if "--output" in argv else argv
                     lines.append(f"| {label} | {1e3 / row['step_ms']:.1f} | `python bench/offload_decode_gpu.py "
-                                 f"{' '.join(a for a in o['meta']['argv'] if not a.startswith('/'))}` |")
+                                 f"{' '.join(argv)}` |")
         lines.append("")
         lines.append("`--fast-prefill`: the prefill's attention is replaced by zeros (random weights; decode runs the "
                      "real method).")
+    return "\n".join(lines) + "\n"
+
+
+def tensor_parallel_markdown() -> str:
+    base = RESULTS / D26 / "tp_h200x2"
+    lines = ["## Tensor parallelism (8B-shaped model, random bf16 weights, KV offloaded)", "",
+             "Device: 2x NVIDIA H200 (one host), torch 2.11. Date: 2026-11-26. infinitehip default, CUDA-graph decode. "
+             "Both sizes ran on the same machine one after the other: the first run of each table compiled the Triton "
+             "kernels, so its TTFT includes compilation (TP=1 first at 32K, TP=2 first at 256K).", "",
+             "| TP | context | TTFT s | prefill | decode tok/s | rank-0 peak GPU GB | command |",
+             "| ---: | ---: | ---: | --- | ---: | ---: | --- |"]
+    for name, cmd in (("tp_32k.json", "python bench/tp_offload_decode_gpu.py --tp 1 2 --context 32768 --preset default"),
+                      ("tp_256k_fast.json", "python bench/tp_offload_decode_gpu.py --tp 2 1 --context 262144 "
+                                            "--fast-prefill --kv-dtype fp8_e4m3 --preset default")):
+        path = base / name
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        for r in data["rows"]:
+            lines.append(f"| {r['tp']} | {r['context']:,} | {r['ttft_s']:.1f} | "
+                         f"{'real' if r['ttft_real'] else 'fast (attention zeroed)'} | {r['decode_tok_s']:.1f} | "
+                         f"{r['rank0_peak_gpu_gb']:.1f} | `{cmd}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -199,6 +225,7 @@ def main() -> None:
             plot(curves, RESULTS / "accuracy_vs_context.png")
             parts.append("![accuracy vs context](results/accuracy_vs_context.png)\n")
     parts.append(speed_markdown())
+    parts.append(tensor_parallel_markdown())
     (ROOT / "docs" / "results.md").write_text("\n".join(parts))
     print(f"wrote {ROOT / 'docs' / 'results.md'}")
 
