@@ -457,15 +457,19 @@ def test_gauges_and_new_metrics_at_admission(base_url, engine, model):
     wait_idle(base_url)
     seen_running = []
     body = {"model": model, "prompt": "hello " * 480, "max_tokens": 2, "ignore_eos": True}  # one 512-token chunk
+    answered = threading.Event()
 
-    def poll():
+    def poll():  # until the request is answered (at most 400 reads of /metrics)
         for _ in range(400):
             seen_running.append(metric(base_url, "infinitehip_requests_running"))
+            if answered.is_set():
+                return
             time.sleep(0.005)
 
     watcher = threading.Thread(target=poll)
     watcher.start()
     r = httpx.post(f"{base_url}/v1/completions", json=body, headers=AUTH, timeout=60)
+    answered.set()
     watcher.join()
     assert r.status_code == 200 and max(seen_running) >= 1
     text = httpx.get(f"{base_url}/metrics").text
