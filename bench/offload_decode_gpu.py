@@ -117,6 +117,7 @@ def time_phases(device: torch.device) -> None:
     timed(method.InfiniteHiPAttention, "prefill", "prefill attention (all)")
     timed(method.InfiniteHiPAttention, "_stage", "pruning stages")
     timed(method.InfiniteHiPAttention, "_attend_prefill", "block-sparse attention")
+    timed(method.InfiniteHiPAttention, "_question_prefill", "question-time selection")
     timed(saliency.KeySaliency, "update", "landmark saliency")
     timed(offload_access.RepresentativeKeys, "__call__", "mask-bank resolve + table")
     timed(offloaded.OffloadedKV, "resolve_attention", "attention-bank resolve")

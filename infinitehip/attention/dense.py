@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
 from infinitehip.attention.softcap import attend
@@ -25,8 +26,9 @@ def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int
     elif q_offset == 0:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=gqa)
     else:
-        visible = torch.arange(L, device=q.device)[None, :] <= (q_offset + torch.arange(n, device=q.device))[:, None]
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible, enable_gqa=gqa)
+        # a causal bias aligned to the bottom-right corner keeps SDPA on its flash / memory-efficient kernels; a
+        # boolean mask would send a chunk of a long prompt to the math kernel (n x L scores materialised)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(n, L), enable_gqa=gqa)
     return out[0].transpose(0, 1)
 
 
