@@ -123,6 +123,7 @@ def time_phases(device: torch.device) -> None:
     timed(offloaded.OffloadedKV, "resolve_attention", "attention-bank resolve")
     timed(offloaded.OffloadedKV, "write", "KV write (offloaded)")
     timed(OffloadedPagedCache, "token_table", "token tables")
+    timed(OffloadedPagedCache, "stage", "staged layer copy (store -> GPU)")
 
 
 def dense_layerwise(loaded: LoadedModel, contexts: list[int], device: torch.device) -> list[dict]:

@@ -22,6 +22,7 @@ Dense baselines:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -62,7 +63,9 @@ def ttft(engine: LLMEngine, length: int, seed: int, device: torch.device) -> flo
 
 def run_cell(loaded: LoadedModel, method_name: str, mode: str, context: int, args, device: torch.device) -> dict:
     method = (TINY_METHOD if args.smoke else infinitehip_preset(args.preset)) if method_name == "infinitehip" else None
-    offload = banks_for(method, context + 64, loaded.config.num_heads, args) if mode == "offloaded" else None
+    offload = banks_for(method, context + 64, loaded.config.num_heads, args) if mode != "resident" else None
+    if mode == "offloaded-banks":  # the prefill resolves through the banks instead of a staged copy of each layer
+        offload = dataclasses.replace(offload, stage_prefill=False)
     engine = LLMEngine(EngineConfig(method=method_name, device=str(device), dtype=args.dtype,
                                     max_context_tokens=context + 64, prefill_chunk_size=args.chunk,
                                     show_progress=False, max_num_seqs=1, enable_prefix_caching=False),
@@ -87,7 +90,7 @@ def run_cell(loaded: LoadedModel, method_name: str, mode: str, context: int, arg
                phases={k: v for k, v in PHASES.items() if v > 0},
                peak_gpu_gb=torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else 0.0,
                plan=engine.kv_plan.summary if engine.kv_plan is not None else "")
-    if mode == "offloaded":
+    if mode != "resident":
         stats = engine.kv_stats()
         row.update(mask_hit=stats["mask"].hit_ratio, attention_hit=stats["attention"].hit_ratio)
     del engine
@@ -144,7 +147,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", type=int, nargs="+", default=[131072])
     p.add_argument("--methods", nargs="+", default=["infinitehip", "dense"], choices=("infinitehip", "dense"))
-    p.add_argument("--modes", nargs="+", default=["resident"], choices=("resident", "offloaded"))
+    p.add_argument("--modes", nargs="+", default=["resident"], choices=("resident", "offloaded", "offloaded-banks"),
+                   help="offloaded: FP8/BF16 host store, prefill from a staged copy of each layer (the default); "
+                        "offloaded-banks: the prefill resolves through the GPU banks")
     p.add_argument("--preset", default="default", help="infinitehip preset")
     p.add_argument("--chunk", type=int, default=32768, help="prefill chunk (tokens per engine step)")
     p.add_argument("--cold-context", type=int, default=None, help="length of the first (cold) request; default: L")
@@ -187,7 +192,7 @@ def main() -> None:
     for context in args.contexts:
         for method_name in args.methods:
             for mode in args.modes:
-                if method_name == "dense" and (mode == "offloaded" or context > args.dense_engine_max):
+                if method_name == "dense" and (mode != "resident" or context > args.dense_engine_max):
                     continue
                 try:
                     row = run_cell(loaded, method_name, mode, context, args, device)

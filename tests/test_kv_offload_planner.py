@@ -1,5 +1,7 @@
 """Offload capacity planner and bank sizing, with fixed memory numbers (nothing is allocated)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,7 +12,8 @@ from infinitehip.kv.offload.bank_sizing import check_bank_requests, decode_bank_
 from infinitehip.kv.offload.planner import CapacityError, gpu_free_bytes, host_available_bytes, plan_capacity
 
 GIB = 1 << 30
-SMALL = OffloadConfig(mask_bank_tokens=3, attention_bank_tokens=3, host_memory_fraction=1.0, gpu_memory_fraction=1.0)
+SMALL = OffloadConfig(mask_bank_tokens=3, attention_bank_tokens=3, host_memory_fraction=1.0, gpu_memory_fraction=1.0,
+                      stage_prefill=False)  # by-hand numbers without the staging buffer (its own test below)
 
 
 def test_small_plan_by_hand_limited_by_gpu_tables():
@@ -23,6 +26,14 @@ def test_small_plan_by_hand_limited_by_gpu_tables():
     assert plan.max_tokens == (10_000 - 784) // 16 // 64 * 64 == 576
     assert plan.limited_by == "gpu"
     assert plan.gpu_bytes <= 10_000 and plan.host_bytes == 576 * 64
+
+
+def test_staged_prefill_reserves_one_layer_of_kv_per_token():
+    # stage_prefill: + one layer's K and V in the banks' dtype per token (2 * 1 head * 4 * 4 B = 32) on the GPU
+    staged = plan_capacity(2, 1, 4, torch.float32, dataclasses.replace(SMALL, stage_prefill=True), gpu_free=10_000,
+                           host_available=64_000, page_size=64, bank_dtype=torch.float32)
+    assert staged.gpu_bytes_per_token == 16 + 32
+    assert staged.max_tokens == (10_000 - 784) // 48 // 64 * 64
 
 
 def test_small_plan_by_hand_limited_by_host():

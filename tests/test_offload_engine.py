@@ -28,12 +28,14 @@ CONTEXT = 800  # max_context_tokens: the banks are sized to the worst case of on
 
 
 def _smallest_banks(config: InfiniteHiPConfig, num_heads: int, seqs: int = 1, context: int = CONTEXT,
-                    mask_bank: int | None = None) -> OffloadConfig:
-    """The smallest banks check_offload accepts (the mask bank: one chunk's representatives), or mask_bank."""
+                    mask_bank: int | None = None, stage_prefill: bool = False) -> OffloadConfig:
+    """The smallest banks check_offload accepts (the mask bank: one chunk's representatives), or mask_bank.
+    Prefill through the banks unless stage_prefill (the default of OffloadConfig, tested on its own below), so
+    these tests keep covering the banks' prefill path."""
     need = check_offload(config, OffloadConfig(mask_bank_tokens=1 << 30, attention_bank_tokens=1 << 30), context,
                          num_heads, seqs)
     return OffloadConfig(offload_enabled=True, mask_bank_tokens=mask_bank or need.mask_tokens,
-                         attention_bank_tokens=need.attention_tokens)
+                         attention_bank_tokens=need.attention_tokens, stage_prefill=stage_prefill)
 
 
 def _count_decode_groups(monkeypatch):
@@ -225,6 +227,29 @@ def test_offloaded_question_time_selection_equals_resident(llama3_dir, monkeypat
     candidates = (700 - 24 + 1 - SMALL["stream_tokens"]) - SMALL["sink_tokens"]
     assert scans == [candidates] * (2 * ours[3].model_config.num_layers)
     assert not any(ours[2][-1]["attention"].overflows)
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8_e4m3"])
+def test_staged_prefill_equals_resident_and_resolves_nothing_while_prefilling(llama3_dir, monkeypatch, kv_dtype):
+    """OffloadConfig.stage_prefill: each prefill chunk reads its layer from one GPU copy of the context (landmark
+    saliency, question-time selection, the three stages, block-sparse attention), so the banks are not asked for a
+    row until decode; tokens and logits equal the resident engine's (FP8: the resident cache rounded to FP8)."""
+    config = InfiniteHiPConfig(**{**SMALL, "question_tokens": 24, "question_keep_tokens": 32, "question_window": 3})
+    prompt, steps = _ids(700, seed=27), 8
+    if kv_dtype != "auto":  # the resident reference holds FP8-rounded K/V (as the previous test)
+        fp8, write = OffloadConfig(kv_dtype=kv_dtype).torch_kv_dtype(torch.float32), PagedKVCache.write
+        monkeypatch.setattr(PagedKVCache, "write", lambda self, layer, slots, k, v: write(
+            self, layer, slots, to_storage_dtype(k, fp8).to(k.dtype), to_storage_dtype(v, fp8).to(v.dtype)))
+    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    monkeypatch.undo()
+    offload = dataclasses.replace(_smallest_banks(config, HEADS, stage_prefill=True), kv_dtype=kv_dtype)
+    counts: list[dict] = []
+    ours = _generate(llama3_dir, config, offload, [prompt], steps,
+                     on_engine=lambda engine: counts.append(_count_requests(engine, per_call=True)))
+    _assert_same(ours, resident)
+    first_decode = next(i for i, s in enumerate(ours[2]) if s["attention"].total_hits + s["attention"].total_misses)
+    assert first_decode == len(ours[2]) - steps + 1  # the prompt's steps (the last one samples) resolved nothing
+    assert counts[0] and not any(any(ours[2][-1][b].overflows) for b in ("mask", "attention"))
 
 
 def test_offloaded_graph_decode_equals_resident_and_does_not_sync(llama3_dir, monkeypatch):

@@ -32,10 +32,14 @@ class OffloadConfig:
     host_memory_fraction: float = 0.9  # share of the available host memory the store may take
     gpu_memory_fraction: float = 0.9  # share of the free GPU memory the banks and their tables may take
     spill_store_to_gpu: bool = True  # CUDA: store layers the host budget cannot hold live in GPU memory
+    # Prefill reads each layer's context from one GPU copy made per chunk and layer (a streaming copy of the
+    # context's K/V from the store) instead of resolving the keys it needs through the banks; costs a buffer of
+    # the longest prompt's K/V of one layer in the model's dtype on the GPU.
+    stage_prefill: bool = True
     offload_impl: str = "auto"  # host->bank row copy: "auto" (triton on CUDA, reference elsewhere), "triton", "reference"
 
     def __post_init__(self) -> None:
-        for name in ("offload_enabled", "spill_store_to_gpu"):
+        for name in ("offload_enabled", "spill_store_to_gpu", "stage_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("mask_bank_tokens", "attention_bank_tokens"):

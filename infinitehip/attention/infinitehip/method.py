@@ -21,8 +21,9 @@ from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSl
 from infinitehip.attention.dense import causal_sdpa
 from infinitehip.attention.infinitehip.decode import StageCache, refresh_stage, stage1_candidates, window_width
 from infinitehip.attention.infinitehip.keylist import decode_key_list
-from infinitehip.attention.infinitehip.offload_access import (check_offload, decode_attention_rows, prefill_attention_in_groups,
-                                                              question_key_reader, scoring_access)
+from infinitehip.attention.infinitehip.offload_access import (StagedLayer, check_offload, decode_attention_rows,
+                                                              prefill_attention_in_groups, question_key_reader,
+                                                              scoring_access, stage_prefill_layer)
 from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_positions, group_size
 from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, query_blocks, run_stage, sparse_limit
@@ -155,17 +156,20 @@ class InfiniteHiPAttention(AttentionMethod):
             for i in range(c.num_stages)
         ]
 
-    def _stage(self, spec, blocks, parent, layer, seq: SequenceSlice, batch: ForwardBatch) -> StageOutput:
+    def _stage(self, spec, blocks, parent, layer, seq: SequenceSlice, batch: ForwardBatch,
+               staged: StagedLayer | None = None) -> StageOutput:
         c = self.config
-        k_flat, rep_keys = scoring_access(seq.cache, layer, seq.page_table)
+        k_flat, rep_keys = scoring_access(seq.cache, layer, seq.page_table) if staged is None else (staged.k, staged)
         return run_stage(spec, blocks, parent, k_flat, seq.page_table, seq.cache.page_size,
                          c.sink_tokens, c.stream_tokens, batch.rope, seq.context_len, self.trained_len, self._impl(blocks.q),
                          None if self.saliency is None else (self.saliency, layer), rep_keys=rep_keys,
                          forced_tokens=_forced(seq.probe, blocks.q.device), reduce=self._reduce)
 
-    def _update_saliency(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> None:
+    def _update_saliency(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch,
+                         staged: StagedLayer | None = None) -> None:
         if self.saliency is not None:
-            self.saliency.update(layer, q, seq.start_pos, seq.page_table, seq.cache, batch.rope, impl=self._impl(q))
+            self.saliency.update(layer, q, seq.start_pos, seq.page_table, seq.cache, batch.rope, impl=self._impl(q),
+                                 keys=None if staged is None else staged.keys)
 
     def _keeps_every_key(self, layer: int, context_len: int) -> bool:
         """Every query of a chunk ending at context_len attends every earlier key, at its original position."""
@@ -178,11 +182,15 @@ class InfiniteHiPAttention(AttentionMethod):
     # ---- prefill ----------------------------------------------------------------------------------------
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
-        self._update_saliency(layer, q, seq, batch)
-        question = self._question_prefill(layer, q, seq, batch)
+        staged = stage_prefill_layer(seq.cache, layer, seq.page_table, seq.context_len)  # offloaded: one GPU copy
+        self._update_saliency(layer, q, seq, batch, staged)
+        question = self._question_prefill(layer, q, seq, batch, staged)
         if c.dense_when_unpruned and self._keeps_every_key(layer, seq.context_len):
             batch.rope.ensure(seq.context_len)
-            k, v = seq.cache.read(layer, seq.context_slots)
+            if staged is None:
+                k, v = seq.cache.read(layer, seq.context_slots)
+            else:
+                k, v = staged.k[: seq.context_len], staged.v[: seq.context_len]
             return causal_sdpa(batch.rope.apply_range(q, seq.start_pos), batch.rope.apply_range(k, 0), v, seq.start_pos)
         parent, blocks = None, None
         probe = seq.probe if seq.probe is not None and seq.probe.is_last_prefill(seq.context_len) else None
@@ -191,7 +199,7 @@ class InfiniteHiPAttention(AttentionMethod):
             if parent is not None:  # child block m reads the candidates of the parent block containing it
                 rows = torch.arange(blocks.q.shape[0], device=q.device) * spec.query_block_size
                 parent = parent.for_blocks(rows // parent.query_block_size)
-            parent = self._stage(spec, blocks, parent, layer, seq, batch)
+            parent = self._stage(spec, blocks, parent, layer, seq, batch, staged)
             if probe is not None:  # the block holding the prompt's last query
                 share = probe.share_of_chunks(parent.chunk_starts[-1], parent.chunk_lens[-1], c.sink_tokens,
                                               int(parent.limit[-1]))
@@ -203,9 +211,10 @@ class InfiniteHiPAttention(AttentionMethod):
             starts, lens = merge_chunks(parent.chunk_starts, parent.chunk_lens, q_starts, torch.where(mine, q_lens, 0),
                                         impl=self._impl(q))
             parent = StageOutput(starts, lens, parent.chunk_size, parent.query_block_size, parent.limit)
-        return self._attend_prefill(layer, q, seq, batch, parent, blocks, window_start)
+        return self._attend_prefill(layer, q, seq, batch, parent, blocks, window_start, staged)
 
-    def _question_prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch):
+    def _question_prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch,
+                          staged: StagedLayer | None = None):
         """Keep the last question_tokens queries; in the chunk that ends the prompt, make the question-time selection
         (attention/question_selection.py) and keep it in the state -> (first question position, (starts, lens)) or
         None."""
@@ -221,9 +230,10 @@ class InfiniteHiPAttention(AttentionMethod):
         first = seq.context_len - recent.shape[0]
         limit = max(c.sink_tokens, first + 1 - c.stream_tokens)
         cs = c.chunk_sizes[-1]
-        read_keys = question_key_reader(seq.cache, layer, seq.page_table)  # offloaded: scans the host store
-        k_flat = seq.cache.flat_k(layer) if read_keys is None else None
-        chunks = question_chunks(recent, k_flat, seq.page_table, seq.cache.page_size, c.sink_tokens, limit,
+        page_table = seq.page_table if staged is None else staged.page_table
+        read_keys = question_key_reader(seq.cache, layer, seq.page_table) if staged is None else None  # offloaded: scans the host store
+        k_flat = (seq.cache.flat_k(layer) if staged is None else staged.k) if read_keys is None else None
+        chunks = question_chunks(recent, k_flat, page_table, seq.cache.page_size, c.sink_tokens, limit,
                                  c.question_keep_tokens // cs, cs, c.question_window, c.stream_tokens, batch.rope,
                                  "triton" if q.is_cuda else "reference", _forced(seq.probe, q.device), read_keys,
                                  reduce=self._reduce)
@@ -233,7 +243,8 @@ class InfiniteHiPAttention(AttentionMethod):
                                      seq.probe.share_of_chunks(*chunks, c.sink_tokens, limit))
         return first, chunks
 
-    def _attend_prefill(self, layer, q, seq, batch, final: StageOutput, blocks: QueryBlocks, window_start) -> torch.Tensor:
+    def _attend_prefill(self, layer, q, seq, batch, final: StageOutput, blocks: QueryBlocks, window_start,
+                        staged: StagedLayer | None = None) -> torch.Tensor:
         key_tokens, key_counts = assemble_keys(final, blocks.last_position, window_start, self.config.sink_tokens)
         if seq.probe is not None and seq.probe.is_last_prefill(seq.context_len):
             share = seq.probe.share_of_tokens(key_tokens[-1, : int(key_counts[-1])])
@@ -252,6 +263,9 @@ class InfiniteHiPAttention(AttentionMethod):
                 impl=self._attention_impl(q),
             )
 
+        if staged is not None:
+            return attend(staged.k, staged.v, staged.page_table, staged.page_size, slice(0, key_tokens.shape[0]),
+                          slice(0, q.shape[0]))
         return prefill_attention_in_groups(seq.cache, layer, seq.page_table, key_tokens, key_counts, blocks.size,
                                            q.shape[0], attend)
 

@@ -13,7 +13,9 @@ kernels get a different (k_flat, page_table, page_size) triple over the bank's r
   table (its causal mask needs token positions) (`prefill_attention_in_groups`);
 - the landmark saliency update and the dense shortcut use the cache's `read_k` / `read` (attention bank);
 - question-time selection scans every key of the context once per layer at the end of the prompt, straight from
-  the store (`question_key_reader`), so the scan does not flush the banks.
+  the store (`question_key_reader`), so the scan does not flush the banks;
+- with `OffloadConfig.stage_prefill` (the default) a prefill chunk reads none of the above: each layer's context
+  is copied from the store into one GPU buffer first (`StagedLayer`) and every prefill read goes there.
 Decode paths are sync-free with static shapes (CUDA-graph capturable); prefill grouping syncs to size groups.
 A resident cache gets its own rows back unchanged, so the method has one code path.
 """
@@ -106,6 +108,33 @@ class RepresentativeKeys:
             parts.append(torch.cat([score(self(reps[r : r + R, cols], lens[r : r + R, cols]), slice(r, r + R), cols)
                                     for r in range(0, M, R)]))
         return torch.cat(parts, dim=1)
+
+
+class StagedLayer:
+    """An offloaded prefill's layer read as if resident: the sequence's K/V of positions [0, context_len) copied
+    from the store into one GPU buffer pair (`OffloadedPagedCache.stage`), row = token position, so the kernels
+    read it with an identity page table. Stands in for `RepresentativeKeys` (every representative in one call) and
+    for the attention bank (every query block in one call)."""
+
+    def __init__(self, cache, layer: int, page_table: torch.Tensor, context_len: int):
+        self.k, self.v = cache.stage(layer, page_table, context_len)
+        self.page_size = cache.page_size
+        self.page_table = torch.arange(self.k.shape[0] // self.page_size, dtype=page_table.dtype,
+                                       device=page_table.device)
+
+    def keys(self, start: int, end: int) -> torch.Tensor:
+        """Keys [end - start, Hkv, d] of positions [start, end)."""
+        return self.k[start:end]
+
+    def score_in_groups(self, reps, starts, lens, chunk_size: int, score: Score) -> torch.Tensor:
+        return score((self.k, self.page_table, self.page_size), slice(None), slice(None))
+
+
+def stage_prefill_layer(cache, layer: int, page_table: torch.Tensor, context_len: int) -> StagedLayer | None:
+    """The staged layer for an offloaded cache whose config asks for it (`OffloadConfig.stage_prefill`), else None."""
+    if not is_offloaded(cache) or not cache.kv.config.stage_prefill:
+        return None
+    return StagedLayer(cache, layer, page_table, context_len)
 
 
 def scoring_access(cache, layer: int, page_table: torch.Tensor) -> tuple[torch.Tensor, RepresentativeKeys | None]:

@@ -40,12 +40,15 @@ class KeySaliency:
         return self._sum[layer], self._count[layer]
 
     def update(self, layer: int, q: torch.Tensor, start_pos: int, page_table: torch.Tensor, cache: PagedKVCache,
-               rope: RotaryEmbedding, block: int = 512, impl: str = "reference") -> None:
+               rope: RotaryEmbedding, block: int = 512, impl: str = "reference", keys=None) -> None:
         """Add the logits of queries q [n, H, d] (pre-RoPE, positions start_pos..) to the keys in their window.
 
         A key at t receives query s when 0 <= s - t < window. Keys of the new tokens are reset first, so a
-        slot reused by another sequence starts from zero. impl "cpu": each key's window of queries summed first
-        (`_add_window_sums`), else one logit per (query, key) pair in blocks of `block` queries (the oracle)."""
+        slot reused by another sequence starts from zero. impl "reference": one logit per (query, key) pair in
+        blocks of `block` queries (the oracle); "cpu" and "triton": each key's window of queries summed first
+        (`_add_window_sums`, linear in n: the pairwise form's [n, window] logits cost more than the layer's
+        sparse attention on a GPU). keys(lo, end) -> the keys of positions [lo, end) when the caller holds them
+        (an offloaded prefill's staged layer); default: read from the cache."""
         n, H, _ = q.shape
         total, count = self._buffers(layer, cache, H)
         new_slots = token_slots(page_table, torch.arange(start_pos, start_pos + n, device=q.device), cache.page_size)
@@ -56,9 +59,10 @@ class KeySaliency:
         key_slots = token_slots(page_table, key_pos, cache.page_size)
         rope.ensure(start_pos + n)
         rotate = apply_rotary_fused if impl == "cpu" else apply_rotary
-        k = rotate(cache.read_k(layer, key_slots).float(), rope.cos[lo : start_pos + n, None], rope.sin[lo : start_pos + n, None])
+        raw = cache.read_k(layer, key_slots) if keys is None else keys(lo, start_pos + n)
+        k = rotate(raw.float(), rope.cos[lo : start_pos + n, None], rope.sin[lo : start_pos + n, None])
         q_rot = rotate(q.float(), rope.cos[start_pos : start_pos + n, None], rope.sin[start_pos : start_pos + n, None])
-        add = self._add_window_sums if impl == "cpu" else self._add_pair_logits
+        add = self._add_pair_logits if impl == "reference" else self._add_window_sums
         add(total, count, q_rot, k, key_slots, start_pos, lo, block)
 
     def _add_pair_logits(self, total, count, q_rot, k, key_slots, start_pos: int, lo: int, block: int) -> None:

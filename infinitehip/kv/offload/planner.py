@@ -180,7 +180,9 @@ def plan_capacity(
         max_tokens=0, mask_bank_tokens=config.mask_bank_tokens, attention_bank_tokens=config.attention_bank_tokens,
         kv_dtype=kv_dtype, bank_dtype=bank_dtype, num_layers=num_layers,
         layer_bytes_per_token=2 * num_kv_heads * head_dim * element,
-        gpu_bytes_per_token=2 * num_layers * 4 + method_bytes_per_token,
+        # the slot tables, the method's per-slot state and, with stage_prefill, one layer's K/V of the prompt
+        gpu_bytes_per_token=2 * num_layers * 4 + method_bytes_per_token
+        + (2 * num_kv_heads * head_dim * heads[2] if config.stage_prefill else 0),
         gpu_bank_bytes=bank_bytes, host_budget_bytes=host_budget, gpu_budget_bytes=gpu_budget,
         spill=config.spill_store_to_gpu if spill is None else spill, limited_by="",
     )

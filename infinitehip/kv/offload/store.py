@@ -139,6 +139,12 @@ class KVStore:
         copy_rows(self.k[layer], slots.reshape(-1).to(out.device), out, rows, impl)
         return out
 
+    def gather_v(self, layer: int, slots: torch.Tensor, out: torch.Tensor, impl: str = "reference") -> torch.Tensor:
+        """Values of slots [N] into out [N, Hkv, d], as `gather_k`."""
+        rows = torch.arange(slots.numel(), device=out.device)
+        copy_rows(self.v[layer], slots.reshape(-1).to(out.device), out, rows, impl)
+        return out
+
     def read(self, layer: int, slots: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows [N, Hkv, d] of slots [N] (returned on the host), upcast to `dtype` if given."""
         idx = slots.reshape(-1).to(self.k[layer].device)
