@@ -171,6 +171,64 @@ def speed_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def ttft_markdown() -> str:
+    """Whole-model TTFT (bench/prefill_gpu.py) and prefix caching's second question (bench/prefix_ttft_gpu.py)."""
+    base = RESULTS / D26 / "ttft"
+    files = [base / f for f in ("ttft_128k.json", "ttft_256k.json", "ttft_512k_1m.json")]
+    if not all(f.exists() for f in files):
+        return ""
+    runs = [json.loads(f.read_text()) for f in files]
+    meta = runs[0]["meta"]
+    dense_engine = {r["context"]: r["warm_ttft_s"] for run in runs for r in run["rows"]
+                    if r["method"] == "dense" and "error" not in r}
+    layerwise = {d["context"]: d for run in runs for d in run.get("dense_layerwise") or []}
+    lines = ["## Time to first token (8B-shaped model, random bf16 weights)", "",
+             f"Device: {meta['device']}, torch {meta['torch']}, triton {meta['triton']}. Date: 2026-11-26, one machine, "
+             "the three commands one after the other. Warm: the engine's second request (kernels compiled, as a "
+             "server runs); cold: its first request, of the length shown. Dense: the engine with method dense "
+             "(SDPA flash per 32K prefill chunk) where its KV fits the GPU, and layer-wise beyond (the model "
+             "without attention over the prompt + 32 x one layer's one-shot causal SDPA-flash at that length). "
+             "Offloaded: FP8 host store, each layer's context staged on the GPU per prefill chunk.", "",
+             "| context | KV | infinitehip warm s | cold s (length) | dense engine s | dense layer-wise s | speedup vs dense |"
+             " command |", "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for f, run in zip(files, runs):
+        argv = run["meta"]["argv"]
+        argv = argv[: argv.index("--output")] if "--output" in argv else argv
+        for r in run["rows"]:
+            if r["method"] != "infinitehip" or "error" in r:
+                continue
+            c = r["context"]
+            dense = dense_engine.get(c) or (layerwise[c]["dense_ttft_s"] if c in layerwise else None)
+            lw = f"{layerwise[c]['dense_ttft_s']:.1f}" if c in layerwise else "-"
+            de = f"{dense_engine[c]:.1f}" if c in dense_engine else "-"
+            speed = f"{dense / r['warm_ttft_s']:.2f}x" if dense else "-"
+            lines.append(f"| {length_label(c)} | {r['mode']} | {r['warm_ttft_s']:.1f} | {r['cold_ttft_s']:.1f} "
+                         f"({length_label(r['cold_context'])}) | {de} | {lw} | {speed} | "
+                         f"`python bench/prefill_gpu.py {' '.join(argv)}` |")
+    phases = [(r["context"], r["mode"], r["phases"]) for run in runs for r in run["rows"]
+              if r["method"] == "infinitehip" and r.get("phases")]
+    if phases:
+        lines += ["", "Where the warm prefill's time goes (synchronised timers; nested phases overlap; the rest is the "
+                  "model's linear layers, norms and RoPE):", ""]
+        for c, mode, ph in phases:
+            lines.append(f"- {length_label(c)} {mode}: " + ", ".join(f"{k} {v:.1f} s" for k, v in
+                                                                     sorted(ph.items(), key=lambda kv: -kv[1])))
+    prefix = base / "prefix_ttft.json"
+    if prefix.exists():
+        p = json.loads(prefix.read_text())
+        lines += ["", "Prefix caching, a second question on the same document (64 new tokens; the first request is "
+                  f"warm: a {p['meta'].get('warmup_tokens', 0):,}-token request ran first):", "",
+                  "| document | KV | first TTFT s | second TTFT s | second / first | cached tokens | command |",
+                  "| ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+        argv = p["meta"].get("argv", [])
+        argv = argv[: argv.index("--out")] if "--out" in argv else argv
+        for r in p["rows"]:
+            lines.append(f"| {length_label(r['context'])} | {r['mode']}{' (fast prefill)' if r['fast_prefill'] else ''} | "
+                         f"{r['ttft_first_s']:.1f} | {r['ttft_second_s']:.2f} | {100 * r['ratio']:.2f}% | "
+                         f"{r['cached_tokens']:,} | `python bench/prefix_ttft_gpu.py {' '.join(argv)}` |")
+    return "\n".join(lines) + "\n"
+
+
 def tensor_parallel_markdown() -> str:
     base = RESULTS / D26 / "tp_h200x2"
     lines = ["## Tensor parallelism (8B-shaped model, random bf16 weights, KV offloaded)", "",
@@ -225,6 +283,7 @@ def main() -> None:
             plot(curves, RESULTS / "accuracy_vs_context.png")
             parts.append("![accuracy vs context](results/accuracy_vs_context.png)\n")
     parts.append(speed_markdown())
+    parts.append(ttft_markdown())
     parts.append(tensor_parallel_markdown())
     (ROOT / "docs" / "results.md").write_text("\n".join(parts))
     print(f"wrote {ROOT / 'docs' / 'results.md'}")
