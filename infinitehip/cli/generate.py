@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from infinitehip.cli.method_options import add_method_flags, method_config_from_args
+from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, method_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
@@ -14,15 +15,17 @@ from infinitehip.engine.llm import LLM
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("generate", help="generate a completion")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="prompt text")
-    source.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
-    p.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
-    add_dataclass_flags(p, EngineConfig)
-    add_dataclass_flags(p, SamplingParams)
-    add_dataclass_flags(p, OffloadConfig)
+    p = add_command(subparsers, "generate", help="generate a completion", description=__doc__)
+    prompt = p.add_argument_group("prompt")
+    source = prompt.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", metavar="TEXT", help="prompt text")
+    source.add_argument("--prompt-file", type=Path, metavar="FILE", help="read the prompt from this file")
+    prompt.add_argument("--chat", action="store_true",
+                        help="send the prompt as a user message through the model's chat template")
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
     add_method_flags(p)
+    add_dataclass_flags(p, SamplingParams, title="sampling (SamplingParams)")
+    add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
     p.set_defaults(func=run)
 
 

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
+
+from infinitehip.cli.parser import CommandParser
 
 # Subcommand modules; each exposes register(subparsers) and sets `func` on its parser.
 SUBCOMMANDS = ("infinitehip.cli.generate", "infinitehip.cli.eval", "infinitehip.cli.serve")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="infinitehip", description=__doc__)
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="infinitehip", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
         importlib.import_module(name).register(subparsers)

@@ -1,16 +1,20 @@
 """Method settings on the command line: --preset plus one flag per field of every method's config.
 
 A flag shared by several methods (--sink-tokens, say) is one flag; it applies to the method chosen with
---method, and a flag the chosen method does not have is an error, not silently ignored.
+--method, and a flag the chosen method does not have is an error, not silently ignored. The field flags are
+left out of --help (the presets are what a user picks); --help-all lists them per method, with each
+method's own defaults and its study knobs apart.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import textwrap
 
 from infinitehip.attention.registry import METHODS, method_spec
 from infinitehip.cli.options import add_dataclass_flags
+from infinitehip.cli.parser import CommandParser
 from infinitehip.config.engine import EngineConfig
 
 
@@ -22,14 +26,42 @@ def _config_classes() -> list[type]:
     return seen
 
 
+# --method's allowed values: the registry's, which config/engine.py cannot import.
+METHOD_CHOICES = {"method": tuple(METHODS)}
+
+
+def _presets_text() -> str:
+    return "; ".join(f"{name}: {', '.join(spec.presets)}" for name, spec in METHODS.items() if spec.presets)
+
+
 def add_method_flags(parser: argparse.ArgumentParser) -> None:
-    presets = [f"{name}: {', '.join(spec.presets)}" for name, spec in METHODS.items() if spec.presets]
-    parser.add_argument("--preset", help=f"method preset ({'; '.join(presets)}); field flags override it")
+    group = parser.add_argument_group("attention method settings")
+    group.add_argument("--preset", help=f"named settings of the method ({_presets_text()}); default: the method's "
+                                        "`default`; field flags (--help-all) override it")
+    # One flag per field name; a name several methods share accepts the allowed values of each.
+    choices: dict[str, tuple] = {}
+    for cls in _config_classes():
+        for name, values in getattr(cls, "CHOICES", {}).items():
+            choices[name] = tuple(dict.fromkeys(choices.get(name, ()) + tuple(values)))
     added: set[str] = set()
     for cls in _config_classes():
-        fields = {f.name for f in dataclasses.fields(cls)}
-        add_dataclass_flags(parser, cls, exclude=tuple(added))
-        added |= fields
+        add_dataclass_flags(parser, cls, exclude=tuple(added), choices=choices, hidden=True)
+        added |= {f.name for f in dataclasses.fields(cls)}
+    if isinstance(parser, CommandParser):
+        parser.help_all_sections.append(lambda: method_fields_listing(parser))
+
+
+def method_fields_listing(parser: argparse.ArgumentParser) -> str:
+    """Each method's fields as flags, with that method's defaults: the part of --help-all after the flags."""
+    parts = ["\n" + textwrap.fill("Each method's own settings, with its defaults (flags of another method than "
+                                  "--method's are an error; a preset sets several at once):", 80)]
+    for name, spec in METHODS.items():
+        if spec.config_cls is not None:  # one parser per method: methods share flag names
+            listing = argparse.ArgumentParser(prog=parser.prog, usage=argparse.SUPPRESS, add_help=False,
+                                              formatter_class=parser.formatter_class)
+            add_dataclass_flags(listing, spec.config_cls, title=f"--method {name} ({spec.config_cls.__name__})")
+            parts.append(listing.format_help())
+    return "\n".join(parts)
 
 
 def method_config_from_args(engine_config: EngineConfig, args: argparse.Namespace) -> object | None:

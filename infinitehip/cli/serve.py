@@ -1,9 +1,7 @@
 """`infinitehip serve`: the OpenAI-compatible HTTP server (one engine, one attention method per server).
 
-Flags: every EngineConfig field (--model, --method, --max-context-tokens, ...) and every ServerConfig
-field (--host, --port, --api-key, --max-waiting-requests, ...), plus --preset for methods with presets
-(requests that name another method or preset get a 400). --api-key-file reads the key from a file,
-which keeps it out of the process list.
+Requests that name another method or preset than the server's get a 400. `--help-all` lists every setting
+(queue and body limits, CORS origins, the prefix cache on disk, ...).
 """
 
 from __future__ import annotations
@@ -11,20 +9,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from infinitehip.cli.method_options import add_method_flags, method_config_from_args
+from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, method_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.server import ServerConfig
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server", description=__doc__.splitlines()[0])
-    p.add_argument("--api-key-file", type=Path, help="read the API key from this file (instead of --api-key)")
-    add_dataclass_flags(p, EngineConfig)
-    add_dataclass_flags(p, ServerConfig)
-    add_dataclass_flags(p, OffloadConfig)
+    p = add_command(subparsers, "serve", help="run the OpenAI-compatible HTTP server", description=__doc__)
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
     add_method_flags(p)
+    server = add_dataclass_flags(p, ServerConfig, title="server (ServerConfig)")
+    server.add_argument("--api-key-file", type=Path, metavar="FILE",
+                        help="read the API key from this file (instead of --api-key, which the process list shows)")
+    add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
     p.set_defaults(func=run)
 
 
