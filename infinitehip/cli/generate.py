@@ -17,7 +17,7 @@ from infinitehip.engine.llm import LLM
 def register(subparsers) -> None:
     p = add_command(subparsers, "generate", help="generate a completion", description=__doc__)
     prompt = p.add_argument_group("prompt")
-    source = prompt.add_mutually_exclusive_group(required=True)
+    source = prompt.add_mutually_exclusive_group()  # required, but may come from --config: checked in run()
     source.add_argument("--prompt", metavar="TEXT", help="prompt text")
     source.add_argument("--prompt-file", type=Path, metavar="FILE", help="read the prompt from this file")
     prompt.add_argument("--chat", action="store_true",
@@ -30,6 +30,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise ValueError("give one of --prompt and --prompt-file (on the command line or in the --config file)")
     prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     params = dataclass_from_args(SamplingParams, args)
     engine_config = dataclass_from_args(EngineConfig, args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from infinitehip.cli.config_file import parse_args
 from infinitehip.cli.parser import CommandParser
 
 # Subcommand modules; each exposes register(subparsers) and sets `func` on its parser.
@@ -20,8 +21,8 @@ def build_parser() -> CommandParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = parse_args(build_parser(), argv)  # argparse exits on bad flags; a bad config file raises
         return args.func(args) or 0
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

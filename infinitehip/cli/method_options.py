@@ -3,13 +3,15 @@
 A flag shared by several methods (--sink-tokens, say) is one flag; it applies to the method chosen with
 --method, and a flag the chosen method does not have is an error, not silently ignored. The field flags are
 left out of --help (the presets are what a user picks); --help-all lists them per method, with each
-method's own defaults and its study knobs apart.
+method's own defaults and its study knobs apart. --method-config '{"head_aggregation": "softmax"}' gives
+fields as one JSON object (from scripts, or to keep a study's settings together); field flags override it.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import textwrap
 
 from infinitehip.attention.registry import METHODS, method_spec
@@ -38,6 +40,9 @@ def add_method_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("attention method settings")
     group.add_argument("--preset", help=f"named settings of the method ({_presets_text()}); default: the method's "
                                         "`default`; field flags (--help-all) override it")
+    group.add_argument("--method-config", type=parse_json_object, metavar="JSON",
+                       help="the method's fields as a JSON object, e.g. '{\"stream_tokens\": 2048, \"chunk_sizes\": "
+                            "[256, 32, 8]}' (any field --help-all lists); over the preset, under field flags")
     # One flag per field name; a name several methods share accepts the allowed values of each.
     choices: dict[str, tuple] = {}
     for cls in _config_classes():
@@ -64,10 +69,21 @@ def method_fields_listing(parser: argparse.ArgumentParser) -> str:
     return "\n".join(parts)
 
 
+def parse_json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of field names to values, got {text!r}")
+    return {key.replace("-", "_"): value for key, value in value.items()}
+
+
 def method_config_from_args(engine_config: EngineConfig, args: argparse.Namespace) -> object | None:
     """The chosen method's config from --preset and field flags; None (the method's default) when none was given."""
     all_fields = {f.name for cls in _config_classes() for f in dataclasses.fields(cls)}
-    given = {k: v for k, v in vars(args).items() if k in all_fields}
+    from_json = getattr(args, "method_config", None) or {}
+    given = {**from_json, **{k: v for k, v in vars(args).items() if k in all_fields}}
     preset = getattr(args, "preset", None)
     if preset is None and not given:
         return None

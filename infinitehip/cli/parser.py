@@ -11,6 +11,8 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from infinitehip.cli.config_file import add_config_flag
+
 HELP_ALL = "--help-all"
 
 
@@ -53,7 +55,10 @@ class _HelpAllAction(argparse.Action):
 
 
 def add_command(subparsers, name: str, help: str, description: str | None = None) -> CommandParser:
-    """A command's parser, with --help-all."""
+    """A command's parser, with --help-all and --config (cli/config_file.py), and itself in the parsed namespace
+    (`args.command_parser`: where a config file's values go)."""
     parser = subparsers.add_parser(name, help=help, description=description or help)
     parser.add_argument(HELP_ALL, action=_HelpAllAction, help="show every setting (tuning and study knobs too) and exit")
+    add_config_flag(parser)
+    parser.set_defaults(command_parser=parser)
     return parser
