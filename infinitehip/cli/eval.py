@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 
 from infinitehip.cli import eval_compare, eval_ruler
-from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, method_config_from_args
+from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
@@ -33,11 +33,11 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     eval_config = dataclass_from_args(EvalConfig, args)
-    engine_config = dataclass_from_args(EngineConfig, args)
+    settings = settings_from_args(args)
+    engine_config = settings.engine
     if engine_config.max_context_tokens is None:
         needed = context_tokens_needed(args.task, eval_config.lengths)  # the user may still set it
         engine_config = dataclasses.replace(engine_config, max_context_tokens=needed)
-    llm = LLM(config=engine_config, method_config=method_config_from_args(engine_config, args),
-              offload_config=dataclass_from_args(OffloadConfig, args))
+    llm = LLM(config=engine_config, method_config=settings.method, offload_config=settings.offload)
     run_eval(llm, args.task, eval_config)
     return 0

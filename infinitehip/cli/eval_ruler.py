@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, method_config_from_args
+from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
@@ -44,11 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from infinitehip.eval.ruler.runner import run_ruler
 
     config = dataclass_from_args(RulerConfig, args)
-    engine_config = dataclass_from_args(EngineConfig, args)
+    settings = settings_from_args(args)
+    engine_config = settings.engine
     if engine_config.max_context_tokens is None:
         engine_config = dataclasses.replace(engine_config, max_context_tokens=context_tokens_needed(config))
-    llm = LLM(config=engine_config, method_config=method_config_from_args(engine_config, args),
-              offload_config=dataclass_from_args(OffloadConfig, args))
+    llm = LLM(config=engine_config, method_config=settings.method, offload_config=settings.offload)
     run_ruler(llm, config)
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, method_config_from_args
+from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
@@ -34,9 +34,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give one of --prompt and --prompt-file (on the command line or in the --config file)")
     prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     params = dataclass_from_args(SamplingParams, args)
-    engine_config = dataclass_from_args(EngineConfig, args)
-    llm = LLM(config=engine_config, method_config=method_config_from_args(engine_config, args),
-              offload_config=dataclass_from_args(OffloadConfig, args))
+    settings = settings_from_args(args)
+    llm = LLM(config=settings.engine, method_config=settings.method, offload_config=settings.offload)
     if args.chat:
         (out,) = llm.chat([{"role": "user", "content": prompt}], params)
     else:

@@ -14,10 +14,11 @@ import dataclasses
 import json
 import textwrap
 
-from infinitehip.attention.registry import METHODS, method_spec
+from infinitehip.attention.registry import METHODS
 from infinitehip.cli.options import add_dataclass_flags
 from infinitehip.cli.parser import CommandParser
 from infinitehip.config.engine import EngineConfig
+from infinitehip.engine.settings import Settings, all_setting_names, resolve_settings
 
 
 def _config_classes() -> list[type]:
@@ -79,18 +80,18 @@ def parse_json_object(text: str) -> dict:
     return {key.replace("-", "_"): value for key, value in value.items()}
 
 
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Engine, method and offload configs from the flags given (and --config's values), built as LLM(...) builds
+    them from keywords: --preset, then --method-config, then field flags."""
+    names = all_setting_names()
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items() if k in names}
+    return resolve_settings(method_config=getattr(args, "method_config", None), preset=getattr(args, "preset", None),
+                            **fields)
+
+
 def method_config_from_args(engine_config: EngineConfig, args: argparse.Namespace) -> object | None:
-    """The chosen method's config from --preset and field flags; None (the method's default) when none was given."""
-    all_fields = {f.name for cls in _config_classes() for f in dataclasses.fields(cls)}
-    from_json = getattr(args, "method_config", None) or {}
-    given = {**from_json, **{k: v for k, v in vars(args).items() if k in all_fields}}
-    preset = getattr(args, "preset", None)
-    if preset is None and not given:
-        return None
-    spec = method_spec(engine_config.method)
-    own = {f.name for f in dataclasses.fields(spec.config_cls)} if spec.config_cls else set()
-    foreign = ["--preset"] * (preset is not None and not spec.presets) + ["--" + k.replace("_", "-") for k in given if k not in own]
-    if foreign:
-        raise ValueError(f"{', '.join(foreign)}: not a setting of method {engine_config.method!r}; it has no such settings")
-    overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
-    return spec.config(preset, **overrides)
+    """The chosen method's config alone, for an engine config built elsewhere; None: the method's default preset."""
+    names = {f.name for cls in _config_classes() for f in dataclasses.fields(cls)}
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items() if k in names}
+    return resolve_settings(engine_config, getattr(args, "method_config", None), preset=getattr(args, "preset", None),
+                            **fields).method
