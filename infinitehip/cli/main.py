@@ -1,4 +1,7 @@
-"""`infinitehip` command line: generate, eval, serve. Each subcommand lives in its own module."""
+"""`infinitehip` command line: generate, eval, serve.
+
+`infinitehip COMMAND --help` lists the flags a user needs, `--help-all` every setting; `--config FILE.yaml` reads
+settings named as the flags."""
 
 from __future__ import annotations
 
