@@ -125,3 +125,22 @@ def test_fp8_block_checkpoint_is_dequantized(tiny, tmp_path):
         plain = model(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
     assert (ours - plain).abs().max() > 1e-5  # really the fp8 values, not the originals
+
+
+def test_tokenizer_asking_for_space_clean_up_decodes_bpe_text_as_is_without_a_warning(tmp_path, capfd):
+    """A config with clean_up_tokenization_spaces=true (Llama 3's; transformers 5.17's GGUF conversions) made every
+    `generate` print transformers' "Ignoring clean_up_tokenization_spaces=True for BPE tokenizer" warning."""
+    from infinitehip.model.gguf_convert import default_cache_root
+
+    embedded, _ = resolve_model_dir(None, default_cache_root())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((embedded / name).read_bytes())
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "clean_up_tokenization_spaces": True}))
+    assert transformers.AutoTokenizer.from_pretrained(str(tmp_path)).clean_up_tokenization_spaces  # the cause
+    capfd.readouterr()
+    tokenizer = loading.load_tokenizer(tmp_path)
+    assert tokenizer.clean_up_tokenization_spaces is False
+    text = "Hello , world . It 's"
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+    assert "clean_up_tokenization_spaces" not in capfd.readouterr().err

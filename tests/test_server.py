@@ -14,7 +14,6 @@ import pytest
 import uvicorn
 
 from infinitehip.cli.main import build_parser
-from infinitehip.cli.method_options import method_config_from_args
 from infinitehip.cli.serve import configs_from_args
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.server import ServerConfig
@@ -511,20 +510,21 @@ def test_server_config_validation_and_cli_flags(tmp_path):
         "serve", "--model", "m.gguf", "--method", "dense", "--host", "0.0.0.0", "--port", "9000", "--api-key", "k",
         "--max-waiting-requests", "8", "--keepalive-interval-s", "2.5", "--max-context-tokens", "4096",
     ])
-    engine_config, server_config = configs_from_args(args)
+    settings, server_config = configs_from_args(args)
+    engine_config = settings.engine
     assert (engine_config.model, engine_config.method, engine_config.max_context_tokens) == ("m.gguf", "dense", 4096)
     assert (server_config.host, server_config.port, server_config.api_key) == ("0.0.0.0", 9000, "k")
     assert (server_config.max_waiting_requests, server_config.keepalive_interval_s) == (8, 2.5)
-    assert method_config_from_args(engine_config, args) is None
+    assert settings.method is None and settings.offload is None
     with pytest.raises(ValueError, match="no such settings"):
-        method_config_from_args(engine_config, build_parser().parse_args(["serve", "--preset", "3k"]))
+        configs_from_args(build_parser().parse_args(["serve", "--preset", "3k"]))
     args = build_parser().parse_args(["serve", "--method", "infinitehip", "--preset", "3k-fast"])
-    assert method_config_from_args(configs_from_args(args)[0], args).refresh_intervals == (32, 16, 8)
+    assert configs_from_args(args)[0].method.refresh_intervals == (32, 16, 8)
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
     assert configs_from_args(build_parser().parse_args(["serve", "--api-key-file", str(key_file)]))[1].api_key == "from-file"
     args = build_parser().parse_args(["serve", "--method", "infinitehip", "--preset", "5k", "--refresh-intervals", "8", "4", "2"])
-    config = method_config_from_args(configs_from_args(args)[0], args)
+    config = configs_from_args(args)[0].method
     assert config.chunk_sizes == (64, 32, 16) and config.refresh_intervals == (8, 4, 2)
 
 

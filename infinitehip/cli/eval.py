@@ -8,8 +8,9 @@ import argparse
 import dataclasses
 
 from infinitehip.cli import eval_compare, eval_ruler
-from infinitehip.cli.method_options import add_method_flags, method_config_from_args
+from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine.llm import LLM
@@ -20,11 +21,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="run an evaluation task")
     tasks = p.add_subparsers(dest="task", required=True)
     for task in TASKS:
-        t = tasks.add_parser(task, help=f"{task} retrieval accuracy")
-        add_dataclass_flags(t, EvalConfig)
-        add_dataclass_flags(t, EngineConfig)
-        add_dataclass_flags(t, OffloadConfig)
+        t = add_command(tasks, task, help=f"{task} retrieval accuracy over a length x depth sweep")
+        add_dataclass_flags(t, EvalConfig, title="evaluation (EvalConfig)")
+        add_dataclass_flags(t, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
         add_method_flags(t)
+        add_dataclass_flags(t, OffloadConfig, title="KV offloading (OffloadConfig)")
         t.set_defaults(func=run)
     eval_compare.register(tasks)
     eval_ruler.register(tasks)
@@ -32,11 +33,11 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     eval_config = dataclass_from_args(EvalConfig, args)
-    engine_config = dataclass_from_args(EngineConfig, args)
+    settings = settings_from_args(args)
+    engine_config = settings.engine
     if engine_config.max_context_tokens is None:
         needed = context_tokens_needed(args.task, eval_config.lengths)  # the user may still set it
         engine_config = dataclasses.replace(engine_config, max_context_tokens=needed)
-    llm = LLM(config=engine_config, method_config=method_config_from_args(engine_config, args),
-              offload_config=dataclass_from_args(OffloadConfig, args))
+    llm = LLM(config=engine_config, method_config=settings.method, offload_config=settings.offload)
     run_eval(llm, args.task, eval_config)
     return 0

@@ -11,6 +11,7 @@ import argparse
 from rich.console import Console
 
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
 from infinitehip.engine.llm_engine import load_engine_model
 from infinitehip.eval.compare import CompareConfig, run_compare
@@ -21,9 +22,9 @@ ENGINE_FIELDS_SET_BY_COMPARE = ("method", "max_context_tokens")
 
 
 def register(tasks) -> None:
-    p = tasks.add_parser("compare", help="compare attention methods on passkey / NIAH", description=__doc__.splitlines()[0])
-    add_dataclass_flags(p, CompareConfig)
-    add_dataclass_flags(p, EngineConfig, exclude=ENGINE_FIELDS_SET_BY_COMPARE)
+    p = add_command(tasks, "compare", help="compare attention methods on passkey / NIAH", description=__doc__)
+    add_dataclass_flags(p, CompareConfig, title="comparison (CompareConfig)")
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", exclude=ENGINE_FIELDS_SET_BY_COMPARE)
     p.set_defaults(func=run)
 
 

@@ -11,8 +11,9 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from infinitehip.cli.method_options import add_method_flags, method_config_from_args
+from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.eval.ruler.report import load_runs, markdown_report
@@ -26,15 +27,15 @@ class RulerReportConfig:
 
 
 def register(tasks) -> None:
-    p = tasks.add_parser("ruler", help="RULER-style NIAH tasks over real prose", description=__doc__.splitlines()[0])
-    add_dataclass_flags(p, RulerConfig)
-    add_dataclass_flags(p, EngineConfig)
-    add_dataclass_flags(p, OffloadConfig)
+    p = add_command(tasks, "ruler", help="RULER-style NIAH tasks over real prose", description=__doc__)
+    add_dataclass_flags(p, RulerConfig, title="RULER sweep (RulerConfig)")
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
     add_method_flags(p)
+    add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
     p.set_defaults(func=run)
-    r = tasks.add_parser("ruler-report", help="markdown tables from `eval ruler` result files")
+    r = add_command(tasks, "ruler-report", help="markdown tables from `eval ruler` result files")
     r.add_argument("files", nargs="+", help="result JSON files of `infinitehip eval ruler`")
-    add_dataclass_flags(r, RulerReportConfig)
+    add_dataclass_flags(r, RulerReportConfig, title="report")
     r.set_defaults(func=report)
 
 
@@ -43,11 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from infinitehip.eval.ruler.runner import run_ruler
 
     config = dataclass_from_args(RulerConfig, args)
-    engine_config = dataclass_from_args(EngineConfig, args)
+    settings = settings_from_args(args)
+    engine_config = settings.engine
     if engine_config.max_context_tokens is None:
         engine_config = dataclasses.replace(engine_config, max_context_tokens=context_tokens_needed(config))
-    llm = LLM(config=engine_config, method_config=method_config_from_args(engine_config, args),
-              offload_config=dataclass_from_args(OffloadConfig, args))
+    llm = LLM(config=engine_config, method_config=settings.method, offload_config=settings.offload)
     run_ruler(llm, config)
     return 0
 

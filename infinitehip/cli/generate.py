@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from infinitehip.cli.method_options import add_method_flags, method_config_from_args
+from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
@@ -14,24 +15,27 @@ from infinitehip.engine.llm import LLM
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("generate", help="generate a completion")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="prompt text")
-    source.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
-    p.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
-    add_dataclass_flags(p, EngineConfig)
-    add_dataclass_flags(p, SamplingParams)
-    add_dataclass_flags(p, OffloadConfig)
+    p = add_command(subparsers, "generate", help="generate a completion", description=__doc__)
+    prompt = p.add_argument_group("prompt")
+    source = prompt.add_mutually_exclusive_group()  # required, but may come from --config: checked in run()
+    source.add_argument("--prompt", metavar="TEXT", help="prompt text")
+    source.add_argument("--prompt-file", type=Path, metavar="FILE", help="read the prompt from this file")
+    prompt.add_argument("--chat", action="store_true",
+                        help="send the prompt as a user message through the model's chat template")
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
     add_method_flags(p)
+    add_dataclass_flags(p, SamplingParams, title="sampling (SamplingParams)")
+    add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if (args.prompt is None) == (args.prompt_file is None):
+        raise ValueError("give one of --prompt and --prompt-file (on the command line or in the --config file)")
     prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     params = dataclass_from_args(SamplingParams, args)
-    engine_config = dataclass_from_args(EngineConfig, args)
-    llm = LLM(config=engine_config, method_config=method_config_from_args(engine_config, args),
-              offload_config=dataclass_from_args(OffloadConfig, args))
+    settings = settings_from_args(args)
+    llm = LLM(config=settings.engine, method_config=settings.method, offload_config=settings.offload)
     if args.chat:
         (out,) = llm.chat([{"role": "user", "content": prompt}], params)
     else:

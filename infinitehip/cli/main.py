@@ -1,17 +1,22 @@
-"""`infinitehip` command line: generate, eval, serve. Each subcommand lives in its own module."""
+"""`infinitehip` command line: generate, eval, serve.
+
+`infinitehip COMMAND --help` lists the flags a user needs, `--help-all` every setting; `--config FILE.yaml` reads
+settings named as the flags."""
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
+
+from infinitehip.cli.config_file import parse_args
+from infinitehip.cli.parser import CommandParser
 
 # Subcommand modules; each exposes register(subparsers) and sets `func` on its parser.
 SUBCOMMANDS = ("infinitehip.cli.generate", "infinitehip.cli.eval", "infinitehip.cli.serve")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="infinitehip", description=__doc__)
+def build_parser() -> CommandParser:
+    parser = CommandParser(prog="infinitehip", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
         importlib.import_module(name).register(subparsers)
@@ -19,8 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = parse_args(build_parser(), argv)  # argparse exits on bad flags; a bad config file raises
         return args.func(args) or 0
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,4 +1,12 @@
-"""CLI flags derived from config dataclasses: every field becomes --kebab-case-name with its type."""
+"""CLI flags derived from config dataclasses: every field becomes --kebab-case-name with its type and help text.
+
+What a config class declares for the CLI, beside its fields (all optional):
+- each field's comment: its help text (cli/field_docs.py);
+- HELP_FIELDS: the fields `--help` lists; the others are hidden until `--help-all` (cli/parser.py).
+  Without it every field is listed (the small configs of a command's own, such as EvalConfig);
+- STUDY_FIELDS: knobs of the studies in docs/ (ablations, kernel choices), listed apart in `--help-all`;
+- CHOICES: the allowed values of choice-like string fields, shown in the help and checked by argparse.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,7 @@ import typing
 from typing import Any
 
 from infinitehip.cli.field_docs import field_docs
+from infinitehip.cli.parser import CommandParser
 
 
 def _scalar_type(tp: Any) -> tuple[Any, bool]:
@@ -20,7 +29,7 @@ def _scalar_type(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _parse_bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
         return True
     if text.lower() in ("0", "false", "no", "off"):
@@ -31,7 +40,7 @@ def _parse_bool(text: str) -> bool:
 _SUFFIXES = {"k": 1 << 10, "m": 1 << 20}  # token counts: 128K = 131,072, 1M = 1,048,576 (as the docs count them)
 
 
-def _parse_int(text: str) -> int:
+def parse_int(text: str) -> int:
     """An int, optionally with a K/M suffix (binary: 1M = 1,048,576) or underscores: 32768, 128K, 1M, 1_000_000."""
     clean = text.strip().replace("_", "").lower()
     scale = _SUFFIXES.get(clean[-1:], 1)
@@ -42,33 +51,71 @@ def _parse_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer such as 32768, 128K or 1M, got {text!r}") from None
 
 
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, exclude: tuple[str, ...] = ()) -> None:
-    """Add one flag per field of `cls`; an unset flag keeps the dataclass default (argparse.SUPPRESS)."""
+_PARSERS = {int: (parse_int, "INT"), float: (float, "FLOAT"), bool: (parse_bool, "BOOL")}
+
+
+def _shown_default(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return " ".join(map(str, value)) if value else "none"
+    if isinstance(value, str) and (not value or value != value.strip() or "\n" in value):
+        return repr(value)
+    return str(value)
+
+
+def help_text(cls: type, field: dataclasses.Field) -> str:
+    """The field's comment and its default, %-escaped for argparse."""
+    default = field.default if field.default is not dataclasses.MISSING else None
+    doc = field_docs(cls).get(field.name)
+    text = f"{doc} (default: {_shown_default(default)})" if doc else f"(default: {_shown_default(default)})"
+    return text.replace("%", "%%")  # argparse %-formats help texts
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, exclude: tuple[str, ...] = (),
+                        title: str | None = None, choices: dict[str, tuple] | None = None,
+                        hidden: bool = False) -> argparse._ArgumentGroup:
+    """Add one flag per field of `cls`; an unset flag keeps the dataclass default (argparse.SUPPRESS).
+
+    `title`: the help group's heading; `choices`: allowed values beside the class's CHOICES; `hidden`: every
+    flag out of --help and --help-all (listed elsewhere). On a plain ArgumentParser nothing is hidden.
+    Returns the help group, for a command's own flags of the same kind."""
     hints = typing.get_type_hints(cls)
-    group = parser.add_argument_group(cls.__name__)
+    shown = getattr(cls, "HELP_FIELDS", None)
+    study = set(getattr(cls, "STUDY_FIELDS", ()))
+    all_choices = {**getattr(cls, "CHOICES", {}), **(choices or {})}
+    title = title or cls.__name__
+    groups = {False: parser.add_argument_group(title), True: parser.add_argument_group(f"{title}: study knobs")}
     for f in dataclasses.fields(cls):
         if f.name in exclude:
             continue
         tp, optional = _scalar_type(hints[f.name])
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else None
-        doc = field_docs(cls).get(f.name)
-        help_text = f"{doc} (default: {default})" if doc else f"(default: {default})"
-        help_text = help_text.replace("%", "%%")  # argparse %-formats help texts
-        if typing.get_origin(tp) is tuple:
-            group.add_argument(flag, dest=f.name, nargs="*", default=argparse.SUPPRESS, help=help_text)
-        elif tp is bool:
-            group.add_argument(flag, dest=f.name, type=_parse_bool, default=argparse.SUPPRESS, metavar="BOOL", help=help_text)
-        elif tp is int:
-            group.add_argument(flag, dest=f.name, type=_parse_int, default=argparse.SUPPRESS, metavar="INT", help=help_text)
-        else:
-            group.add_argument(flag, dest=f.name, type=tp, default=argparse.SUPPRESS, help=help_text)
+        many = typing.get_origin(tp) is tuple
+        element = typing.get_args(tp)[0] if many else tp
+        convert, metavar = _PARSERS.get(element, (element, None))
+        kwargs: dict[str, Any] = dict(dest=f.name, type=convert, default=argparse.SUPPRESS, help=help_text(cls, f))
+        if f.name in all_choices:
+            kwargs["choices"] = all_choices[f.name]
+        elif metavar:
+            kwargs["metavar"] = metavar
+        if many:
+            kwargs["nargs"] = "*"
+        elif element is bool:  # `--offload-enabled` alone means true
+            kwargs.update(nargs="?", const=True)
+        action = groups[f.name in study].add_argument("--" + f.name.replace("_", "-"), **kwargs)
+        if not isinstance(parser, CommandParser):
+            continue
+        if optional:
+            parser.nullable.add(f.name)
+        if hidden:
+            action.help = argparse.SUPPRESS
+        elif shown is not None and f.name not in shown:
+            parser.hide(action, action.help)
+    return groups[False]
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace, **extra: Any):
     """Build `cls` from the flags the user gave (plus `extra`); the dataclass validates the values."""
     names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in vars(args).items() if k in names}
-    if any(typing.get_origin(_scalar_type(typing.get_type_hints(cls)[k])[0]) is tuple for k in values):
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items() if k in names}
     return cls(**{**values, **extra})

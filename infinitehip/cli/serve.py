@@ -1,9 +1,7 @@
 """`infinitehip serve`: the OpenAI-compatible HTTP server (one engine, one attention method per server).
 
-Flags: every EngineConfig field (--model, --method, --max-context-tokens, ...) and every ServerConfig
-field (--host, --port, --api-key, --max-waiting-requests, ...), plus --preset for methods with presets
-(requests that name another method or preset get a 400). --api-key-file reads the key from a file,
-which keeps it out of the process list.
+Requests that name another method or preset than the server's get a 400. `--help-all` lists every setting
+(queue and body limits, CORS origins, the prefix cache on disk, ...).
 """
 
 from __future__ import annotations
@@ -11,47 +9,49 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from infinitehip.cli.method_options import add_method_flags, method_config_from_args
+from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.server import ServerConfig
+from infinitehip.engine.settings import Settings
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server", description=__doc__.splitlines()[0])
-    p.add_argument("--api-key-file", type=Path, help="read the API key from this file (instead of --api-key)")
-    add_dataclass_flags(p, EngineConfig)
-    add_dataclass_flags(p, ServerConfig)
-    add_dataclass_flags(p, OffloadConfig)
+    p = add_command(subparsers, "serve", help="run the OpenAI-compatible HTTP server", description=__doc__)
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
     add_method_flags(p)
+    server = add_dataclass_flags(p, ServerConfig, title="server (ServerConfig)")
+    server.add_argument("--api-key-file", type=Path, metavar="FILE",
+                        help="read the API key from this file (instead of --api-key, which the process list shows)")
+    add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
     p.set_defaults(func=run)
 
 
-def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
+def configs_from_args(args: argparse.Namespace) -> tuple[Settings, ServerConfig]:
     """Validated configs (ValueError on bad flags) before anything heavy is loaded."""
-    engine_config = dataclass_from_args(EngineConfig, args)
+    settings = settings_from_args(args)
     extra = {}
     key_file = getattr(args, "api_key_file", None)
     if key_file is not None:
         if getattr(args, "api_key", None) is not None:
             raise ValueError("give either --api-key or --api-key-file, not both")
         extra["api_key"] = key_file.read_text().strip()
-    return engine_config, dataclass_from_args(ServerConfig, args, **extra)
+    return settings, dataclass_from_args(ServerConfig, args, **extra)
 
 
 def run(args: argparse.Namespace) -> int:
-    engine_config, server_config = configs_from_args(args)
-    method_config = method_config_from_args(engine_config, args)
+    settings, server_config = configs_from_args(args)
     import uvicorn  # heavy imports only once the flags are known to be valid
 
     from infinitehip.engine.llm_engine import LLMEngine
     from infinitehip.server.app import create_app
 
-    engine = LLMEngine(engine_config, method_config=method_config, offload_config=dataclass_from_args(OffloadConfig, args))
+    engine = LLMEngine(settings.engine, method_config=settings.method, offload_config=settings.offload)
     app = create_app(engine, server_config)
     print(
-        f"serving {app.state.model_name} (method {engine_config.method}, context {engine.max_context_tokens} tokens) "
+        f"serving {app.state.model_name} (method {settings.engine.method}, context {engine.max_context_tokens} tokens) "
         f"on http://{server_config.host}:{server_config.port}/v1"
         + (" with API key" if server_config.api_key else ""),
         flush=True,

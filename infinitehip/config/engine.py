@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -15,10 +16,14 @@ class EngineConfig:
     # embedded SmolLM2-135M-Instruct
     model: str | None = None
     model_cache_dir: str | None = None  # where GGUF conversions are cached; None: ~/.cache/infinitehip/models
-    method: str = "dense"  # attention method (see infinitehip.attention.registry)
-    device: str = "auto"  # "auto": cuda when available, else cpu
-    dtype: str = "auto"  # "auto": bfloat16 on cuda, float32 on cpu
-    max_context_tokens: int | None = None  # prompt + completion limit; None: the method's default for the model
+    # Attention method: dense (exact; refuses prompts past the model's trained length), a sparse method that reads
+    # past it (infinitehip, tokenselect, infinipot, streaming) or truncate (drops the prompt's middle)
+    method: str = "dense"
+    device: str = "auto"  # where the model runs: cpu, cuda or cuda:N; "auto": cuda when available, else cpu
+    dtype: str = "auto"  # weights and activations; "auto": bfloat16 on cuda, float32 on cpu
+    # Longest prompt + completion in tokens (128K, 1M); None: the method's default for the model (its trained
+    # length for dense)
+    max_context_tokens: int | None = None
     kv_cache_tokens: int | None = None  # KV pages to allocate, in tokens; None: max_context_tokens
     page_size: int = 64  # tokens per KV page
     prefill_chunk_size: int = 4096  # tokens per prefill step (shared with the decode tokens of that step)
@@ -40,6 +45,11 @@ class EngineConfig:
     # sharing a prompt prefix prefills only the rest. On where the method supports it (dense, truncate, infinitehip,
     # tokenselect; not infinipot or streaming, whose cache is compacted, nor models with sliding-window layers).
     enable_prefix_caching: bool = True
+
+    # For the CLI (cli/options.py): the fields `--help` lists (--help-all lists all), and allowed values
+    # (--method's come from the method registry, which this module cannot import).
+    HELP_FIELDS: ClassVar[tuple[str, ...]] = ("model", "method", "device", "max_context_tokens")
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"dtype": ("auto", *DTYPES)}
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):

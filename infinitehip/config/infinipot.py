@@ -13,6 +13,7 @@ distillation runs once per ~3K input tokens (their cost stays a few percent of p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 # CaP-G, the paper's general (query-agnostic) catalyst (Table 2); the blank line separates it from the context.
 GENERAL_CATALYST = "\n\nSummarize the critical points highlighted in this section."
@@ -40,6 +41,9 @@ class InfiniPotConfig:
     # paper): a kept token keeps its neighbours, so a fact split into several tokens (a word and its digits)
     # survives whole. 1 = off (the paper's per-token top-k, its presets). Odd.
     pool_tokens: int = 15
+
+    # Knobs of the studies in docs/ (NuC share, sinks, pooling): --help-all lists them apart.
+    STUDY_FIELDS: ClassVar[tuple[str, ...]] = ("novelty_fraction", "sink_tokens", "pool_tokens")
 
     def __post_init__(self) -> None:
         if self.pot_tokens < 2:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 # RoPE styles used while scoring chunks in the pruning stages (paper Table 8 rows, plus `none`).
 PRUNING_ROPE_STYLES = ("chunk_indexed", "relative", "dynamic", "infllm", "none")
@@ -30,7 +31,7 @@ class InfiniteHiPConfig:
     # last-stage refresh, so an answer keeps them between refreshes; an answer of <= 16 tokens sees the same masks
     # as with 32/16/8, and the longer intervals are what meets the decode speed targets.
     # The paper's settings are the presets `paper-3k` (= `3k`) and `paper-5k` (= `5k`).
-    chunk_sizes: tuple[int, ...] = (256, 32, 16)
+    chunk_sizes: tuple[int, ...] = (256, 32, 16)  # chunk tokens per stage (powers of two, each dividing the last)
     keep_tokens: tuple[int, ...] = (32768, 8192, 2048)  # tokens each pruning stage keeps
     refresh_intervals: tuple[int, ...] = (96, 24, 8)  # decode steps between refreshes of each stage's mask
     early_layers: int = 3  # layers [0, early_layers) use the early RoPE style and early keep
@@ -59,6 +60,16 @@ class InfiniteHiPConfig:
     question_tokens: int = 32
     question_keep_tokens: int = 2048  # tokens (in final-stage chunks) the question's vote adds to the answer's keys
     question_window: int = 9  # odd width over which the question's votes are averaged and spread
+
+    # Knobs of the studies in docs/ (RoPE styles, representatives, head aggregation, kernels): --help-all lists
+    # them apart, as settings a user of the method does not need. Allowed values of the choice-like fields.
+    STUDY_FIELDS: ClassVar[tuple[str, ...]] = (
+        "early_layers", "early_last_keep_tokens", "early_pruning_rope", "late_pruning_rope", "attention_rope", "impl",
+        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window")
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "early_pruning_rope": PRUNING_ROPE_STYLES, "late_pruning_rope": PRUNING_ROPE_STYLES,
+        "attention_rope": ATTENTION_ROPE_STYLES, "impl": IMPLEMENTATIONS, "representative": REPRESENTATIVES,
+        "head_aggregation": HEAD_AGGREGATIONS}
 
     def __post_init__(self) -> None:
         for name in ("query_block_sizes", "chunk_sizes", "keep_tokens", "refresh_intervals"):

@@ -10,6 +10,7 @@ field names (--offload-enabled, --mask-bank-tokens, ...), prefixed where a bare 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -25,7 +26,9 @@ OFFLOAD_IMPLS = ("auto", "triton", "reference")
 
 @dataclass(frozen=True)
 class OffloadConfig:
-    offload_enabled: bool = False  # keep every token's K/V in host memory, GPU banks for the hot rows
+    # Keep every token's K/V in host memory and only the rows in use in GPU memory: contexts past the GPU's memory
+    # (infinitehip)
+    offload_enabled: bool = False
     mask_bank_tokens: int = 65536  # GPU mask bank (keys only), tokens per layer
     attention_bank_tokens: int = 65536  # GPU attention bank (keys and values), tokens per layer
     kv_dtype: str = "auto"  # dtype of the host store ("auto": the model's); the banks hold the model's dtype
@@ -37,6 +40,11 @@ class OffloadConfig:
     # the longest prompt's K/V of one layer in the model's dtype on the GPU.
     stage_prefill: bool = True
     offload_impl: str = "auto"  # host->bank row copy: "auto" (triton on CUDA, reference elsewhere), "triton", "reference"
+
+    # For the CLI (cli/options.py): the fields `--help` lists, the kernel choice kept for studies, allowed values.
+    HELP_FIELDS: ClassVar[tuple[str, ...]] = ("offload_enabled",)
+    STUDY_FIELDS: ClassVar[tuple[str, ...]] = ("offload_impl",)
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"kv_dtype": ("auto", *KV_DTYPES), "offload_impl": OFFLOAD_IMPLS}
 
     def __post_init__(self) -> None:
         for name in ("offload_enabled", "spill_store_to_gpu", "stage_prefill"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 MAX_LOGPROBS = 20  # alternatives per position (OpenAI's top_logprobs limit)
@@ -10,11 +11,11 @@ MAX_LOGPROBS = 20  # alternatives per position (OpenAI's top_logprobs limit)
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int | None = None  # None: up to the engine's context limit
-    temperature: float = 1.0  # 0: greedy
+    max_tokens: int | None = None  # most tokens to generate; None: up to the engine's context limit
+    temperature: float = 1.0  # sampling temperature: lower is more deterministic; 0: greedy (the most likely token)
     top_p: float = 1.0  # nucleus sampling: the smallest set of tokens holding this much probability
-    top_k: int | None = None  # None: no top-k filter
-    seed: int | None = None  # per-request generator; None: the engine's shared generator
+    top_k: int | None = None  # sample among the k most likely tokens; None: no top-k filter
+    seed: int | None = None  # seed of this request's sampling (reproducible output); None: the engine's generator
     stop: tuple[str, ...] = ()  # strings that end generation (cut from the output)
     stop_token_ids: tuple[int, ...] = ()  # generation ends at any of these tokens (kept in the output, as vLLM)
     ignore_eos: bool = False  # keep generating past the end-of-sequence token
@@ -29,6 +30,8 @@ class SamplingParams:
     # Structured output (engine/structured.py): the output must match this JSON schema (JSON text;
     # '{"type": "object"}' is any JSON object). None: free text.
     json_schema: str | None = None
+
+    HELP_FIELDS: ClassVar[tuple[str, ...]] = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")  # in --help
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

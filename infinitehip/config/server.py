@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "127.0.0.1"  # loopback by default: exposing the server is an explicit choice
-    port: int = 8000  # 0: any free port
+    host: str = "127.0.0.1"  # address to listen on; loopback by default: exposing the server is an explicit choice
+    port: int = 8000  # port to listen on; 0: any free port
     api_key: str | None = None  # when set, /v1/* requires `Authorization: Bearer <api_key>`
     max_waiting_requests: int = 64  # sequences queued but not yet running; beyond it: 503 + Retry-After
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies: 413
@@ -22,6 +26,10 @@ class ServerConfig:
     # Directory of the prefix cache on disk: loaded at start when it holds one (refused if made for another model,
     # method or KV layout), saved at shutdown, so a restarted server answers on a known document without its prefill.
     prefix_cache_dir: str | None = None
+
+    # For the CLI (cli/options.py): the fields `--help` lists (--help-all lists all), allowed values.
+    HELP_FIELDS: ClassVar[tuple[str, ...]] = ("host", "port", "api_key", "served_model_name")
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"log_level": LOG_LEVELS}
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -41,5 +49,5 @@ class ServerConfig:
         object.__setattr__(self, "allowed_origins", tuple(self.allowed_origins))
         if any(not isinstance(o, str) or not o.strip() for o in self.allowed_origins):
             raise ValueError("allowed_origins must be non-empty strings (an origin such as https://host:port, or *)")
-        if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
-            raise ValueError(f"log_level must be one of critical/error/warning/info/debug/trace, got {self.log_level!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {'/'.join(LOG_LEVELS)}, got {self.log_level!r}")

@@ -8,6 +8,7 @@ methods and InfiniteHiP's `keep_tokens` is a per-stage tuple.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 IMPLEMENTATIONS = ("auto", "reference", "triton")
 VOTE_LOGITS = ("scaled", "raw")
@@ -45,6 +46,12 @@ class TokenSelectConfig:
     selection_cache: bool = True  # decode: reuse the last selection while queries stay similar (App. C, Alg. 1)
     selection_cache_threshold: float = 0.9  # theta: reuse when cos(query, query of the last selection) >= theta
     impl: str = "auto"  # "auto": triton on CUDA; on CPU eager scoring + batched-SDPA sparse attention
+
+    # Knobs of the studies in docs/ (vote shape, selection cache, kernels): --help-all lists them apart.
+    STUDY_FIELDS: ClassVar[tuple[str, ...]] = (
+        "query_block_size", "vote_pool_size", "vote_logits", "question_window", "selection_cache",
+        "selection_cache_threshold", "impl")
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"vote_logits": VOTE_LOGITS, "impl": IMPLEMENTATIONS}
 
     def __post_init__(self) -> None:
         if self.select_tokens < 1:

@@ -1,9 +1,12 @@
-"""Offline Python API: `LLM(model=None, method="dense").generate(prompts, SamplingParams)` and `.chat(...)`."""
+"""Offline Python API: `LLM(model=None, method="dense").generate(prompts, SamplingParams)` and `.chat(...)`.
+
+Settings by name: `LLM(method="infinitehip", preset="3k-fast", max_context_tokens=1 << 20, offload_enabled=True)`
+(engine/settings.py routes each to its config)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from tqdm import tqdm
 
@@ -12,6 +15,7 @@ from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.llm_engine import LLMEngine
+from infinitehip.engine.settings import resolve_settings
 
 
 @dataclass
@@ -46,17 +50,23 @@ class RequestOutput:
 class LLM:
     def __init__(
         self, model: str | None = None, method: str | None = None, config: EngineConfig | None = None,
-        method_config: object | None = None, offload_config: OffloadConfig | None = None, **overrides,
+        method_config: Any = None, offload_config: OffloadConfig | None = None, preset: str | None = None,
+        **fields: Any,
     ):
-        """`config` gives every engine field (default method: dense); `model`, `method` and keyword overrides
-        replace its fields.
-        `method_config` is the method's own settings (e.g. an InfiniteHiPConfig; default: its default preset).
-        `offload_config` turns on KV offloading (host store + GPU banks) when its offload_enabled is set."""
-        base = config or EngineConfig()
-        self.config = dataclasses.replace(
-            base, model=model if model is not None else base.model, method=method or base.method, **overrides
-        )
-        self.engine = LLMEngine(self.config, method_config=method_config, offload_config=offload_config)
+        """`model` and `method` (default: the embedded model, dense); `preset`: one of the method's presets;
+        `fields`: any field of EngineConfig, of the method's config or of OffloadConfig, by name (an unknown name,
+        or a field of another method, is an error).
+        Config objects, for settings kept together: `config` (EngineConfig), `method_config` (e.g. an
+        InfiniteHiPConfig, or a dict of its fields over the preset; default: the method's default preset) and
+        `offload_config` (KV offloading: host store + GPU banks, on when its offload_enabled is set); `fields`
+        replace their fields."""
+        if model is not None:
+            fields["model"] = model
+        if method is not None:
+            fields["method"] = method
+        settings = resolve_settings(config, method_config, offload_config, preset, **fields)
+        self.config = settings.engine
+        self.engine = LLMEngine(self.config, method_config=settings.method, offload_config=settings.offload)
         self.tokenizer = self.engine.tokenizer
 
     @classmethod

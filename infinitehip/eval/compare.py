@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from rich.console import Console
@@ -38,6 +38,8 @@ class CompareConfig:
     # see it fail); None: default limits only. Prompts beyond the limit are recorded as exceeding it.
     max_context: int | None = None
     output_dir: str = "compare"  # compare.md, compare.json and compare.png go here
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"tasks": tuple(TASKS)}  # the CLI's allowed values
 
     def __post_init__(self) -> None:
         for name in ("methods", "tasks"):

@@ -102,15 +102,28 @@ def _tensor_reader(files: list[Path]):
     return read
 
 
-def load_model(model: str | None, cache_root: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def load_tokenizer(model_dir: Path):
+    """The model's tokenizer, without the space clean-up that corrupts byte-level BPE text.
+
+    `clean_up_tokenization_spaces` removes the space before punctuation ("a ." -> "a."), a rule made for WordPiece
+    vocabularies; a BPE vocabulary spells its spaces itself, so the rule changes the model's text. Some configs
+    ask for it (Llama 3's; transformers 5.17 writes it into GGUF conversions): transformers 5 then skips it and
+    warns on every run, transformers 4 applies it. Off for BPE, as transformers 5 decodes anyway."""
     from transformers import AutoTokenizer
 
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    backend = getattr(tokenizer, "backend_tokenizer", None)  # fast tokenizers; every family here has one
+    if backend is not None and type(backend.model).__name__ == "BPE":
+        tokenizer.clean_up_tokenization_spaces = False
+    return tokenizer
+
+
+def load_model(model: str | None, cache_root: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     model_dir, source = resolve_model_dir(model, cache_root)
     config = ModelConfig.from_dir(model_dir)
     decoder = empty_model(config, device, dtype)
     load_weights_from_dir(decoder, model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    return LoadedModel(config, decoder, tokenizer, source, model_dir)
+    return LoadedModel(config, decoder, load_tokenizer(model_dir), source, model_dir)
 
 
 def random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0,

@@ -43,15 +43,13 @@ def rank_weights(config: EngineConfig, loaded: LoadedModel | RankWeights | None)
         return loaded
     if isinstance(loaded, LoadedModel):
         return RankWeights.from_loaded(loaded)
-    from transformers import AutoTokenizer
-
     from infinitehip.config.model import ModelConfig
     from infinitehip.model.gguf_convert import default_cache_root
-    from infinitehip.model.loading import resolve_model_dir
+    from infinitehip.model.loading import load_tokenizer, resolve_model_dir
 
     cache_root = Path(config.model_cache_dir) if config.model_cache_dir else default_cache_root()
     model_dir, source = resolve_model_dir(config.model, cache_root)  # a GGUF is converted here, once
-    return RankWeights(ModelConfig.from_dir(model_dir), AutoTokenizer.from_pretrained(str(model_dir)), source,
+    return RankWeights(ModelConfig.from_dir(model_dir), load_tokenizer(model_dir), source,
                        model_dir, checkpoint_dir=model_dir)
 
 

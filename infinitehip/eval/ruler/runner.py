@@ -17,7 +17,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.console import Console
 from rich.table import Table
@@ -43,6 +43,8 @@ class RulerConfig:
     trace: bool = False  # record how much of the needle each selection keeps
     output: str = "ruler/ruler.json"  # results; heatmaps are written beside it
     plots: bool = True  # one accuracy heatmap (length x depth) per task
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"tasks": tuple(TASKS), "haystacks": tuple(HAYSTACKS)}  # the CLI's
 
     def __post_init__(self) -> None:
         for name in ("tasks", "haystacks"):
