@@ -61,9 +61,12 @@ def run(loaded: LoadedModel, method, context: int, offloaded: bool, args) -> dic
     offload = banks_for(method, total, loaded.config.num_heads, args) if offloaded else None
 
     def engine(caching: bool) -> LLMEngine:
-        # Room for the cached document, one running request and a page of slack.
+        # Room for the cached document, one running request, the hit's private copies of the landmark-saliency tail
+        # (their sources stay referenced while copied) and a page of slack; with less, the second request is
+        # computed from scratch (scheduler.py) and the table would show no reuse.
+        slack = method.landmark_window + 2 * args.page_size
         return LLMEngine(EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype, max_context_tokens=total,
-                                      kv_cache_tokens=total + args.question + args.steps + 2 * args.page_size,
+                                      kv_cache_tokens=total + args.question + args.steps + slack,
                                       page_size=args.page_size, prefill_chunk_size=args.chunk, max_num_seqs=1,
                                       show_progress=True, enable_prefix_caching=caching), loaded, method, offload)
 

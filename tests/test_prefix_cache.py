@@ -138,6 +138,20 @@ def test_eviction_under_a_small_cache_keeps_outputs_exact(embedded):
     assert on.scheduler.allocator.num_free == on.scheduler.allocator.num_pages
 
 
+def test_a_hit_that_does_not_fit_with_its_copies_is_computed_from_scratch(embedded):
+    """infinitehip copies the landmark-saliency tail pages of a hit (their sources stay referenced meanwhile): in a
+    cache that holds the prompt but not the hit plus its copies, the second request is admitted without the hit
+    (it used to wait forever) and gives the tokens of a run with caching off."""
+    doc = _ids(256, 11)
+    prompts = [doc + _ids(20, 12), doc + _ids(20, 13)]
+    tokens = 256 + 20 + GREEDY.max_tokens
+    plain = _run(_engine(embedded, "infinitehip", enable_prefix_caching=False), [prompts[1]])[0].output_ids
+    engine = _engine(embedded, "infinitehip", kv_cache_tokens=-(-tokens // 16) * 16 + 16)
+    first, = _run(engine, [prompts[0]])
+    second, = _run(engine, [prompts[1]])
+    assert second.output_ids == plain and second.cached_prompt_tokens == 0
+
+
 def test_preemption_while_pages_are_shared(embedded):
     """Three sequences share a cached 32-token prefix in a 10-page cache and cannot all grow to 80 tokens: the newest
     is preempted (its references dropped, the shared pages stay with the others) and recomputed from the cache."""

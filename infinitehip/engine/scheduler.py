@@ -86,9 +86,13 @@ class Scheduler:
                 missing = self.allocator.pages_for(tokens) - len(hit.shared)
             else:
                 missing = self.allocator.pages_for(tokens)
+            if not self.allocator.can_allocate(missing) and hit is not None:
+                # The hit holds its pages and the copies' sources while new pages are allocated: in a cache that
+                # cannot hold both, compute the prompt from scratch (the cached pages are evictable again) rather
+                # than wait for room that finishing requests will never free.
+                self.allocator.release(hit.shared + [src for src, _ in hit.copies])
+                hit, missing = None, self.allocator.pages_for(tokens)
             if not self.allocator.can_allocate(missing):
-                if hit is not None:
-                    self.allocator.release(hit.shared + [src for src, _ in hit.copies])
                 break  # FIFO: later requests wait behind it rather than starving it
             self.waiting.popleft()
             if self.prefix is not None and seq.num_computed == 0:
