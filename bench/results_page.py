@@ -53,16 +53,22 @@ TABLES = [
             Row("infinitehip (default)", [D25 + "gpu_default/gemma_infinitehip_question.json",
                                           D25 + "gpu_default/g_long_q.json", D26 + "gpu_a/gemma_1m_infinitehip.json",
                                           D26 + "gpu_b/gemma_1m_infinitehip_s0.json",
-                                          D26 + "gpu_b/gemma_short_infinitehip.json"],
+                                          D26 + "gpu_b/gemma_short_infinitehip.json",
+                                          D26 + "gpu_c/gemma_128k_infinitehip.json",
+                                          D26 + "gpu_c/gemma_512k_infinitehip.json",
+                                          D26 + "gpu_c/gemma_1m_infinitehip_s1.json"],
                 f"{GEMMA} --method infinitehip --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
-                "32K-512K ran with refresh intervals 32/16/8 (the default before 2026-11-26, same masks for answers "
-                "of <= 16 tokens); 512K from the run's log; 4K/7K read the bf16 weight cache (2026-11-26)"),
+                "pools every run: 32K-512K first ran with refresh intervals 32/16/8 (the default before 2026-11-26, "
+                "same masks for answers of <= 16 tokens); 128K (30 of 60), 512K (30 of 35) and 1M seed 1 re-ran "
+                "on 2026-11-26 with the current code (window-sum landmark saliency); 5 of 512K from a log"),
             Row("tokenselect (default)", [D25 + "gemma_tokenselect.json", D25 + "gpu_default/g_ts.json",
                                           D25 + "gpu_default/g_long_ts.json", D26 + "gpu_a/gemma_1m_tokenselect.json",
                                           D26 + "gpu_b/gemma_1m_tokenselect_s0.json",
-                                          D26 + "gpu_b/gemma_short_tokenselect.json"],
+                                          D26 + "gpu_b/gemma_short_tokenselect.json",
+                                          D26 + "gpu_c/gemma_512k_tokenselect.json",
+                                          D26 + "gpu_c/gemma_1m_tokenselect_s1.json"],
                 f"{GEMMA} --method tokenselect --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
-                "half of 32K/128K and 512K from the runs' logs"),
+                "half of 32K/128K and 5 of 512K from the runs' logs; 512K (30 of 35) and 1M seed 1 on 2026-11-26"),
             Row("infinipot (default)", [D26 + "gpu_b/gemma_infinipot_heldout.json", D26 + "gpu_b/gemma_infinipot_1m.json"],
                 f"{GEMMA} --method infinipot --tasks niah_single_word --seeds 2 --lengths 32000 131072 1048576",
                 "held-out seed 2 only (seeds 0-1 chose the setting)"),
@@ -185,7 +191,8 @@ def ttft_markdown() -> str:
     lines = ["## Time to first token (8B-shaped model, random bf16 weights)", "",
              f"Device: {meta['device']}, torch {meta['torch']}, triton {meta['triton']}. Date: 2026-11-26, one machine, "
              "the three commands one after the other. Warm: the engine's second request (kernels compiled, as a "
-             "server runs); cold: its first request, of the length shown. Dense: the engine with method dense "
+             "server runs); cold: its first request, of the length shown (only a process's first engine compiles the "
+             "Triton kernels: the 128K resident row's 24.4 s is the cold start of a server). Dense: the engine with method dense "
              "(SDPA flash per 32K prefill chunk) where its KV fits the GPU, and layer-wise beyond (the model "
              "without attention over the prompt + 32 x one layer's one-shot causal SDPA-flash at that length). "
              "Offloaded: FP8 host store, each layer's context staged on the GPU per prefill chunk.", "",
@@ -213,6 +220,9 @@ def ttft_markdown() -> str:
         for c, mode, ph in phases:
             lines.append(f"- {length_label(c)} {mode}: " + ", ".join(f"{k} {v:.1f} s" for k, v in
                                                                      sorted(ph.items(), key=lambda kv: -kv[1])))
+    hip = base / "hip_attn.json"
+    if hip.exists():
+        lines += ["", hip_attn_markdown(json.loads(hip.read_text()))]
     prefix = base / "prefix_ttft.json"
     if prefix.exists():
         p = json.loads(prefix.read_text())
@@ -227,6 +237,26 @@ def ttft_markdown() -> str:
                          f"{r['ttft_first_s']:.1f} | {r['ttft_second_s']:.2f} | {100 * r['ratio']:.2f}% | "
                          f"{r['cached_tokens']:,} | `python bench/prefix_ttft_gpu.py {' '.join(argv)}` |")
     return "\n".join(lines) + "\n"
+
+
+def hip_attn_markdown(data: dict) -> str:
+    """One layer side by side with the authors' hip-attn (bench/hip_attn_compare.py)."""
+    out = ["One Llama-3-8B layer (32 query / 8 KV heads, d 128, bf16): the last 32K-query prefill chunk over the "
+           "context, ours (`default`) vs the authors' hip-attn 1.2.9 with its closest configuration (arguments in "
+           "the JSON) vs dense SDPA-flash, same run (`python bench/hip_attn_compare.py --contexts 131072 262144 "
+           "524288 1048576`). hip-attn's decode did not compile with triton 3.6 (errors in the JSON), so decode "
+           "has no side-by-side row.", "",
+           "| context | dense ms | ours ms | hip-attn ms (query stride 4,4,1 / 1,1,1) | ours / hip-attn |",
+           "| ---: | ---: | ---: | ---: | ---: |"]
+    for r in data["results"]:
+        ours = r["ours"]["default"]["prefill"]["prefill_ms"]
+        hip = {k: v["prefill_ms"] for k, v in r["hip"]["default"]["prefill"].items() if "prefill_ms" in v}
+        if not hip:
+            continue
+        out.append(f"| {length_label(r['T'])} | {r['dense']['prefill_ms']:.1f} | {ours:.1f} | "
+                   f"{' / '.join(f'{hip[k]:.1f}' for k in ('4,4,1', '1,1,1') if k in hip)} | "
+                   f"{ours / min(hip.values()):.2f}x |")
+    return "\n".join(out) + "\n"
 
 
 def tensor_parallel_markdown() -> str:
