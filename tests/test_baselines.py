@@ -86,6 +86,15 @@ def test_streaming_within_window_equals_dense(tiny_llama_dir):
     torch.testing.assert_close(ours, dense, rtol=1e-5, atol=1e-5)
 
 
+def test_streaming_prompt_shorter_than_the_sinks_equals_dense(tiny_llama_dir):
+    """A prompt whose every token is a sink (a two-word `generate`): no window keys yet (it used to fail building an
+    empty window range)."""
+    ids = _ids(SMALL_STREAM.sink_tokens - 2, seed=3)
+    dense = _engine(tiny_llama_dir, "dense").prompt_logits(ids)
+    ours = _engine(tiny_llama_dir, "streaming", SMALL_STREAM).prompt_logits(ids)
+    torch.testing.assert_close(ours, dense, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("chunk,rows_per_pass", [(17, 1024), (64, 16)])
 def test_streaming_prefill_matches_rolling_oracle(tiny_llama_dir, chunk, rows_per_pass, monkeypatch):
     """Every query sees exactly sink + its own last window keys at rolling positions, across chunk

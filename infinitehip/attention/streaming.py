@@ -59,7 +59,7 @@ def sink_window_attention(
         query_slots = torch.arange(start + a, start + b, device=device)
         first = max(sink, start + a - window + 1)  # oldest window slot any query of this pass sees
         sink_tok = torch.arange(min(sink, start + b), device=device)
-        win_tok = torch.arange(first, start + b, device=device)
+        win_tok = torch.arange(min(first, start + b), start + b, device=device)  # empty while every key is a sink
         key_tok = torch.cat([sink_tok, win_tok])
         slots = token_slots(page_table, key_tok, page_size)
         k, v = k_flat.index_select(0, slots), v_flat.index_select(0, slots)  # [K, Hkv, d]
