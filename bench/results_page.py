@@ -189,7 +189,8 @@ def ttft_markdown() -> str:
                     if r["method"] == "dense" and "error" not in r}
     layerwise = {d["context"]: d for run in runs for d in run.get("dense_layerwise") or []}
     lines = ["## Time to first token (8B-shaped model, random bf16 weights)", "",
-             f"Device: {meta['device']}, torch {meta['torch']}, triton {meta['triton']}. Date: 2026-11-26, one machine, "
+             f"Device: {meta['device']}, torch {meta['torch']}, triton {meta['triton']}. Date: 2026-11-26, code of commit "
+             "a3461d7 (hip-attn: 3ef8f97; the JSON's git_commit names the device's stale checkout), one machine, "
              "the three commands one after the other. Warm: the engine's second request (kernels compiled, as a "
              "server runs); cold: its first request, of the length shown (only a process's first engine compiles the "
              "Triton kernels: the 128K resident row's 24.4 s is the cold start of a server). Dense: the engine with method dense "
