@@ -12,15 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-
-from infinitehip import SamplingParams  # noqa: E402
-from infinitehip.attention.infinitehip.method import InfiniteHiPAttention, assemble_keys  # noqa: E402
-from infinitehip.attention.infinitehip.positions import attention_positions  # noqa: E402
-from infinitehip.attention.infinitehip.pruning import query_blocks  # noqa: E402
-from infinitehip.attention.sparse import sparse_attention_decode  # noqa: E402
-from infinitehip.config.infinitehip import InfiniteHiPConfig  # noqa: E402
-from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits  # noqa: E402
-from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: E402,F401
+from infinitehip import SamplingParams
+from infinitehip.attention.infinitehip.method import InfiniteHiPAttention, assemble_keys
+from infinitehip.attention.infinitehip.positions import attention_positions
+from infinitehip.attention.infinitehip.pruning import query_blocks
+from infinitehip.attention.sparse import sparse_attention_decode
+from infinitehip.config.infinitehip import InfiniteHiPConfig
+from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits
+from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
 
 
 class OracleDecode(InfiniteHiPAttention):

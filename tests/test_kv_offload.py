@@ -1,28 +1,20 @@
 """KV offloading: host store + GPU banks, the sync-free LRU resolve, its eager and Triton row copies.
 
-Without a CUDA device the Triton row copy runs under the interpreter (set before triton is imported, and
-the kernel module re-imported if something imported it earlier), so stores and traces are kept small.
+Without a CUDA device the Triton kernels run under the interpreter (tests/conftest.py), so stores and traces are
+kept small.
 """
 
-import sys
+import random
+from collections import OrderedDict
 
+import pytest
 import torch
-
-
-import importlib  # noqa: E402
-import random  # noqa: E402
-from collections import OrderedDict  # noqa: E402
-
-import pytest  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
 from infinitehip.config.offload import OffloadConfig  # noqa: E402
 from infinitehip.kv.offload import KVStore, OffloadedKV  # noqa: E402
 from infinitehip.kv.offload.copy_rows import copy_rows  # noqa: E402
-
-if "infinitehip.kv.offload.triton" in sys.modules:  # decorated before TRITON_INTERPRET was set
-    importlib.reload(sys.modules["infinitehip.kv.offload.triton"])
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 IMPLS = ("reference", "triton")

@@ -4,14 +4,8 @@ Small banks force evictions over many steps; the Triton row copy (and decode ker
 interpreter without CUDA.
 """
 
-import sys
-
+import pytest
 import torch
-
-
-import importlib  # noqa: E402
-
-import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -22,10 +16,6 @@ from infinitehip.kv.offload.compose import decode_tables, list_slots  # noqa: E4
 from infinitehip.kv.offload.validate import OffloadMismatchError, mirror_paged_cache, validate_against_paged  # noqa: E402
 from infinitehip.kv.paged_cache import PagedKVCache  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
-
-for _name in ("infinitehip.kv.offload.triton", "infinitehip.attention.sparse.triton"):
-    if _name in sys.modules:  # decorated before TRITON_INTERPRET was set
-        importlib.reload(sys.modules[_name])
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LAYERS, PAGES, PAGE, HKV, D = 2, 12, 8, 2, 16

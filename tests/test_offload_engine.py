@@ -10,18 +10,17 @@ import dataclasses
 import pytest
 import torch
 
-
-from infinitehip import SamplingParams  # noqa: E402
-from infinitehip.attention.infinitehip.offload_access import check_offload  # noqa: E402
-from infinitehip.config.infinitehip import InfiniteHiPConfig  # noqa: E402
-from infinitehip.config.offload import OffloadConfig  # noqa: E402
-from infinitehip.kv.offload import planner  # noqa: E402
-from infinitehip.kv.offload.store import to_storage_dtype  # noqa: E402
-from infinitehip.kv.offload.paged import OffloadedAccessError, OffloadedPagedCache  # noqa: E402
-from infinitehip.kv.offload.planner import CapacityError  # noqa: E402
-from infinitehip.kv.paged_cache import PagedKVCache  # noqa: E402
-from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits  # noqa: E402
-from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: E402,F401
+from infinitehip import SamplingParams
+from infinitehip.attention.infinitehip.offload_access import check_offload
+from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.config.offload import OffloadConfig
+from infinitehip.kv.offload import planner
+from infinitehip.kv.offload.store import to_storage_dtype
+from infinitehip.kv.offload.paged import OffloadedAccessError, OffloadedPagedCache
+from infinitehip.kv.offload.planner import CapacityError
+from infinitehip.kv.paged_cache import PagedKVCache
+from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits
+from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
 
 HEADS = 4  # query heads of the tiny models (tests/conftest.py)
 CONTEXT = 800  # max_context_tokens: the banks are sized to the worst case of one resolve call at this context

@@ -1,18 +1,13 @@
 """Chunk scoring of a pruning stage (SelectRep + chunk scores): naive loop vs oracle, Triton kernel vs oracle.
 
-Without a CUDA device the kernel runs under the Triton interpreter (set before triton is imported, and the
-kernel module re-imported if something imported it earlier), so shapes are kept small.
+Without a CUDA device the kernel runs under the Triton interpreter (tests/conftest.py), so shapes are kept small.
 """
 
-import sys
+import importlib
+import math
 
+import pytest
 import torch
-
-
-import importlib  # noqa: E402
-import math  # noqa: E402
-
-import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -20,8 +15,6 @@ from infinitehip.attention.infinitehip.scoring import chunk_scores  # noqa: E402
 from infinitehip.attention.infinitehip.scoring.reference import chunk_scores_reference  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
 
-if "infinitehip.attention.infinitehip.scoring.triton" in sys.modules:  # decorated before TRITON_INTERPRET was set
-    importlib.reload(sys.modules["infinitehip.attention.infinitehip.scoring.triton"])
 tri = importlib.import_module("infinitehip.attention.infinitehip.scoring.triton")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -8,20 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-
-from infinitehip import LLM, SamplingParams  # noqa: E402
-from infinitehip.attention import question_selection as qs  # noqa: E402
-from infinitehip.attention.infinitehip import method as ih_method  # noqa: E402
-from infinitehip.attention.needle_probe import NeedleProbe  # noqa: E402
-from infinitehip.attention.tokenselect import method as ts_method  # noqa: E402
-from infinitehip.config.infinitehip import PRESETS as IH_PRESETS  # noqa: E402
-from infinitehip.config.infinitehip import InfiniteHiPConfig  # noqa: E402
-from infinitehip.config.offload import OffloadConfig  # noqa: E402
-from infinitehip.config.tokenselect import PRESETS as TS_PRESETS  # noqa: E402
-from infinitehip.config.tokenselect import TokenSelectConfig  # noqa: E402
-from infinitehip.eval.niah import make_niah_sample, needle_for_seed  # noqa: E402
-from infinitehip.eval.ruler.positions import needle_token_positions  # noqa: E402
-from tests.conftest import engine_for_dir  # noqa: E402
+from infinitehip import LLM, SamplingParams
+from infinitehip.attention import question_selection as qs
+from infinitehip.attention.infinitehip import method as ih_method
+from infinitehip.attention.needle_probe import NeedleProbe
+from infinitehip.attention.tokenselect import method as ts_method
+from infinitehip.config.infinitehip import PRESETS as IH_PRESETS
+from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.config.offload import OffloadConfig
+from infinitehip.config.tokenselect import PRESETS as TS_PRESETS
+from infinitehip.config.tokenselect import TokenSelectConfig
+from infinitehip.eval.niah import make_niah_sample, needle_for_seed
+from infinitehip.eval.ruler.positions import needle_token_positions
+from tests.conftest import engine_for_dir
 
 
 # ---- ops ----------------------------------------------------------------------------------------------------
