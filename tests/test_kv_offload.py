@@ -4,6 +4,7 @@ Without a CUDA device the Triton kernels run under the interpreter (tests/confte
 kept small.
 """
 
+import importlib
 import random
 from collections import OrderedDict
 
@@ -78,6 +79,25 @@ def raw(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8).cpu()
 
 
+@pytest.fixture
+def eager_row_copy(monkeypatch):
+    """Under the interpreter, resolve's and the store's row copies run eagerly; the LRU kernels stay Triton.
+
+    For the tests of the LRU bookkeeping (entries, tables, order, counters), which check the rows that arrive but
+    not how they were copied: an interpreted copy is one program per requested row (hits and padding included),
+    ~90% of such a test's time. The Triton copy is checked where it is the subject, without this fixture: every
+    store dtype and placement read through Triton resolve calls (test_rows_read_through_...), whole Triton
+    offloaded KVs, stores included, equal to reference ones on random traces (test_triton_and_reference_...),
+    writes over resident slots, every code of each narrower store dtype. With CUDA nothing changes."""
+    if DEVICE.type == "cuda":
+        return
+    def eager(src, src_rows, dst, dst_rows, impl):  # (the Triton resolve's row lists are int32)
+        copy_rows(src, src_rows.long(), dst, dst_rows.long(), "reference")
+
+    for name in ("resolve", "store"):  # (import_module: the package's `resolve` attribute is the function)
+        monkeypatch.setattr(importlib.import_module(f"infinitehip.kv.offload.{name}"), "copy_rows", eager)
+
+
 # ---- config ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("field,value", [
     ("mask_bank_tokens", 0), ("attention_bank_tokens", -4), ("attention_bank_tokens", 2.5),
@@ -110,6 +130,7 @@ def test_offload_config_dtype_resolution():
 
 
 # ---- LRU policy -----------------------------------------------------------------------------------------
+@pytest.mark.usefixtures("eager_row_copy")
 @pytest.mark.parametrize("impl", IMPLS)
 def test_lru_evicts_the_least_recently_used(impl):
     kv, _, _ = make_kv(impl, attention_bank=4)
@@ -122,6 +143,7 @@ def test_lru_evicts_the_least_recently_used(impl):
     assert bank.resident_slots(1).tolist() == []  # layers are independent
 
 
+@pytest.mark.usefixtures("eager_row_copy")
 @pytest.mark.parametrize("impl", IMPLS)
 def test_never_evicts_a_slot_requested_in_the_call(impl):
     kv, k, _ = make_kv(impl, attention_bank=4)
@@ -134,6 +156,7 @@ def test_never_evicts_a_slot_requested_in_the_call(impl):
     assert torch.equal(kv.attention_bank.flat_k(0)[idx.long()].cpu(), k[0][[20, 10, 21, 11]])
 
 
+@pytest.mark.usefixtures("eager_row_copy")
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("bank_tokens,per_call,hot", [(8, 6, 10), (16, 12, 24), (32, 20, 30)])
 def test_matches_an_ordered_dict_lru_on_random_traces(impl, bank_tokens, per_call, hot):
@@ -158,6 +181,7 @@ def test_matches_an_ordered_dict_lru_on_random_traces(impl, bank_tokens, per_cal
         assert 0 < stats.hit_ratio < 1
 
 
+@pytest.mark.usefixtures("eager_row_copy")
 @pytest.mark.parametrize("impl", IMPLS)
 def test_duplicates_share_one_entry_and_padding_maps_to_minus_one(impl):
     kv, k, _ = make_kv(impl, attention_bank=4)
@@ -170,6 +194,7 @@ def test_duplicates_share_one_entry_and_padding_maps_to_minus_one(impl):
     assert torch.equal(kv.attention_bank.flat_k(1)[idx[1, 0].long()].cpu(), k[1, 9])
 
 
+@pytest.mark.usefixtures("eager_row_copy")
 @pytest.mark.parametrize("impl", IMPLS)
 def test_overflowing_call_is_counted(impl):
     kv, _, _ = make_kv(impl, attention_bank=4)
@@ -298,6 +323,7 @@ def small_lru_blocks(monkeypatch):
     return 8  # the scale-down of the traces
 
 
+@pytest.mark.usefixtures("eager_row_copy")
 @pytest.mark.parametrize("scale", [pytest.param(1, marks=pytest.mark.slow), "small"])
 def test_triton_equals_reference_on_calls_of_thousands_of_requests(scale, request):
     """Calls of 4,500 requests (duplicates, padding) span 18 finish programs; with a 3,000-entry bank the calls
@@ -415,6 +441,7 @@ def assert_same_state(bank, layer, oracle, msg):
     assert (stats.hits[layer], stats.misses[layer], stats.overflows[layer]) == (oracle.hits, oracle.misses, 0), msg
 
 
+@pytest.mark.usefixtures("eager_row_copy")
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("slots,bank_tokens,per_call,hot,steps", [
     (96, 8, 6, 10, 40),     # small bank, full after a few calls
@@ -460,6 +487,7 @@ def resolve_call(kv, layer, call):
     return kv.resolve_attention(layer, as_tensor(call)).tolist()
 
 
+@pytest.mark.usefixtures("eager_row_copy")
 @pytest.mark.parametrize("impl", IMPLS)
 def test_invalidate_then_resolve_reuses_freed_entries_by_index(impl):
     kv, k, _ = make_kv(impl, attention_bank=6)
@@ -474,6 +502,7 @@ def test_invalidate_then_resolve_reuses_freed_entries_by_index(impl):
     assert idx == [0]  # then the least recently used: slot 10 in entry 0
 
 
+@pytest.mark.usefixtures("eager_row_copy")
 @pytest.mark.parametrize("impl", IMPLS)
 def test_an_overflowing_call_leaves_a_consistent_bank(impl):
     kv, k, _ = make_kv(impl, attention_bank=4)
@@ -512,3 +541,4 @@ def test_row_copy_converts_every_code_of_a_narrower_store_exactly(impl, store_dt
     want[dst_rows[live]] = src[src_rows[live]].to(bank_dtype)
     nan = got.isnan() & want.isnan()
     assert torch.equal(raw(torch.where(nan, 0, got)), raw(torch.where(nan, 0, want)))
+
