@@ -93,7 +93,9 @@ def test_representative_scores_triton_matches_reference(case):
     M = case[0]
     if M > 2:
         assert (tri[2][args[6][2] > 0] == FP32_MIN).all()  # no valid query: finfo.min, like the reference
-    assert torch.equal(tri, representative_scores(*args, impl="triton"))  # deterministic (atomic max is order-free)
+    if DEVICE.type == "cuda":  # (the interpreter runs the programs one after another in grid order: a rerun there
+        # repeats the same atomics in the same order into fresh outputs: nothing to find)
+        assert torch.equal(tri, representative_scores(*args, impl="triton"))  # deterministic (atomic max is order-free)
 
 
 def test_representative_scores_strided_reps_and_edges():

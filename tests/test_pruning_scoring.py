@@ -207,8 +207,10 @@ def test_triton_matches_reference(case):
     tri_s, tri_r = _check_against_reference(args, dtype)
     if M > 2:
         assert (tri_s[2][args[6][2] > 0] == FP32_MIN).all()  # no valid query: finfo.min, like the reference
-    s2, r2 = chunk_scores(*args, impl="triton")
-    assert torch.equal(s2, tri_s) and torch.equal(r2, tri_r)  # deterministic (atomic max is order-free)
+    if DEVICE.type == "cuda":  # (the interpreter runs the programs one after another in grid order: a rerun there
+        # repeats the same atomics in the same order into fresh outputs: half the test's time, nothing to find)
+        s2, r2 = chunk_scores(*args, impl="triton")
+        assert torch.equal(s2, tri_s) and torch.equal(r2, tri_r)  # deterministic (atomic max is order-free)
 
 
 def test_keys_outside_candidate_chunks_are_never_read():
