@@ -62,6 +62,54 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         _skip_repeated_interpreter_patching()
     except (ImportError, AttributeError):  # no triton, or an interpreter of another shape: left as it is
         pass
+
+
+def _share_gguf_readers(min_bytes: int = 16 << 20) -> None:
+    """One `gguf.GGUFReader` per real model file and pytest process, shared by every later open of the same file.
+
+    Parsing a GGUF's metadata builds Python objects for each entry of its token arrays: ~4 s of CPU for the
+    embedded model (49K tokens and merges), ~17 s for Gemma 3 270M (262K), and the embedded model was opened by the
+    tokenizer fixture, read_gguf / convert_gguf, transformers' GGUF loader and GGUF tokenizer, five times in
+    test_gguf_convert.py alone. A reader is a read-only memory map plus the parsed fields; every consumer only
+    reads it. Files are keyed by (real path, size, mtime), so a rewritten file is parsed again; small files (the
+    tests' tiny GGUFs, written per test) are never shared."""
+    import gguf
+
+    base = gguf.GGUFReader
+    if getattr(base, "_infinitehip_shared", False):
+        return
+    shared: dict[tuple, object] = {}
+
+    def key(path, mode):
+        try:
+            st = os.stat(path)
+        except (OSError, TypeError, ValueError):
+            return None
+        return (os.path.realpath(path), st.st_size, st.st_mtime_ns) if mode == "r" and st.st_size >= min_bytes else None
+
+    class SharedGGUFReader(base):
+        _infinitehip_shared = True
+
+        def __new__(cls, path, mode="r"):
+            k = key(path, mode)
+            return shared[k] if k in shared else super().__new__(cls)
+
+        def __init__(self, path, mode="r"):
+            if getattr(self, "_shared_ready", False):  # (a shared reader: parsed once)
+                return
+            super().__init__(path, mode)
+            self._shared_ready = True
+            k = key(path, mode)
+            if k is not None:
+                shared[k] = self
+
+    gguf.GGUFReader = SharedGGUFReader
+
+
+try:
+    _share_gguf_readers()
+except ImportError:  # no gguf: nothing to share
+    pass
 # `make test` runs one xdist worker per core: one intra-op thread each, or the workers' torch pools oversubscribe
 # the cores (measured on the 2-core machine: no faster than one process).
 if os.environ.get("PYTEST_XDIST_WORKER"):
