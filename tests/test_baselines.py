@@ -6,16 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-
-from infinitehip import SamplingParams  # noqa: E402
-from infinitehip.attention.registry import METHODS  # noqa: E402
-from infinitehip.attention.truncate import head_and_tail  # noqa: E402
-from infinitehip.config.streaming import StreamingConfig  # noqa: E402
-from infinitehip.config.truncate import TruncateConfig  # noqa: E402
-from infinitehip.engine.llm import LLM  # noqa: E402
-from infinitehip.engine.llm_engine import ContextLengthError  # noqa: E402
-from infinitehip.model.rope import RotaryEmbedding, apply_rotary  # noqa: E402
-from tests.conftest import engine_for_dir  # noqa: E402
+from infinitehip import SamplingParams
+from infinitehip.attention.registry import METHODS
+from infinitehip.attention.truncate import head_and_tail
+from infinitehip.config.streaming import StreamingConfig
+from infinitehip.config.truncate import TruncateConfig
+from infinitehip.engine.llm import LLM
+from infinitehip.engine.llm_engine import ContextLengthError
+from infinitehip.model.rope import RotaryEmbedding, apply_rotary
+from tests.conftest import engine_for_dir
 
 SMALL_STREAM = StreamingConfig(sink_tokens=4, window_tokens=60, eviction_batch_tokens=40)
 

@@ -14,7 +14,7 @@ from infinitehip.attention.infinitehip.scoring.representative_cpu import represe
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding
-from tests.rope_helpers import rope_tables  # noqa: E402
+from tests.rope_helpers import rope_tables
 from tests.test_landmark_kernels import make_scores_case
 
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-
-from infinitehip import SamplingParams  # noqa: E402
-from infinitehip.attention.registry import METHODS, create_method, method_spec  # noqa: E402
-from infinitehip.config.infinipot import InfiniPotConfig  # noqa: E402
-from infinitehip.config.model import ModelConfig  # noqa: E402
-from infinitehip.config.streaming import StreamingConfig  # noqa: E402
-from tests.conftest import TINY_CONFIGS, closure_graph_decoder, engine_for_dir, record_step_logits  # noqa: E402
-from tests.test_infinitehip_method import SMALL as SMALL_IH  # noqa: E402
+from infinitehip import SamplingParams
+from infinitehip.attention.registry import METHODS, create_method, method_spec
+from infinitehip.config.infinipot import InfiniPotConfig
+from infinitehip.config.model import ModelConfig
+from infinitehip.config.streaming import StreamingConfig
+from tests.conftest import TINY_CONFIGS, closure_graph_decoder, engine_for_dir, record_step_logits
+from tests.test_infinitehip_method import SMALL as SMALL_IH
 
 # Settings whose budgets a 600-token prompt exceeds, so each method really selects / evicts / distils.
 SMALL = {

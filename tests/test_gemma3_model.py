@@ -28,19 +28,38 @@ def tokenizer(gemma_dir):
     return transformers.AutoTokenizer.from_pretrained(str(gemma_dir))
 
 
+@pytest.fixture(scope="module")
+def loaded(gemma_dir, tokenizer):
+    """The weights and tokenizer, loaded once for the module's engines (each load: seconds, the 262K-entry
+    tokenizer most of it)."""
+    from infinitehip.config.model import ModelConfig
+    from infinitehip.model.loading import LoadedModel, empty_model, load_weights_from_dir
+
+    config = ModelConfig.from_dir(gemma_dir)
+    model = empty_model(config, torch.device("cpu"), torch.float32)
+    load_weights_from_dir(model, gemma_dir)
+    return LoadedModel(config, model, tokenizer, "gemma3-270m", gemma_dir)
+
+
+def _engine(loaded, **config):
+    from infinitehip.config.engine import EngineConfig
+    from infinitehip.engine.llm_engine import LLMEngine
+
+    return LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, **config), loaded)
+
+
 def _text_ids(tokenizer, n):
     from infinitehip.eval.ruler.haystacks import get_haystack
 
     return [tokenizer.bos_token_id] + get_haystack("essays").token_ids(tokenizer, n - 1)
 
 
-def _ours(gemma_dir, tokenizer, ids):
+def _ours(loaded, ids):
     """Final hidden states [n, hidden] of our engine (dense, fp32, one prefill chunk, ring buffers on)."""
     from infinitehip.config.sampling import SamplingParams
     from infinitehip.engine.sequence import Sequence
-    from tests.conftest import engine_for_dir
 
-    engine = engine_for_dir(gemma_dir, tokenizer, max_context_tokens=4096, prefill_chunk_size=4096)
+    engine = _engine(loaded, max_context_tokens=4096, prefill_chunk_size=4096)
     seq = Sequence(list(ids), SamplingParams(max_tokens=1), max_tokens=1)
     engine.scheduler.allocator.grow(seq.page_table, engine.scheduler.cache_tokens(seq.max_total_tokens))
     seq.method_state = engine.method.new_state()
@@ -59,13 +78,13 @@ def _transformers(gemma_dir, ids, impl):
 
 
 @pytest.mark.parametrize("length", [1, 100, pytest.param(2048, marks=pytest.mark.slow)])
-def test_hidden_states_and_logits_match_transformers(gemma_dir, tokenizer, length):
+def test_hidden_states_and_logits_match_transformers(gemma_dir, tokenizer, loaded, length):
     """fp32 against transformers' eager attention. Gemma's activations reach ~100, and transformers' own eager and
     SDPA paths differ by up to ~1.5e-2 on real text at 2K tokens, so past one token the tolerance is a few times
     that measured spread (computed here), not a fixed number. 2K tokens crosses the 512-token window four times.
     (2048 tokens: slow, about a minute on the 2-core CPU.)"""
     ids = _text_ids(tokenizer, length)
-    ours, model = _ours(gemma_dir, tokenizer, ids)
+    ours, model = _ours(loaded, ids)
     eager = _transformers(gemma_dir, ids, "eager")
     spread = 0.0 if length == 1 else (eager - _transformers(gemma_dir, ids, "sdpa")).abs().max().item()
     err = (ours - eager).abs().max().item()
@@ -77,17 +96,16 @@ def test_hidden_states_and_logits_match_transformers(gemma_dir, tokenizer, lengt
     assert (got - ref).abs().max().item() <= 3 * spread + 1e-3
 
 
-def test_real_prose_needle_is_answered_with_the_completion_form(gemma_dir):
+def test_real_prose_needle_is_answered_with_the_completion_form(loaded):
     """A base model (no chat template): `eval ruler`'s prompt ends with "Answer: The secret code word for the ... is",
-    which Gemma 3 270M continues with the hidden code word (dense, fp32, ~4K tokens: about 15 s on the 2-core CPU)."""
+    which Gemma 3 270M continues with the hidden code word (dense, fp32, 2K tokens: the prompt crosses the 512-token
+    sliding window four times; 4K before, twice the prefill for the same check)."""
     from infinitehip import SamplingParams
-    from infinitehip.config.engine import EngineConfig
     from infinitehip.engine.llm import LLM
     from infinitehip.eval.ruler.tasks import make_ruler_sample
 
-    llm = LLM(config=EngineConfig(model=str(gemma_dir), device="cpu", dtype="float32", method="dense",
-                                  max_context_tokens=8192, show_progress=False))
-    sample = make_ruler_sample(llm.engine.tokenizer, "niah_single_word", "essays", 4096, 0.5, 1)
+    llm = LLM.from_engine(_engine(loaded, method="dense", max_context_tokens=8192))
+    sample = make_ruler_sample(llm.engine.tokenizer, "niah_single_word", "essays", 2048, 0.5, 1)
     content = sample.messages[0]["content"]
     assert "\nAnswer: The secret code word for the " in content[-120:] and content.endswith(" is")
     start = time.perf_counter()

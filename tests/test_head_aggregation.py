@@ -4,22 +4,12 @@ plain loops, Triton per-head vs reference, and a pruning stage that ranks by the
 Without a CUDA device the kernels run under the Triton interpreter, so shapes are kept small.
 """
 
-import sys
+import math
 
+import pytest
 import torch
 
-
-import importlib  # noqa: E402
-import math  # noqa: E402
-
-import pytest  # noqa: E402
-
 pytest.importorskip("triton")
-
-for _name in ("infinitehip.attention.infinitehip.scoring.triton",
-              "infinitehip.attention.infinitehip.scoring.representative_triton"):
-    if _name in sys.modules:  # decorated before TRITON_INTERPRET was set
-        importlib.reload(sys.modules[_name])
 
 from infinitehip.attention.infinitehip.pruning import StageSpec, query_blocks, run_stage  # noqa: E402
 from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores  # noqa: E402

@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-
-from infinitehip import SamplingParams  # noqa: E402
-from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig, infinitehip_preset  # noqa: E402
-from tests.conftest import engine_for_dir  # noqa: E402
+from infinitehip import SamplingParams
+from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig, infinitehip_preset
+from tests.conftest import engine_for_dir
 
 # The hierarchy alone (question_tokens=0, as the paper): question-time selection has its own tests
 # (test_question_selection.py).

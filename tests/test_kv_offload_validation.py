@@ -4,14 +4,8 @@ Small banks force evictions over many steps; the Triton row copy (and decode ker
 interpreter without CUDA.
 """
 
-import sys
-
+import pytest
 import torch
-
-
-import importlib  # noqa: E402
-
-import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -22,10 +16,6 @@ from infinitehip.kv.offload.compose import decode_tables, list_slots  # noqa: E4
 from infinitehip.kv.offload.validate import OffloadMismatchError, mirror_paged_cache, validate_against_paged  # noqa: E402
 from infinitehip.kv.paged_cache import PagedKVCache  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
-
-for _name in ("infinitehip.kv.offload.triton", "infinitehip.attention.sparse.triton"):
-    if _name in sys.modules:  # decorated before TRITON_INTERPRET was set
-        importlib.reload(sys.modules[_name])
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LAYERS, PAGES, PAGE, HKV, D = 2, 12, 8, 2, 16
@@ -70,8 +60,10 @@ def test_offloaded_reads_equal_the_resident_paged_cache(impl, cache_dtype, kv_dt
     cache, page_tables = filled_cache(cache_dtype)
     kv = offloaded(impl, mask_bank=20, attention_bank=28, kv_dtype=kv_dtype, model_dtype=cache_dtype)
     mirror_paged_cache(cache, kv)
-    report = validate_against_paged(cache, kv, key_lists(page_tables, steps=24, keys=6, seed=1))
-    assert report.steps == 24 and report.rows_checked > 24 * 3 * 3
+    # 12 steps (24 before): 166 rows checked, 131 / 128 misses and 17 / 20 hits in the mask / attention bank (float32,
+    # reference impl): the assertions below hold with wide margins (misses over twice their bounds)
+    report = validate_against_paged(cache, kv, key_lists(page_tables, steps=12, keys=6, seed=1))
+    assert report.steps == 12 and report.rows_checked > 12 * 3 * 3
     for stats, bank in zip((report.mask, report.attention), kv.banks):
         # 96 slots through banks of 20 / 28 tokens: rows were evicted and fetched again, and some hit
         assert stats.total_misses > LAYERS * bank.bank_tokens and stats.total_hits > 0

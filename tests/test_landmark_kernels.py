@@ -1,27 +1,15 @@
 """Landmark-mode kernels vs their eager oracles: representative chunk scores (scoring/representative_triton.py),
 the most salient token per chunk (representatives/triton.py), and whole pruning stages through both impls.
 
-Without a CUDA device the kernels run under the Triton interpreter (set before triton is imported, and the
-kernel modules re-imported if something imported them earlier), so shapes are kept small.
+Without a CUDA device the kernels run under the Triton interpreter (tests/conftest.py), so shapes are kept small.
 """
 
-import sys
+import math
 
+import pytest
 import torch
 
-
-import importlib  # noqa: E402
-import math  # noqa: E402
-
-import pytest  # noqa: E402
-
 pytest.importorskip("triton")
-
-for _name in ("infinitehip.attention.infinitehip.scoring.triton",
-              "infinitehip.attention.infinitehip.scoring.representative_triton",
-              "infinitehip.attention.infinitehip.representatives.triton"):
-    if _name in sys.modules:  # decorated before TRITON_INTERPRET was set
-        importlib.reload(sys.modules[_name])
 
 from infinitehip.attention.infinitehip.pruning import StageSpec, query_blocks, run_stage  # noqa: E402
 from infinitehip.attention.infinitehip.representatives import salient_tokens  # noqa: E402
@@ -105,7 +93,9 @@ def test_representative_scores_triton_matches_reference(case):
     M = case[0]
     if M > 2:
         assert (tri[2][args[6][2] > 0] == FP32_MIN).all()  # no valid query: finfo.min, like the reference
-    assert torch.equal(tri, representative_scores(*args, impl="triton"))  # deterministic (atomic max is order-free)
+    if DEVICE.type == "cuda":  # (the interpreter runs the programs one after another in grid order: a rerun there
+        # repeats the same atomics in the same order into fresh outputs: nothing to find)
+        assert torch.equal(tri, representative_scores(*args, impl="triton"))  # deterministic (atomic max is order-free)
 
 
 def test_representative_scores_strided_reps_and_edges():

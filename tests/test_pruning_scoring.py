@@ -1,18 +1,13 @@
 """Chunk scoring of a pruning stage (SelectRep + chunk scores): naive loop vs oracle, Triton kernel vs oracle.
 
-Without a CUDA device the kernel runs under the Triton interpreter (set before triton is imported, and the
-kernel module re-imported if something imported it earlier), so shapes are kept small.
+Without a CUDA device the kernel runs under the Triton interpreter (tests/conftest.py), so shapes are kept small.
 """
 
-import sys
+import importlib
+import math
 
+import pytest
 import torch
-
-
-import importlib  # noqa: E402
-import math  # noqa: E402
-
-import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -20,8 +15,6 @@ from infinitehip.attention.infinitehip.scoring import chunk_scores  # noqa: E402
 from infinitehip.attention.infinitehip.scoring.reference import chunk_scores_reference  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
 
-if "infinitehip.attention.infinitehip.scoring.triton" in sys.modules:  # decorated before TRITON_INTERPRET was set
-    importlib.reload(sys.modules["infinitehip.attention.infinitehip.scoring.triton"])
 tri = importlib.import_module("infinitehip.attention.infinitehip.scoring.triton")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -214,8 +207,10 @@ def test_triton_matches_reference(case):
     tri_s, tri_r = _check_against_reference(args, dtype)
     if M > 2:
         assert (tri_s[2][args[6][2] > 0] == FP32_MIN).all()  # no valid query: finfo.min, like the reference
-    s2, r2 = chunk_scores(*args, impl="triton")
-    assert torch.equal(s2, tri_s) and torch.equal(r2, tri_r)  # deterministic (atomic max is order-free)
+    if DEVICE.type == "cuda":  # (the interpreter runs the programs one after another in grid order: a rerun there
+        # repeats the same atomics in the same order into fresh outputs: half the test's time, nothing to find)
+        s2, r2 = chunk_scores(*args, impl="triton")
+        assert torch.equal(s2, tri_s) and torch.equal(r2, tri_r)  # deterministic (atomic max is order-free)
 
 
 def test_keys_outside_candidate_chunks_are_never_read():

@@ -1,18 +1,13 @@
 """Sparse attention over explicit key lists (paged cache, RoPE on the fly): Triton kernels vs the oracle.
 
-Without a CUDA device the kernels run under the Triton interpreter (set before triton is imported, and
-the kernel module re-imported if something imported it earlier), so shapes are kept small.
+Without a CUDA device the kernels run under the Triton interpreter (tests/conftest.py), so shapes are kept small.
 """
 
-import sys
+import importlib
 
+import pytest
 import torch
-
-
-import importlib  # noqa: E402
-
-import pytest  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
@@ -21,8 +16,6 @@ from infinitehip.attention.sparse import reference  # noqa: E402
 from infinitehip.model.rope import apply_rotary  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
 
-if "infinitehip.attention.sparse.triton" in sys.modules:  # decorated before TRITON_INTERPRET was set
-    importlib.reload(sys.modules["infinitehip.attention.sparse.triton"])
 tri = importlib.import_module("infinitehip.attention.sparse.triton")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,33 +1,28 @@
 """The `tokenselect` method: soft-vote kernel vs oracle, selection and key lists vs a recomputed oracle,
 Selection Cache hits/misses, dense equivalence when the budget covers the context, real-model passkey.
 
-Without CUDA the Triton kernels run under the interpreter (set before triton is imported).
+Without CUDA the Triton kernels run under the interpreter (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import sys
 
 import pytest
 import torch
 
-
-from infinitehip import SamplingParams  # noqa: E402
-from infinitehip.attention.base import ForwardBatch, SequenceSlice  # noqa: E402
-from infinitehip.attention.tokenselect import method as method_module  # noqa: E402
-from infinitehip.attention.tokenselect import soft_vote  # noqa: E402
-from infinitehip.attention.tokenselect.method import TokenSelectAttention  # noqa: E402
-from infinitehip.config.model import ModelConfig  # noqa: E402
-from infinitehip.config.tokenselect import TokenSelectConfig  # noqa: E402
-from infinitehip.kv.paged_cache import PagedKVCache, token_slots  # noqa: E402
-from infinitehip.model.rope import RotaryEmbedding, apply_rotary  # noqa: E402
-from tests.conftest import engine_for_dir  # noqa: E402
+from infinitehip import SamplingParams
+from infinitehip.attention.base import ForwardBatch, SequenceSlice
+from infinitehip.attention.tokenselect import method as method_module
+from infinitehip.attention.tokenselect import soft_vote
+from infinitehip.attention.tokenselect.method import TokenSelectAttention
+from infinitehip.config.model import ModelConfig
+from infinitehip.config.tokenselect import TokenSelectConfig
+from infinitehip.kv.paged_cache import PagedKVCache, token_slots
+from infinitehip.model.rope import RotaryEmbedding, apply_rotary
+from tests.conftest import engine_for_dir
 
 pytest.importorskip("triton")
-if "infinitehip.attention.tokenselect.triton" in sys.modules:  # decorated before TRITON_INTERPRET was set
-    importlib.reload(sys.modules["infinitehip.attention.tokenselect.triton"])
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.bfloat16: dict(rtol=2e-2, atol=2e-3)}
