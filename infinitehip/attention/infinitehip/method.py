@@ -230,9 +230,11 @@ class InfiniteHiPAttention(AttentionMethod):
         first = seq.context_len - recent.shape[0]
         limit = max(c.sink_tokens, first + 1 - c.stream_tokens)
         cs = c.chunk_sizes[-1]
-        page_table = seq.page_table if staged is None else staged.page_table
-        read_keys = question_key_reader(seq.cache, layer, seq.page_table) if staged is None else None  # offloaded: scans the host store
-        k_flat = (seq.cache.flat_k(layer) if staged is None else staged.k) if read_keys is None else None
+        if staged is not None:  # offloaded, staged: read in place as from a resident cache
+            k_flat, page_table, read_keys = staged.k, staged.page_table, None
+        else:  # offloaded without staging: scans the host store
+            read_keys = question_key_reader(seq.cache, layer, seq.page_table)
+            k_flat, page_table = seq.cache.flat_k(layer) if read_keys is None else None, seq.page_table
         chunks = question_chunks(recent, k_flat, page_table, seq.cache.page_size, c.sink_tokens, limit,
                                  c.question_keep_tokens // cs, cs, c.question_window, c.stream_tokens, batch.rope,
                                  "triton" if q.is_cuda else "reference", _forced(seq.probe, q.device), read_keys,

@@ -57,6 +57,12 @@ def page_locked_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tenso
     return tensor
 
 
+def _gather(src: torch.Tensor, slots: torch.Tensor, out: torch.Tensor, impl: str) -> torch.Tensor:
+    """Rows `slots` [N] of src into out [N, ...] (copy_rows: upcast, UVA reads with impl "triton") -> out."""
+    copy_rows(src, slots.reshape(-1).to(out.device), out, torch.arange(slots.numel(), device=out.device), impl)
+    return out
+
+
 def _unregister(pointers: list[int]) -> None:
     cudart = torch.cuda.cudart()
     for pointer in pointers:
@@ -135,15 +141,11 @@ class KVStore:
     def gather_k(self, layer: int, slots: torch.Tensor, out: torch.Tensor, impl: str = "reference") -> torch.Tensor:
         """Keys of slots [N] into out [N, Hkv, d] (any device, a float dtype: FP8 is upcast while copying) -> out.
         impl "triton" reads the pinned store from the GPU without a host sync, as `write` does."""
-        rows = torch.arange(slots.numel(), device=out.device)
-        copy_rows(self.k[layer], slots.reshape(-1).to(out.device), out, rows, impl)
-        return out
+        return _gather(self.k[layer], slots, out, impl)
 
     def gather_v(self, layer: int, slots: torch.Tensor, out: torch.Tensor, impl: str = "reference") -> torch.Tensor:
         """Values of slots [N] into out [N, Hkv, d], as `gather_k`."""
-        rows = torch.arange(slots.numel(), device=out.device)
-        copy_rows(self.v[layer], slots.reshape(-1).to(out.device), out, rows, impl)
-        return out
+        return _gather(self.v[layer], slots, out, impl)
 
     def read(self, layer: int, slots: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows [N, Hkv, d] of slots [N] (returned on the host), upcast to `dtype` if given."""
