@@ -160,11 +160,15 @@ def tiny_hf_model(request, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    """The embedded model's tokenizer (its ids cover the tiny models' 512-token vocabulary)."""
-    from infinitehip.model.builtin import embedded_model_path
+    """The embedded model's tokenizer (its ids cover the tiny models' 512-token vocabulary), as its conversion cache
+    saved it: transformers' tokenizer of the GGUF, written by convert_gguf after checking it against the GGUF's
+    metadata (test_gguf_convert.py compares the two). Built from the GGUF again it took ~8 s of CPU per worker, from
+    the cache 0.3 s."""
+    from infinitehip.model.gguf_convert import default_cache_root
+    from infinitehip.model.loading import resolve_model_dir
 
-    gguf_path = embedded_model_path()
-    return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    model_dir, _ = resolve_model_dir(None, default_cache_root())  # (converted on first use, as every engine does)
+    return transformers.AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def engine_for_dir(path, tokenizer=None, method_config=None, offload_config=None, **config) -> LLMEngine:
