@@ -122,6 +122,39 @@ from infinitehip.config.model import ModelConfig  # noqa: E402
 from infinitehip.engine.llm_engine import LLMEngine  # noqa: E402
 from infinitehip.model.loading import LoadedModel, empty_model, load_weights_from_dir  # noqa: E402
 
+
+
+def _share_the_embedded_model() -> None:
+    """The embedded model, loaded once per pytest process: `load_model(None, ...)` (the default model, as the
+    engines of EngineConfig() and the test modules' fixtures load it) returns the same LoadedModel for the same
+    cache root, device and dtype. About 20 test modules load it (~1 s each after the first, plus its tokenizer),
+    and in `make test` each worker runs about half of them. Nothing changes a loaded model: the engines only read
+    its weights (inference mode) and the tokenizer. Any other model (a path, a built-in name, a Hub id) loads as
+    before, so the loading tests see no difference."""
+    from pathlib import Path
+
+    from infinitehip.engine import llm_engine
+    from infinitehip.model import loading
+
+    load = loading.load_model
+    if getattr(load, "_infinitehip_shared", False):
+        return
+    shared: dict[tuple, LoadedModel] = {}
+
+    def load_model(model, cache_root, device, dtype):
+        if model is not None:
+            return load(model, cache_root, device, dtype)
+        key = (str(Path(cache_root).resolve()), str(torch.device(device)), dtype)
+        if key not in shared:
+            shared[key] = load(model, cache_root, device, dtype)
+        return shared[key]
+
+    load_model._infinitehip_shared = True
+    loading.load_model = llm_engine.load_model = load_model
+
+
+_share_the_embedded_model()
+
 _COMMON = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-5,
