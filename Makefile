@@ -39,9 +39,10 @@ demo: $(STAMP)
 	$(PY) -m infinitehip.cli.main eval passkey --method dense --lengths 7000 --depths 0.5
 
 # Everything but the long real-model sweeps and the production-size kernel traces (marked slow), one process
-# per core (pytest-xdist; a test module stays on one worker, so its module fixtures are built once).
+# per core (pytest-xdist; a test module stays on one worker, so its module fixtures are built once). Modules go to
+# the workers in collection order, which tests/conftest.py makes longest first (--no-loadscope-reorder keeps it).
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile
+	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile --no-loadscope-reorder
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q

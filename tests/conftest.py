@@ -122,6 +122,39 @@ from infinitehip.config.model import ModelConfig  # noqa: E402
 from infinitehip.engine.llm_engine import LLMEngine  # noqa: E402
 from infinitehip.model.loading import LoadedModel, empty_model, load_weights_from_dir  # noqa: E402
 
+
+
+def _share_the_embedded_model() -> None:
+    """The embedded model, loaded once per pytest process: `load_model(None, ...)` (the default model, as the
+    engines of EngineConfig() and the test modules' fixtures load it) returns the same LoadedModel for the same
+    cache root, device and dtype. About 20 test modules load it (~1 s each after the first, plus its tokenizer),
+    and in `make test` each worker runs about half of them. Nothing changes a loaded model: the engines only read
+    its weights (inference mode) and the tokenizer. Any other model (a path, a built-in name, a Hub id) loads as
+    before, so the loading tests see no difference."""
+    from pathlib import Path
+
+    from infinitehip.engine import llm_engine
+    from infinitehip.model import loading
+
+    load = loading.load_model
+    if getattr(load, "_infinitehip_shared", False):
+        return
+    shared: dict[tuple, LoadedModel] = {}
+
+    def load_model(model, cache_root, device, dtype):
+        if model is not None:
+            return load(model, cache_root, device, dtype)
+        key = (str(Path(cache_root).resolve()), str(torch.device(device)), dtype)
+        if key not in shared:
+            shared[key] = load(model, cache_root, device, dtype)
+        return shared[key]
+
+    load_model._infinitehip_shared = True
+    loading.load_model = llm_engine.load_model = load_model
+
+
+_share_the_embedded_model()
+
 _COMMON = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-5,
@@ -141,6 +174,29 @@ TINY_CONFIGS = {
         **{**_COMMON, "num_hidden_layers": 6, "num_key_value_heads": 1}, head_dim=32, sliding_window=16,
         query_pre_attn_scalar=24, layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2),
 }
+
+
+# The modules that take longest, longest first (CPU seconds of `pytest -n 0` on each file, measured on the 2-core
+# machine). `make test` hands whole modules to its workers in collection order (--dist loadfile
+# --no-loadscope-reorder); xdist's default order (most tests first) started heavy modules with few tests last
+# (lm-eval: 1 test, ~25 s) and a worker could still be running one while the other had nothing left.
+# Longest first, the modules that start last are short ones and both workers finish together. Modules not
+# listed (each under ~10 s) follow in their usual order.
+SLOWEST_FIRST = (
+    "test_server.py", "test_prefix_cache.py", "test_kv_offload.py", "test_lm_eval_client.py", "test_embedded_model.py",
+    "test_offload_engine.py", "test_infinitehip_decode.py", "test_gemma3_model.py", "test_gguf_gemma3.py",
+    "test_tokenselect.py", "test_infinipot.py", "test_question_selection.py", "test_gguf_convert.py", "test_ruler.py",
+    "test_server_fuzz.py", "test_tensor_parallel.py", "test_landmark_kernels.py", "test_transformers_patch.py",
+    "test_litellm_client.py", "test_baselines.py", "test_pruning_scoring.py", "test_kv_offload_validation.py",
+    "test_prefix_cache_offload.py", "test_langchain_client.py", "test_gemma3.py", "test_structured_output.py",
+    "test_sparse_attention.py", "test_eval_tasks.py", "test_engine.py", "test_model_coverage.py",
+)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering (grouping by fixture parameters), kept within a module
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module's tests keep their order
 
 
 @pytest.fixture(scope="session", params=sorted(TINY_CONFIGS))

@@ -58,7 +58,7 @@ def test_lm_eval_loglikelihood_and_generation_through_our_server(tmp_path):
     assert len(gen["samples"]["capitals_gen"]) == len(DOCS)
     assert all(s["resps"][0][0].strip() for s in gen["samples"]["capitals_gen"])  # a non-empty answer each
 
-    offline = LLM(config=EngineConfig(**CONFIG))
+    offline = LLM.from_engine(LLMEngine(EngineConfig(**CONFIG), engine.loaded))  # (the same weights, not reloaded)
     tok = offline.tokenizer
     pairs = [(args, resp) for sample in mc["samples"]["capitals_mc"]
              for args, resp in zip(sample["arguments"], sample["resps"])]

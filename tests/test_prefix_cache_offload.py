@@ -7,7 +7,7 @@ from infinitehip import SamplingParams
 from infinitehip.config.infinitehip import InfiniteHiPConfig
 from tests.conftest import engine_for_dir
 from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
-from tests.test_offload_engine import HEADS, _smallest_banks
+from tests.test_offload_engine import FEW_GROUPS, HEADS, _smallest_banks
 
 CONFIG = InfiniteHiPConfig(**{**SMALL, "question_tokens": 8, "question_keep_tokens": 32, "question_window": 3})
 
@@ -25,7 +25,7 @@ def test_offloaded_prefix_hit_equals_a_resident_run_without_caching(llama3_dir):
     make = lambda offload, **kw: engine_for_dir(llama3_dir, None, CONFIG, offload, method="infinitehip",
                                                 max_context_tokens=800, prefill_chunk_size=128, page_size=16, max_num_seqs=1, **kw)
     expected = _run(make(None, enable_prefix_caching=False), q2).output_ids
-    engine = make(_smallest_banks(CONFIG, HEADS))
+    engine = make(_smallest_banks(CONFIG, HEADS, mask_bank=FEW_GROUPS))  # (the mask bank is not the subject)
     assert engine.kv_plan is not None and engine.prefix is not None
     _run(engine, q1)
     seq = _run(engine, q2)

@@ -548,7 +548,7 @@ def test_engine_failure_fails_the_request_not_the_server(base_url, client, engin
     assert client.completions.create(model=model, prompt="Hello", max_tokens=3, temperature=0).choices[0].text
 
 
-def test_offloaded_kv_server_answers_and_reports_bank_metrics():
+def test_offloaded_kv_server_answers_and_reports_bank_metrics(engine):
     """The server over an engine whose KV lives in host memory behind GPU-style banks (CPU here): the official
     client gets the same greedy answer as from a resident engine, and /metrics carries the banks' counters."""
     from infinitehip import SamplingParams
@@ -559,11 +559,12 @@ def test_offloaded_kv_server_answers_and_reports_bank_metrics():
 
     offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=4096, attention_bank_tokens=4096)
     method = infinitehip_preset("3k-flash")  # offloading runs the presets without question-time selection
-    engine = LLMEngine(config, method_config=method, offload_config=offload)
+    # (the module engine's weights: the same embedded model, not loaded again)
+    offloaded = LLMEngine(config, loaded=engine.loaded, method_config=method, offload_config=offload)
     resident = LLMEngine(config, loaded=engine.loaded, method_config=method)
     messages = [{"role": "user", "content": "Name the largest planet of the solar system."}]
     server_config = ServerConfig(api_key=API_KEY, max_waiting_requests=4, keepalive_interval_s=0.1)
-    with ServerThread(create_app(engine, server_config)) as url:
+    with ServerThread(create_app(offloaded, server_config)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
         reply = client.chat.completions.create(model=client.models.list().data[0].id, messages=messages,
                                                max_tokens=8, temperature=0)
