@@ -1,5 +1,7 @@
 """Shared set-up and fixtures: the Triton interpreter on CPU, tiny random Hugging Face models of each supported
-family (saved as safetensors), engines built from them."""
+family (saved as safetensors), engines built from them. For the suite's time: the interpreter patches a kernel's
+helpers once per launch, each real GGUF is parsed and the embedded model loaded once per pytest process, and the
+slowest modules are collected first (`make test` hands them to its workers in that order)."""
 
 from __future__ import annotations
 
@@ -110,6 +112,7 @@ try:
     _share_gguf_readers()
 except ImportError:  # no gguf: nothing to share
     pass
+
 # `make test` runs one xdist worker per core: one intra-op thread each, or the workers' torch pools oversubscribe
 # the cores (measured on the 2-core machine: no faster than one process).
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -121,7 +124,6 @@ from infinitehip.config.engine import EngineConfig  # noqa: E402
 from infinitehip.config.model import ModelConfig  # noqa: E402
 from infinitehip.engine.llm_engine import LLMEngine  # noqa: E402
 from infinitehip.model.loading import LoadedModel, empty_model, load_weights_from_dir  # noqa: E402
-
 
 
 def _share_the_embedded_model() -> None:
