@@ -206,6 +206,11 @@ class AttentionMethod(ABC):
         raise ValueError(f"method {self.name!r} does not support KV offloading (offload-enabled); "
                          "use method 'infinitehip' (or 'dense' for validation)")
 
+    def offload_spare_rows(self) -> int:
+        """Rows per layer of the attention bank outside its LRU that this method copies store rows into itself
+        (`OffloadedKV.copy_to_spare`), allocated with an offloaded KV. Default: none."""
+        return 0
+
     def device_bytes_per_slot(self) -> int:
         """Device memory the method keeps per cache slot beside the KV itself (all layers), e.g. per-key statistics;
         the offload planner counts it with the banks' tables. Default: none."""

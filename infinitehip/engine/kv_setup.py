@@ -62,5 +62,6 @@ def build_kv(offload: OffloadConfig | None, method: AttentionMethod, mc: ModelCo
         if show:
             print(line, file=sys.stderr)
     cache = OffloadedPagedCache(offload, mc.num_layers, num_pages, page_size, mc.num_kv_heads, mc.head_dim, dtype,
-                                device, store_device_layers=plan.store_device_layers(kv_tokens))
+                                device, store_device_layers=plan.store_device_layers(kv_tokens),
+                                attention_spare_rows=method.offload_spare_rows())
     return cache, plan

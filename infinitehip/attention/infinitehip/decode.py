@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from infinitehip.attention.chunk_merge import merge_chunks
 from infinitehip.attention.infinitehip.positions import scoring_positions
 from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, force_chunks, score_candidates,
                                                       sparse_limit, subdivide)
@@ -103,3 +104,15 @@ def refresh_stage(
     # by construction, later stages subdivide an ordered parent); empty chunks are never kept.
     keep_top_chunks(scores[0], starts[0], lens[0], out.starts, out.lens, impl=impl)
     out.limit.copy_(limit)
+
+
+def merge_question(question: tuple[torch.Tensor, torch.Tensor], last: StageCache,
+                   merged: tuple[torch.Tensor, torch.Tensor] | None, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The refreshed last stage's chunks joined with the question's (starts, lens [E]) -> (starts, lens [C + E]):
+    `merged` updated in place (graphs hold it), or new at the first decode step (which runs eagerly)."""
+    starts, lens = merge_chunks(last.starts[None], last.lens[None], question[0], question[1], impl=impl)
+    if merged is None:
+        return starts[0], lens[0]
+    merged[0].copy_(starts[0])
+    merged[1].copy_(lens[0])
+    return merged

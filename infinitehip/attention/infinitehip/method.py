@@ -8,6 +8,8 @@ left the window since the last refresh is still attended (nothing falls between 
 Question-time selection (question_tokens > 0, preset `3k-question`; not in the paper): in the chunk that ends the prompt
 the last question_tokens queries vote over every candidate once (attention/question_selection.py); the chosen
 final-stage chunks join the question's blocks and every decode step's last-stage chunks.
+Offloaded KV: a decode step that refreshes no stage reuses the attention-bank rows of the last step's key list
+and copies only its new token (decode_rows.py).
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
 from infinitehip.attention.dense import causal_sdpa
-from infinitehip.attention.infinitehip.decode import StageCache, refresh_stage, stage1_candidates, window_width
+from infinitehip.attention.infinitehip.decode import (StageCache, merge_question, refresh_stage, stage1_candidates,
+                                                     window_width)
+from infinitehip.attention.infinitehip.decode_rows import DecodeRows, attention_access, decode_rows_for
 from infinitehip.attention.infinitehip.keylist import decode_key_list
-from infinitehip.attention.infinitehip.offload_access import (StagedLayer, check_offload, decode_attention_rows,
-                                                              prefill_attention_in_groups, question_key_reader,
-                                                              scoring_access, stage_prefill_layer)
+from infinitehip.attention.infinitehip.offload_access import (StagedLayer, check_offload, prefill_attention_in_groups,
+                                                              question_key_reader, scoring_access, stage_prefill_layer)
 from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_positions, group_size
-from infinitehip.attention.infinitehip.pruning import QueryBlocks, StageOutput, StageSpec, query_blocks, run_stage, sparse_limit
+from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,  # noqa: F401
+                                                      run_stage, sparse_limit)
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.chunk_merge import merge_chunks
 from infinitehip.attention.question_selection import question_chunks
@@ -54,30 +58,9 @@ class InfiniteHiPState:
     # The last stage's chunks joined with the question's (starts, lens [C + E]), updated in place when the last
     # stage refreshes: the join then runs once per refresh, not at every decode step.
     question_merged: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
-
-
-def assemble_keys(final: StageOutput, last_position: torch.Tensor, window_start: torch.Tensor, sink: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted key tokens of each block: sink + selected (below window_start) + window [window_start, e].
-
-    -> (key_tokens [M, K] int64, padding rows point at token 0; key_counts [M] int64)
-    """
-    device = last_position.device
-    e = last_position[:, None]
-    sink_tok = torch.arange(sink, device=device)[None, :].expand(e.shape[0], -1)
-    sink_ok = sink_tok <= e
-    offsets = torch.arange(final.chunk_size, device=device)
-    sel_tok = (final.chunk_starts[:, :, None] + offsets).flatten(1)
-    sel_ok = ((offsets < final.chunk_lens[:, :, None]).flatten(1)) & (sel_tok < window_start[:, None])
-    width = max(0, int((last_position + 1 - window_start).max()))
-    win_tok = window_start[:, None] + torch.arange(width, device=device)
-    win_ok = win_tok <= e
-    tokens = torch.cat([sink_tok, sel_tok, win_tok], dim=1)
-    ok = torch.cat([sink_ok, sel_ok, win_ok], dim=1)
-    big = torch.iinfo(torch.int64).max
-    tokens = torch.where(ok, tokens, big).sort(dim=1).values
-    counts = ok.sum(1)
-    tokens = tokens[:, : int(counts.max())]
-    return torch.where(tokens == big, 0, tokens), counts
+    # Offloaded KV: the attention-bank rows of each layer's last key list, reused by steps that refresh no stage
+    # (decode_rows.py); None until the first decode step, False when the cache cannot keep them.
+    decode_rows: DecodeRows | bool | None = None
 
 
 def _forced(probe, device: torch.device) -> torch.Tensor | None:
@@ -100,6 +83,14 @@ class InfiniteHiPAttention(AttentionMethod):
 
     def check_offload(self, offload, max_context_tokens: int, max_num_seqs: int) -> None:
         check_offload(self.config, offload, max_context_tokens, self.model_config.num_heads, max_num_seqs)
+
+    def offload_spare_rows(self) -> int:
+        """Spare attention-bank rows for the tokens a sequence appends between refreshes (decode_rows.py)."""
+        return min(self.config.refresh_intervals)
+
+    def release(self, state: InfiniteHiPState) -> None:
+        if isinstance(state.decode_rows, DecodeRows):
+            state.decode_rows.release()
 
     def device_bytes_per_slot(self) -> int:
         """Landmark saliency: a sum [H] and a count, fp32, per slot and layer (`saliency.KeySaliency`)."""
@@ -294,7 +285,9 @@ class InfiniteHiPAttention(AttentionMethod):
         patterns = {self.refresh_pattern(state, layer) for layer in range(self.model_config.num_layers)}
         if len(patterns) != 1:
             return None
-        return patterns.pop(), self.group(seq.context_len)
+        pattern = patterns.pop()  # + whether the step reuses the kept attention-bank rows (decode_rows.py)
+        reuse = isinstance(state.decode_rows, DecodeRows) and state.decode_rows.reusable_step(state.decode_steps, any(pattern))
+        return pattern, self.group(seq.context_len), reuse
 
     def host_counters(self, state: InfiniteHiPState) -> tuple:
         return list(state.decode_steps), list(state.refreshes)
@@ -303,7 +296,9 @@ class InfiniteHiPAttention(AttentionMethod):
         state.decode_steps[:], state.refreshes[:] = counters[0], counters[1]
 
     def advance_host_counters(self, state: InfiniteHiPState, key: tuple) -> None:
-        pattern, _ = key
+        pattern = key[0]
+        if isinstance(state.decode_rows, DecodeRows):
+            state.decode_rows.hold_after_replay()
         for layer in range(self.model_config.num_layers):
             state.decode_steps[layer] += 1
         for s, refreshed in enumerate(pattern):
@@ -337,17 +332,6 @@ class InfiniteHiPAttention(AttentionMethod):
             self.saliency.update_decode(layer, pending_q, pending_pos, page_table, batch.cache, batch.rope)
             pending_pos.fill_(-1)
 
-    def _merge_question(self, state: InfiniteHiPState, layer: int, last: StageCache) -> None:
-        """Join the refreshed last stage's chunks with the question's into state.question_merged (allocated at the
-        first decode step, which runs eagerly; updated in place after, as graphs hold it)."""
-        q_starts, q_lens = state.question[layer]
-        starts, lens = merge_chunks(last.starts[None], last.lens[None], q_starts, q_lens, impl=self._impl(q_starts))
-        if state.question_merged[layer] is None:
-            state.question_merged[layer] = (starts[0], lens[0])
-        else:
-            state.question_merged[layer][0].copy_(starts[0])
-            state.question_merged[layer][1].copy_(lens[0])
-
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         """Sync-free decode (decode.py): fixed shapes, positions from batch.decode_positions; CUDA-graph capturable."""
         c = self.config
@@ -361,6 +345,10 @@ class InfiniteHiPAttention(AttentionMethod):
         for i, seq in enumerate(seqs):
             state: InfiniteHiPState = seq.state
             pattern = self.refresh_pattern(state, layer)
+            if state.decode_rows is None:  # False: a resident cache, or no spare rows
+                state.decode_rows = decode_rows_for(seq.cache, self.model_config.num_layers, c.refresh_intervals) or False
+            kept = state.decode_rows if len(seqs) == 1 and not batch.prefill and state.decode_rows else None  # alone
+            reuse = kept is not None and kept.reusable(layer, state.decode_steps[layer], any(pattern))
             if self.saliency is not None:
                 self._apply_saliency(layer, q[i : i + 1], positions[i : i + 1], page_tables[i], any(pattern), state, batch)
             caches = self._stage_caches(state, layer, q.device)
@@ -376,7 +364,8 @@ class InfiniteHiPAttention(AttentionMethod):
                     state.refreshes[s] += 1
                 parent = caches[s]
             if state.question[layer] is not None and pattern[-1]:
-                self._merge_question(state, layer, caches[-1])
+                state.question_merged[layer] = merge_question(state.question[layer], caches[-1],
+                                                              state.question_merged[layer], self._impl(q))
             state.decode_steps[layer] += 1
             finals.append(caches)
         # The last stage's chunks per sequence; with question-time selection, joined with the question's chunks
@@ -400,8 +389,8 @@ class InfiniteHiPAttention(AttentionMethod):
         for i, seq in enumerate(seqs):
             if seq.probe is not None:
                 seq.probe.record_decode(layer, seq.probe.share_of_tokens(key_tokens[i, : int(key_counts[i])]))
-        k_flat, v_flat, tables, page_size, key_tokens = decode_attention_rows(seqs[0].cache, layer, page_tables,
-                                                                               key_tokens, key_counts)
+        k_flat, v_flat, tables, page_size, key_tokens = attention_access(kept, reuse, seqs[0].cache, layer, batch,
+                                                                          key_tokens, key_counts)
         return sparse_attention_decode(
             q, k_flat, v_flat, tables, page_size,
             key_tokens, key_counts, key_rope, query_rope, batch.rope.cos, batch.rope.sin,

@@ -181,3 +181,27 @@ def run_stage(
             scores = force_chunks(scores, starts, lens, forced_tokens)
     starts, lens = keep_top_chunks(starts, lens, scores, keep)
     return StageOutput(starts, lens, spec.chunk_size, spec.query_block_size, limit)
+
+
+def assemble_keys(final: StageOutput, last_position: torch.Tensor, window_start: torch.Tensor, sink: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted key tokens of each block: sink + selected (below window_start) + window [window_start, e].
+
+    -> (key_tokens [M, K] int64, padding rows point at token 0; key_counts [M] int64)
+    """
+    device = last_position.device
+    e = last_position[:, None]
+    sink_tok = torch.arange(sink, device=device)[None, :].expand(e.shape[0], -1)
+    sink_ok = sink_tok <= e
+    offsets = torch.arange(final.chunk_size, device=device)
+    sel_tok = (final.chunk_starts[:, :, None] + offsets).flatten(1)
+    sel_ok = ((offsets < final.chunk_lens[:, :, None]).flatten(1)) & (sel_tok < window_start[:, None])
+    width = max(0, int((last_position + 1 - window_start).max()))
+    win_tok = window_start[:, None] + torch.arange(width, device=device)
+    win_ok = win_tok <= e
+    tokens = torch.cat([sink_tok, sel_tok, win_tok], dim=1)
+    ok = torch.cat([sink_ok, sel_ok, win_ok], dim=1)
+    big = torch.iinfo(torch.int64).max
+    tokens = torch.where(ok, tokens, big).sort(dim=1).values
+    counts = ok.sum(1)
+    tokens = tokens[:, : int(counts.max())]
+    return torch.where(tokens == big, 0, tokens), counts

@@ -1,8 +1,10 @@
 """A GPU bank: a token-granular LRU cache of host-store rows, per layer (state only; `resolve.py` runs it).
 
 Per layer, on the bank's device:
-- k [B + 1, Hkv, d] (and v for the attention bank): cached rows; row B is a trash row that masked-off
-  updates write to, so every per-step op has a static shape;
+- k [B + 1 + R, Hkv, d] (and v for the attention bank): cached rows; row B is a trash row that masked-off
+  updates write to, so every per-step op has a static shape; rows B + 1 .. B + R are spare rows outside the
+  LRU (no table, owner or order entry): a caller's own copies of store rows (`OffloadedKV.copy_to_spare`),
+  read through the same flat rows (R = spare_rows, 0 unless asked for);
 - table [S + 1] int32: store slot -> bank index, -1 when not resident (entry S is trash). Kernels read it
   (or resolve's output) as a page table with page_size 1;
 - owner [B + 1] int32: bank index -> store slot, -1 when free (the reverse map);
@@ -63,15 +65,18 @@ class KVBank:
         dtype: torch.dtype,
         device: torch.device | str,
         with_values: bool,
+        spare_rows: int = 0,
     ):
         for field, value in (("bank_tokens", bank_tokens), ("num_layers", num_layers), ("num_slots", num_slots)):
             if value < 1:
                 raise ValueError(f"{name} bank: {field} must be positive, got {value}")
         dtype_label(dtype)
         self.name = name
-        self.num_layers, self.num_slots, self.bank_tokens = num_layers, num_slots, bank_tokens
+        if spare_rows < 0:
+            raise ValueError(f"{name} bank: spare_rows must be >= 0, got {spare_rows}")
+        self.num_layers, self.num_slots, self.bank_tokens, self.spare_rows = num_layers, num_slots, bank_tokens, spare_rows
         L, S, B = num_layers, num_slots, bank_tokens
-        self.k = torch.zeros((L, B + 1, num_kv_heads, head_dim), dtype=dtype, device=device)
+        self.k = torch.zeros((L, B + 1 + spare_rows, num_kv_heads, head_dim), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k) if with_values else None
         self.table = torch.full((L, S + 1), -1, dtype=torch.int32, device=device)
         self.owner = torch.full((L, B + 1), -1, dtype=torch.int32, device=device)
@@ -92,20 +97,24 @@ class KVBank:
 
     @staticmethod
     def device_bytes(num_layers: int, num_slots: int, bank_tokens: int, num_kv_heads: int, head_dim: int,
-                     element_size: int, with_values: bool) -> int:
+                     element_size: int, with_values: bool, spare_rows: int = 0) -> int:
         """Device memory of a bank with these sizes (rows, table, reverse map, stamps, LRU order), before allocating it."""
-        rows = (2 if with_values else 1) * (bank_tokens + 1) * num_kv_heads * head_dim * element_size
+        rows = (2 if with_values else 1) * (bank_tokens + 1 + spare_rows) * num_kv_heads * head_dim * element_size
         maps = (bank_tokens + 1) * (4 + 8 + 4) + (num_slots + 1) * 4  # owner int32, last_used int64, order int32
         return num_layers * (rows + maps + 32)  # + clock, hits, misses, overflows
 
     def flat_k(self, layer: int) -> torch.Tensor:
-        """[B + 1, Hkv, d] rows of `layer`: index them with resolve's output (page_size 1)."""
+        """[B + 1 + R, Hkv, d] rows of `layer`: index them with resolve's output (page_size 1) or spare rows."""
         return self.k[layer]
 
     def flat_v(self, layer: int) -> torch.Tensor:
         if self.v is None:
             raise ValueError(f"the {self.name} bank holds keys only")
         return self.v[layer]
+
+    def spare_row(self, index: torch.Tensor) -> torch.Tensor:
+        """Flat row of spare row `index` (0 .. R - 1, any shape)."""
+        return index + (self.bank_tokens + 1)
 
     def resident_slots(self, layer: int) -> torch.Tensor:
         """Store slots resident in `layer` (sorted; syncs: statistics and tests only)."""

@@ -7,6 +7,13 @@
 
 Both resolve calls return bank indices [N] int32 to read `mask_bank.flat_k(layer)` or
 `attention_bank.flat_k/flat_v(layer)` with page_size 1 (see `resolve.py`).
+
+Keeping resolved rows across calls: an index stays valid until the next resolve of the same bank and layer
+(that call may evict it). `attention_holder` lets one reader keep the attention-bank indices it resolved: the
+reader sets it to its own token after resolving (`hold_attention`), and every `resolve_attention` call resets it
+to None, so `holds_attention(token)` means that no resolve of any layer ran since (invalidate never moves rows:
+it frees entries, which only a later resolve reuses). `copy_to_spare` copies store rows into the attention bank's
+spare rows, which no resolve touches (a holder's rows for keys written after its resolve).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import torch
 
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload.bank import BankStats, KVBank
+from infinitehip.kv.offload.copy_rows import copy_rows
 from infinitehip.kv.offload.store import KVStore
 from infinitehip.kv.offload.resolve import invalidate, resolve
 
@@ -31,6 +39,7 @@ class OffloadedKV:
         device: torch.device | str,
         pin_memory: bool | None = None,
         store_device_layers: int = 0,
+        attention_spare_rows: int = 0,
     ):
         device = torch.device(device)
         self.config = config
@@ -43,7 +52,9 @@ class OffloadedKV:
         shape = (num_layers, num_slots)
         rows = (num_kv_heads, head_dim, model_dtype, device)
         self.mask_bank = KVBank("mask", *shape, config.mask_bank_tokens, *rows, with_values=False)
-        self.attention_bank = KVBank("attention", *shape, config.attention_bank_tokens, *rows, with_values=True)
+        self.attention_bank = KVBank("attention", *shape, config.attention_bank_tokens, *rows, with_values=True,
+                                     spare_rows=attention_spare_rows)
+        self.attention_holder: object | None = None  # see the module docstring
 
     @property
     def banks(self) -> tuple[KVBank, KVBank]:
@@ -69,7 +80,26 @@ class OffloadedKV:
         return resolve(self.mask_bank, self.store, layer, slots, impl=self.impl)
 
     def resolve_attention(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        self.attention_holder = None  # this call may evict rows a holder kept
         return resolve(self.attention_bank, self.store, layer, slots, impl=self.impl)
+
+    def hold_attention(self, token: object) -> None:
+        """`token` keeps the attention-bank indices it resolved until the next `resolve_attention` (host state)."""
+        self.attention_holder = token
+
+    def holds_attention(self, token: object) -> bool:
+        return token is not None and self.attention_holder is token
+
+    def copy_to_spare(self, layer: int, slots: torch.Tensor, spare: torch.Tensor) -> torch.Tensor:
+        """K/V of store slots [N] into the attention bank's spare rows spare [N] (0 .. R - 1; distinct; < 0: skipped)
+        -> their flat rows [N] (sync-free; the same conversion as a miss of resolve)."""
+        bank = self.attention_bank
+        if bank.spare_rows == 0:
+            raise ValueError("the attention bank has no spare rows (attention_spare_rows=0)")
+        rows = torch.where(spare >= 0, bank.spare_row(spare), -1)
+        copy_rows(self.store.k[layer], slots, bank.k[layer], rows, self.impl)
+        copy_rows(self.store.v[layer], slots, bank.v[layer], rows, self.impl)
+        return rows
 
     def stats(self) -> tuple[BankStats, BankStats]:
         """(mask bank, attention bank) hit / miss counters (reads device tensors: between steps only)."""

@@ -42,10 +42,10 @@ class OffloadedPagedCache:
 
     def __init__(self, config: OffloadConfig, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
                  head_dim: int, model_dtype: torch.dtype, device: torch.device | str, pin_memory: bool | None = None,
-                 store_device_layers: int = 0):
+                 store_device_layers: int = 0, attention_spare_rows: int = 0):
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         self.kv = OffloadedKV(config, num_layers, num_pages * page_size, num_kv_heads, head_dim, model_dtype, device,
-                              pin_memory, store_device_layers)
+                              pin_memory, store_device_layers, attention_spare_rows)
         # One token table per bank: an entry left by one bank's call must be a valid row of the bank read next.
         self._tables = {b.name: torch.zeros(self.num_slots + 1, dtype=torch.int32, device=self.device)
                         for b in self.kv.banks}
