@@ -188,6 +188,11 @@ def untime_graph_replays() -> None:
     CudaGraphRecorder.replay = CudaGraphRecorder._plain_replay
 
 
+def resolve_calls(engine) -> dict[str, int]:
+    """Resolve calls so far per bank, all layers (each call advances its layer's device clock; syncs)."""
+    return {bank.name: int(bank.clock.sum()) for bank in engine.cache.kv.banks}
+
+
 def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig | None, context: int, args) -> dict:
     device = loaded.model.embed_tokens.weight.device if hasattr(loaded.model, "embed_tokens") else next(loaded.model.parameters()).device
     engine = LLMEngine(EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype,
@@ -221,10 +226,11 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
             print(prof.key_averages().table(sort_by=key, row_limit=args.profile_rows, max_name_column_width=60))
         prof = None
     prefill_stats = engine.kv_stats()
-    step_s, replay_events, host_prof, captures_before = [], [], None, 0
+    step_s, replay_events, host_prof, captures_before, clocks = [], [], None, 0, None
     while not seq.is_finished:
         if len(step_s) == args.warmup_steps and offload is not None:
             engine.cache.reset_stats()  # decode hit ratios over the timed steps (graph replays included)
+            clocks = resolve_calls(engine)  # the banks' device clocks count resolve calls, graph replays included
         if len(step_s) == args.warmup_steps:
             graphs = engine.runner.graph_decoder
             captures_before = graphs.captures if graphs else 0
@@ -260,6 +266,8 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
     # the profiled steps (the last profile_steps) are slowed by the profiler: not timed
     timed = step_s[args.warmup_steps : len(step_s) - args.profile_steps] or step_s
     decode_stats = engine.kv_stats()
+    after_warmup = len(step_s) - args.warmup_steps
+    resolves = {bank: (n - clocks[bank]) / after_warmup for bank, n in resolve_calls(engine).items()} if clocks else {}
     graphs = engine.runner.graph_decoder
     text = engine.tokenizer.decode(seq.output_ids, skip_special_tokens=True) if engine.tokenizer is not None else ""
     out = dict(
@@ -279,6 +287,8 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
         captures=graphs.captures if graphs else 0, replays=graphs.replays if graphs else 0,
         plan=engine.kv_plan.summary if engine.kv_plan is not None else "",
     )
+    for bank, n in resolves.items():  # per decode step, all layers (every step after the warm-up)
+        out[f"decode_{bank}_resolves_per_step"] = n
     for phase, stats in (("prefill", prefill_stats), ("decode", decode_stats)):
         for bank in ("mask", "attention"):
             out[f"{phase}_{bank}_hit"] = stats[bank].hit_ratio if stats else None
