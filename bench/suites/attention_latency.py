@@ -225,20 +225,6 @@ def method_config(name: str, args) -> InfiniteHiPConfig:
     return dataclasses.replace(cfg, impl=args.impl, early_layers=1 if args.layer_type == "early" else 0)
 
 
-def backend_ctx(device: torch.device):
-    if device.type == "cuda":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
-    return contextlib.nullcontext()
-
-
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    """q [n, H, d], k/v [L, Hkv, d] (NHD views, no copies) -> [1, H, n, d]; GQA inside the kernel."""
-    return F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                          is_causal=causal, enable_gqa=True)
-
-
 # ---- dense ----------------------------------------------------------------------------------------------
 def bench_dense(ctx: Context, q_prefill: torch.Tensor | None, q_decode: torch.Tensor, args, timer: Timer,
                 rope: RotaryEmbedding, device: torch.device) -> dict:

@@ -126,47 +126,6 @@ def time_phases(device: torch.device) -> None:
     timed(OffloadedPagedCache, "stage", "staged layer copy (store -> GPU)")
 
 
-def dense_layerwise(loaded: LoadedModel, contexts: list[int], device: torch.device) -> list[dict]:
-    """The paper's dense decode comparison, measured in this run: a graph-replayed decode step of the same model
-    with attention replaced by the identity (weights, norms, MLP, logits: what every method pays) + num_layers x
-    one layer's SDPA-flash decode over the context (cold L2; a dense KV of 1M tokens would not fit, one layer does)."""
-    from bench.attention_latency import Timer, backend_ctx, sdpa
-
-    mc, model = loaded.config, loaded.model
-    ids = torch.zeros(1, dtype=torch.long, device=device)
-    timer = Timer(device, warmup=3, min_reps=20, max_reps=200, budget_s=2.0)
-    with torch.inference_mode():
-        def step():
-            return model.compute_logits(model(ids, lambda layer, q, k, v: q))
-
-        for _ in range(2):
-            step()
-        replay, graph = step, None
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step()
-            replay = graph.replay
-        rest_ms = timer(replay)["ms"]
-
-        def layer_ms(context: int) -> float:
-            q = torch.randn(1, mc.num_heads, mc.head_dim, dtype=torch.bfloat16, device=device)
-            k = torch.randn(context, mc.num_kv_heads, mc.head_dim, dtype=torch.bfloat16, device=device)
-            v = torch.randn_like(k)
-            with backend_ctx(device):
-                return timer(lambda: sdpa(q, k, v, causal=False))["ms"]
-
-        rows = []
-        for context in contexts:
-            ms = layer_ms(context)
-            rows.append(dict(context=context, rest_ms=rest_ms, layer_ms=ms, dense_ms=rest_ms + mc.num_layers * ms))
-    del graph
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return rows
-
-
 def time_graph_replays() -> list:
     """From now on, every CUDA-graph replay is bracketed by CUDA events: [(start, end), ...] (GPU time per replay)."""
     events = []
