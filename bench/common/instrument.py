@@ -5,6 +5,7 @@ length of a run (the product has no hook for these; nothing in the package calls
   (decode timing at contexts whose real prefill would take most of a device session; random weights only);
 - time_phases: synchronised wall time per prefill phase into PHASES;
 - time_graph_replays: CUDA events around every CUDA-graph replay;
+- time_calls: the synchronised wall time of each call of a function;
 - record_calls: the arguments of a module function's calls (to time a kernel alone with its real inputs).
 """
 
@@ -107,3 +108,18 @@ def record_calls(module: Any, name: str):
         yield calls, original
     finally:
         setattr(module, name, original)
+
+
+def time_calls(owner: Any, name: str, device: torch.device, seconds: list[float]) -> None:
+    """From now on, append the synchronised wall time of every owner.name call to `seconds`."""
+    inner = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        sync(device)
+        start = time.perf_counter()
+        out = inner(*args, **kwargs)
+        sync(device)
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    setattr(owner, name, timed)

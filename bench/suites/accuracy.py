@@ -1,71 +1,68 @@
-"""Passkey / NIAH sweep over lengths with one loaded model, results written after every length.
+"""Passkey / NIAH accuracy over lengths x depths with one loaded model (`infinitehip eval passkey|niah`'s sweep and
+flags), the result file rewritten after every length; stops starting new lengths once --budget-s is spent, so a
+time-boxed GPU run still returns what it did.
 
-Stops starting new lengths once --budget-s is spent, so a time-boxed GPU run still returns what it did.
-
-    python bench/passkey_sweep.py --method infinitehip --lengths 65536 131072 --depths 0.1 0.5 0.9 --output out.json
+    python -m bench accuracy --method infinitehip --lengths 65536 131072 --depths 0.1 0.5 0.9 --output out.json
+    python -m bench accuracy --model smol.gguf --method tokenselect --selection-cache false --lengths 65536 ...
     ... --offload-enabled --mask-bank-tokens 36864 --attention-bank-tokens 65536     # KV in host memory, GPU banks
+    python -m bench accuracy --smoke                                   # CPU, embedded model, one 1K-token prompt
+
+Method settings: --preset, --method-config JSON and each field's flag (--help-all), as `infinitehip eval`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import time
-from pathlib import Path
 
-from infinitehip import LLM, EngineConfig
-from infinitehip.attention.registry import method_spec
+from bench.common.cli import add_smoke_flag
+from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
+from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
+from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
-from infinitehip.eval.runner import EvalConfig, context_tokens_needed, run_eval
+from infinitehip.eval.runner import TASKS, EvalConfig, context_tokens_needed, run_eval
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--task", default="passkey")
-    p.add_argument("--method", default="infinitehip")
-    p.add_argument("--preset", default=None, help="the method's named preset (default: the method's default)")
-    p.add_argument("--lengths", type=int, nargs="+", required=True)
-    p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9])
-    p.add_argument("--seed", type=int, default=0, help="base seed: another value gives other pass keys (same filler)")
-    p.add_argument("--model", default=None)
-    p.add_argument("--model-cache-dir", default=None)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--prefill-chunk-size", type=int, default=32768)
-    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
-                   help="overrides of the method's config, e.g. refresh_intervals=[1,1,1] (infinitehip), "
-                        "selection_cache=false (tokenselect), 'catalyst_question=\"What is the pass key?\"' (infinipot)")
-    p.add_argument("--budget-s", type=float, default=1e9)
-    p.add_argument("--offload-enabled", action="store_true", help="every token's K/V in host memory behind GPU banks")
-    p.add_argument("--mask-bank-tokens", type=int, default=OffloadConfig.mask_bank_tokens)
-    p.add_argument("--attention-bank-tokens", type=int, default=OffloadConfig.attention_bank_tokens)
-    p.add_argument("--output", required=True)
-    args = p.parse_args()
+def add_arguments(p) -> None:
+    p.add_argument("--task", default="passkey", choices=tuple(TASKS))
+    p.add_argument("--budget-s", type=float, default=1e9, help="start no new length after this many seconds")
+    add_smoke_flag(p, "embedded model, passkey at 1,024 tokens, one depth, method dense unless given")
+    add_dataclass_flags(p, EvalConfig, exclude=("output",), title="evaluation (EvalConfig)")
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
+    add_method_flags(p)
+    add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
+    p.set_defaults(prefill_chunk_size=32768, show_progress=False)
 
-    engine = EngineConfig(model=args.model, model_cache_dir=args.model_cache_dir, method=args.method, device=args.device,
-                          max_context_tokens=context_tokens_needed(args.task, tuple(args.lengths)), prefill_chunk_size=args.prefill_chunk_size,
-                          show_progress=False)
-    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
-    method_config = method_spec(args.method).config(args.preset, **overrides)
-    offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=args.mask_bank_tokens,
-                            attention_bank_tokens=args.attention_bank_tokens) if args.offload_enabled else None
-    llm = LLM(config=engine, method_config=method_config, offload_config=offload)
-    start, results = time.time(), []
-    for length in args.lengths:
+
+def run(args, out) -> dict:
+    from infinitehip import LLM
+
+    if args.smoke:
+        args.lengths, args.depths, args.device = [1024], [0.5], "cpu"
+        if not hasattr(args, "method"):
+            args.method = "dense"  # the sweep's path in seconds; --method M --smoke runs M
+        out.meta["device"] = "cpu"
+    eval_config = dataclass_from_args(EvalConfig, args)
+    settings = settings_from_args(args)
+    engine = settings.engine
+    if engine.max_context_tokens is None:
+        engine = dataclasses.replace(engine, max_context_tokens=context_tokens_needed(args.task, eval_config.lengths))
+    llm = LLM(config=engine, method_config=settings.method, offload_config=settings.offload)
+    body = dict(task=args.task, method=engine.method, preset=getattr(args, "preset", None),
+                method_config=dataclasses.asdict(settings.method) if settings.method is not None else None,
+                seed=eval_config.seed, offload=dataclasses.asdict(settings.offload) if settings.offload else None,
+                engine_device=str(llm.engine.device), results=[])
+    start = time.time()
+    for length in eval_config.lengths:
         if time.time() - start > args.budget_s:
             print(f"budget spent: skipping length {length} and longer", flush=True)
             break
-        results += [dataclasses.asdict(r) for r in run_eval(llm, args.task, EvalConfig(lengths=(length,), depths=tuple(args.depths), seed=args.seed))]
-        Path(args.output).write_text(json.dumps({"method": args.method, "preset": args.preset, "overrides": overrides,
-                                                 "seed": args.seed,
-                                                 "offload": dataclasses.asdict(offload) if offload else None,
-                                                 "device": str(llm.engine.device),
-                                                 "results": results}, indent=1))
+        one = dataclasses.replace(eval_config, lengths=(length,))
+        body["results"] += [dataclasses.asdict(r) for r in run_eval(llm, args.task, one)]
+        out.write(body)
     print(f"{'length':>8} {'correct':>8} {'mean s':>8}")
-    for length in sorted({r["length"] for r in results}):
-        rows = [r for r in results if r["length"] == length]
-        print(f"{length:>8} {sum(r['correct'] for r in rows):>4}/{len(rows):<3} {sum(r['seconds'] for r in rows) / len(rows):>8.1f}")
-
-
-if __name__ == "__main__":
-    main()
+    for length in sorted({r["length"] for r in body["results"]}):
+        rows = [r for r in body["results"] if r["length"] == length]
+        print(f"{length:>8} {sum(r['correct'] for r in rows):>4}/{len(rows):<3} "
+              f"{sum(r['seconds'] for r in rows) / len(rows):>8.1f}")
+    return body

@@ -2,86 +2,67 @@
 (catalyst + selection + compaction), KV cache bytes, peak device memory and decode speed. The KV cache
 is one pot whatever the length, so memory should stay flat while TTFT grows linearly.
 
-    python bench/infinipot_memory.py --lengths 8192 32768 131072 --pot-tokens 4096 --random-8b
-    python bench/infinipot_memory.py --lengths 2048 8192 --pot-tokens 1024 --device cpu   # embedded model
-    python bench/infinipot_memory.py --lengths 65536 1048576 --preset 4k-retrieval --model smol.gguf \
-        --prefill-chunk-size 32768                                                          # a named preset
+    python -m bench memory --lengths 8192 32768 131072 --pot-tokens 4096 --model random8b
+    python -m bench memory --lengths 2048 8192 --pot-tokens 1024 --device cpu          # embedded model
+    python -m bench memory --lengths 65536 1048576 --preset 4k-retrieval --model smol.gguf \
+        --prefill-chunk-size 32768                                                   # a named preset
+    python -m bench memory --smoke                                                   # CPU, embedded model
 
---random-8b: Llama-3.1-8B-shaped model with random bf16 weights (the embedded tokenizer encodes the
-catalyst; its ids are inside the 8B vocabulary). Prompts are random token ids.
+--model random8b: Llama-3.1-8B-shaped model with random bf16 weights (the embedded tokenizer encodes the
+catalyst; its ids are inside the 8B vocabulary). Prompts are random token ids. The method's settings are
+InfiniPot's flags (--preset, --pot-tokens, --compressed-tokens: default pot / 4, ... --help-all).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
-from pathlib import Path
 
 import torch
 
+from bench.common import models
+from bench.common.cli import add_method_flags, add_smoke_flag, method_config
+from bench.common.instrument import time_calls
+from bench.common.timing import sync as _sync
 from infinitehip import EngineConfig, SamplingParams
 from infinitehip.attention.infinipot import method as infinipot_method
-from infinitehip.config.infinipot import PRESETS, InfiniPotConfig
+from infinitehip.cli.options import parse_int
 from infinitehip.engine.llm_engine import LLMEngine
-from infinitehip.model.gguf_convert import default_cache_root
-from infinitehip.model.loading import LoadedModel, load_model, random_model
+from infinitehip.model.loading import LoadedModel
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--lengths", type=int, nargs="+", required=True)
-    parser.add_argument("--pot-tokens", type=int, default=None, help=f"default: {InfiniPotConfig.pot_tokens}")
-    parser.add_argument("--compressed-tokens", type=int, default=None, help="default: pot_tokens / 4")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                        help="a named InfiniPot preset instead of --pot-tokens / --compressed-tokens")
-    parser.add_argument("--model", default=None, help="HF dir or .gguf (default: the embedded SmolLM2-135M)")
-    parser.add_argument("--model-cache-dir", default=None, help="GGUF conversion cache (default: the user cache dir)")
-    parser.add_argument("--prefill-chunk-size", type=int, default=EngineConfig.prefill_chunk_size)
+def add_arguments(parser) -> None:
+    parser.add_argument("--lengths", type=parse_int, nargs="+", default=[8192])
+    models.add_model_flags(parser, default="embedded")
+    parser.add_argument("--prefill-chunk-size", type=parse_int, default=EngineConfig.prefill_chunk_size)
     parser.add_argument("--decode-steps", type=int, default=64)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--random-8b", action="store_true")
-    parser.add_argument("--output", default=None)
-    args = parser.parse_args()
+    add_smoke_flag(parser, "embedded model, one 600-token prompt, a 256-token pot")
+    add_method_flags(parser)
 
-    if args.preset is not None:
-        if args.pot_tokens is not None or args.compressed_tokens is not None:
-            parser.error("--preset fixes the pot: drop --pot-tokens / --compressed-tokens")
-        config = PRESETS[args.preset]
-    else:
-        pot = args.pot_tokens or InfiniPotConfig.pot_tokens
-        config = InfiniPotConfig(pot_tokens=pot, compressed_tokens=args.compressed_tokens or pot // 4)
 
+def run(args, out) -> dict:
+    if args.smoke:
+        args.lengths, args.device, args.decode_steps, args.model, args.prefill_chunk_size = [600], "cpu", 4, "embedded", 128
+        args.pot_tokens = getattr(args, "pot_tokens", 256)
+        out.meta["device"] = "cpu"
+    if getattr(args, "pot_tokens", None) is not None and not hasattr(args, "compressed_tokens"):
+        args.compressed_tokens = args.pot_tokens // 4
+    config = method_config(args, "infinipot")
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    cache_root = Path(args.model_cache_dir) if args.model_cache_dir else default_cache_root()
-    embedded = load_model(args.model, cache_root, device, dtype)
-    if args.random_8b:
-        from decode_gpu import LLAMA_31_8B  # bench/ is the script's directory, first on sys.path
-
-        model = random_model(LLAMA_31_8B, device, dtype)
-        loaded = LoadedModel(LLAMA_31_8B, model, embedded.tokenizer, "random Llama-3.1-8B-shaped weights", Path("."))
+    embedded = models.load("embedded" if models.is_random(args.model) else args.model, device, dtype,
+                           getattr(args, "model_cache_dir", None))
+    if models.is_random(args.model):
+        random = models.load(args.model, device, dtype)
+        loaded = LoadedModel(random.config, random.model, embedded.tokenizer, random.source, random.model_dir)
+        del embedded
     else:
         loaded = embedded
 
-    distill_seconds = []
-    distill = infinipot_method.InfiniPotAttention._distill
-
-    def timed_distill(self, seq, hooks):
-        _sync(device)
-        start = time.perf_counter()
-        kept = distill(self, seq, hooks)
-        _sync(device)
-        distill_seconds.append(time.perf_counter() - start)
-        return kept
-
-    infinipot_method.InfiniPotAttention._distill = timed_distill
+    distill_seconds: list[float] = []
+    time_calls(infinipot_method.InfiniPotAttention, "_distill", device, distill_seconds)
     rows = []
     for length in args.lengths:
         engine = LLMEngine(EngineConfig(method="infinipot", device=args.device, dtype=str(dtype).removeprefix("torch."),
@@ -113,10 +94,5 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
         del engine
-    if args.output:
-        Path(args.output).write_text(json.dumps(dict(config=dataclasses.asdict(config), preset=args.preset,
-                                                     prefill_chunk_size=args.prefill_chunk_size, rows=rows), indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    return dict(config=dataclasses.asdict(config), preset=args.preset, prefill_chunk_size=args.prefill_chunk_size,
+                rows=rows)

@@ -2,12 +2,12 @@
 decode N tokens with CUDA graphs, report prefill s, decode tok/s, GPU memory vs what a resident KV would take,
 and the banks' hit ratios (prefill and decode separately).
 
-    python bench/offload_decode_gpu.py --contexts 131072 524288 --steps 64                 # random 8B-shaped bf16
-    python bench/offload_decode_gpu.py --model embedded --passkey --contexts 32768 --compare-resident
-    python bench/offload_decode_gpu.py --smoke                                              # CPU, tiny model
+    python -m bench offload-decode --contexts 131072 524288 --steps 64                 # random 8B-shaped bf16
+    python -m bench offload-decode --model embedded --passkey --contexts 32768 --compare-resident
+    python -m bench offload-decode --smoke                                              # CPU, tiny model
 
---model random8b: Llama-3.1-8B shape with RANDOM bf16 weights (bench/decode_gpu.py's setup; tokens are noise).
---model embedded: the embedded model; with --passkey the prompt is a passkey sample and the reply is checked.
+--model random8b: Llama-3.1-8B shape with RANDOM bf16 weights (tokens are noise).
+--model embedded (or a .gguf file, ...): a real model; with --passkey the prompt is a passkey sample, reply checked.
 --compare-resident also runs the resident engine (same prompt) and checks the greedy tokens are identical.
 --fast-prefill (random8b only: decode timing at contexts whose real prefill would take most of a device session):
 the prompt's K/V, landmark saliency and question-time selection are computed and written as in a real prefill, but the prefill's sparse
@@ -21,46 +21,25 @@ attention bank at least --min-attention-bank tokens; the planner's summary line 
 
 from __future__ import annotations
 
-import argparse
 import cProfile
-import json
-import os
+import dataclasses
 import pstats
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-SMOKE = "--smoke" in sys.argv
-if SMOKE and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.decode_gpu import LLAMA_31_8B  # noqa: E402
-from infinitehip import EngineConfig, SamplingParams  # noqa: E402
-from infinitehip.attention.infinitehip.offload_access import check_offload  # noqa: E402
-from infinitehip.config.infinitehip import InfiniteHiPConfig, infinitehip_preset  # noqa: E402
-from infinitehip.config.model import ModelConfig  # noqa: E402
-from infinitehip.config.offload import OffloadConfig  # noqa: E402
-from infinitehip.engine.graph_decode import CudaGraphRecorder  # noqa: E402
-from infinitehip.engine.llm_engine import LLMEngine  # noqa: E402
-from infinitehip.model.loading import LoadedModel, random_model  # noqa: E402
-
-TINY = ModelConfig(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                   num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=4096)
-TINY_METHOD = InfiniteHiPConfig(sink_tokens=16, stream_tokens=64, query_block_sizes=(32, 16, 8), chunk_sizes=(64, 16, 4),
-                                keep_tokens=(512, 128, 32), early_last_keep_tokens=64, refresh_intervals=(4, 2, 1),
-                                early_layers=1, landmark_window=48)
-
-
-def banks_for(method: InfiniteHiPConfig, context: int, num_heads: int, args) -> OffloadConfig:
-    need = check_offload(method, OffloadConfig(mask_bank_tokens=1 << 40, attention_bank_tokens=1 << 40), context,
-                         num_heads, 1)
-    return OffloadConfig(offload_enabled=True, kv_dtype=args.kv_dtype,
-                         mask_bank_tokens=args.mask_bank_tokens or need.mask_stage_tokens,  # one group per stage
-                         attention_bank_tokens=args.attention_bank_tokens or max(need.attention_tokens, args.min_attention_bank))
+from bench.common import models
+from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
+from bench.common.dense import decode_layerwise
+from bench.common.instrument import PHASES, time_graph_replays, time_phases, untime_graph_replays, use_fast_prefill
+from bench.common.timing import sync
+from infinitehip import EngineConfig, SamplingParams
+from infinitehip.cli.options import parse_int
+from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.config.offload import OffloadConfig
+from infinitehip.engine.llm_engine import LLMEngine
+from infinitehip.model.loading import LoadedModel
 
 
 def prompt_for(engine: LLMEngine, args, context: int) -> tuple[list[int], object | None]:
@@ -73,81 +52,7 @@ def prompt_for(engine: LLMEngine, args, context: int) -> tuple[list[int], object
     return ids.tolist(), None
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def use_fast_prefill() -> None:
-    """Prefill writes K/V and saliency as usual; its attention output is zeros (see --fast-prefill)."""
-    from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
-
-    def prefill(self, layer, q, seq, batch):
-        self._update_saliency(layer, q, seq, batch)
-        self._question_prefill(layer, q, seq, batch)  # question-time selection (if on) scans the store as usual
-        return torch.zeros_like(q)
-
-    InfiniteHiPAttention.prefill = prefill
-
-
-PHASES: dict[str, float] = {}
-
-
-def time_phases(device: torch.device) -> None:
-    """Wrap the prefill's phases with synchronised timers (PHASES: name -> seconds; nested phases overlap)."""
-    from infinitehip.attention.infinitehip import method, offload_access, saliency
-    from infinitehip.kv.offload import offloaded
-    from infinitehip.kv.offload.paged import OffloadedPagedCache
-
-    def timed(owner, name, label):
-        inner = getattr(owner, name)
-
-        def wrapper(*a, **kw):
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                return inner(*a, **kw)  # no syncs inside a graph capture
-            sync(device)
-            t = time.perf_counter()
-            out = inner(*a, **kw)
-            sync(device)
-            PHASES[label] = PHASES.get(label, 0.0) + time.perf_counter() - t
-            return out
-
-        setattr(owner, name, wrapper)
-
-    timed(method.InfiniteHiPAttention, "prefill", "prefill attention (all)")
-    timed(method.InfiniteHiPAttention, "_stage", "pruning stages")
-    timed(method.InfiniteHiPAttention, "_attend_prefill", "block-sparse attention")
-    timed(method.InfiniteHiPAttention, "_question_prefill", "question-time selection")
-    timed(saliency.KeySaliency, "update", "landmark saliency")
-    timed(offload_access.RepresentativeKeys, "__call__", "mask-bank resolve + table")
-    timed(offloaded.OffloadedKV, "resolve_attention", "attention-bank resolve")
-    timed(offloaded.OffloadedKV, "write", "KV write (offloaded)")
-    timed(OffloadedPagedCache, "token_table", "token tables")
-    timed(OffloadedPagedCache, "stage", "staged layer copy (store -> GPU)")
-
-
-def time_graph_replays() -> list:
-    """From now on, every CUDA-graph replay is bracketed by CUDA events: [(start, end), ...] (GPU time per replay)."""
-    events = []
-    plain = CudaGraphRecorder.replay
-
-    def replay(self):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = plain(self)
-        end.record()
-        events.append((start, end))
-        return out
-
-    CudaGraphRecorder.replay, CudaGraphRecorder._plain_replay = replay, plain
-    return events
-
-
-def untime_graph_replays() -> None:
-    CudaGraphRecorder.replay = CudaGraphRecorder._plain_replay
-
-
-def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig | None, context: int, args) -> dict:
+def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig | None, context: int, args) -> dict:
     device = loaded.model.embed_tokens.weight.device if hasattr(loaded.model, "embed_tokens") else next(loaded.model.parameters()).device
     engine = LLMEngine(EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype,
                                     max_context_tokens=context + args.steps + args.warmup_steps + 64,
@@ -248,9 +153,8 @@ def run(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadConfig |
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--contexts", type=int, nargs="+", default=[131072])
+def add_arguments(p) -> None:
+    p.add_argument("--contexts", type=parse_int, nargs="+", default=[131072])
     p.add_argument("--steps", type=int, default=None,
                    help="timed decode steps (default: two of the longest refresh interval, so every refresh pattern "
                         "is timed in its proportion)")
@@ -260,64 +164,51 @@ def main() -> None:
     p.add_argument("--dense-layerwise", action="store_true",
                    help="GPU: the paper's layer-wise dense decode estimate at each context, measured after the runs")
     p.add_argument("--graph-times", action="store_true", help="GPU time of each graph replay (CUDA events)")
-    p.add_argument("--preset", default="3k-fast")
-    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
-                   help="InfiniteHiPConfig overrides of the preset, e.g. chunk_sizes=[256,32,16]")
-    p.add_argument("--model", choices=("random8b", "embedded"), default="random8b")
-    p.add_argument("--model-cache-dir", default=None)
-    p.add_argument("--passkey", action="store_true", help="passkey prompt (with --model embedded)")
-    p.add_argument("--gguf", default=None, help="with --model embedded: this GGUF file instead of the installed package's")
+    models.add_model_flags(p)
+    p.add_argument("--passkey", action="store_true", help="passkey prompt (a real model: not random8b)")
     p.add_argument("--repeat-resident", action="store_true",
                    help="run the resident engine twice as well: tells run-to-run non-determinism from offload effects")
     p.add_argument("--depth", type=float, default=0.5)
-    p.add_argument("--mask-bank-tokens", type=int, default=None, help="default: the largest stage's representatives at the context (one group per stage)")
-    p.add_argument("--attention-bank-tokens", type=int, default=None, help="default: max(worst case, --min-attention-bank)")
-    p.add_argument("--min-attention-bank", type=int, default=65536)
-    p.add_argument("--chunk", type=int, default=32768, help="prefill chunk")
+    p.add_argument("--chunk", type=parse_int, default=32768, help="prefill chunk")
     p.add_argument("--compare-resident", action="store_true", help="also run with the KV resident; tokens must match")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps after the timed ones (kernel table; --steps counts them, they are not timed)")
+    p.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps after the timed ones (kernel "
+                   "table; --steps counts them, they are not timed)")
     p.add_argument("--profile-rows", type=int, default=25)
     p.add_argument("--host-profile", action="store_true",
                    help="cProfile of the timed decode steps and the GPU time of each graph replay (CUDA events)")
     p.add_argument("--profile-prefill", action="store_true", help="kernel and host tables of the prefill")
-    p.add_argument("--kv-dtype", default="auto", help="host store dtype when offloaded (auto, fp8_e4m3, fp8_e5m2)")
     p.add_argument("--fast-prefill", action="store_true", help="random8b: prefill attention replaced by zeros (see above)")
     p.add_argument("--phase-times", action="store_true", help="synchronised wall time per prefill phase")
-    p.add_argument("--smoke", action="store_true", help="CPU, tiny random model, 700 tokens, 8 steps, tokens checked")
-    p.add_argument("--output", default=None, help="write the rows (and the dense layer-wise baseline) to this JSON file")
-    args = p.parse_args()
-    if args.passkey and args.model != "embedded":
-        p.error("--passkey needs --model embedded (random weights cannot answer)")
-    overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
-    if args.fast_prefill and args.model != "random8b":
-        p.error("--fast-prefill is for random weights only (a real model's answer needs the real prefill)")
+    add_smoke_flag(p, "tiny random model, 700 tokens, 8 steps, offloaded tokens == resident tokens")
+    add_method_flags(p, preset="3k-fast")
+    add_offload_flags(p)
+
+
+def run(args, out) -> dict:
+    if args.passkey and models.is_random(args.model):
+        raise ValueError("--passkey needs a real model (random weights cannot answer)")
+    if args.fast_prefill and not models.is_random(args.model):
+        raise ValueError("--fast-prefill is for random weights only (a real model's answer needs the real prefill)")
     if args.fast_prefill:
         use_fast_prefill()
     if args.phase_times:
         time_phases(torch.device("cpu" if args.smoke else "cuda"))
-
     if args.smoke:
         args.contexts, args.steps, args.warmup_steps, args.chunk = [700], 8, 2, 128
         args.dtype, args.compare_resident, args.no_graphs = "float32", True, True
         args.min_attention_bank = 0  # banks at the worst case of one call: evictions every step
-        loaded = LoadedModel(TINY, random_model(TINY, torch.device("cpu"), torch.float32), None, "tiny random", Path("."))
-        method = TINY_METHOD
-    elif args.model == "random8b":
-        model = random_model(LLAMA_31_8B, torch.device("cuda"), torch.bfloat16)
-        loaded = LoadedModel(LLAMA_31_8B, model, None, "random Llama-3.1-8B-shaped weights", Path("."))
-        method = infinitehip_preset(args.preset, **overrides)
+        out.meta["device"] = "cpu"
+        loaded = models.load("tiny", torch.device("cpu"), torch.float32)
+        method = models.TINY_METHOD
     else:
-        from infinitehip.engine.llm_engine import load_engine_model
-
-        loaded = load_engine_model(EngineConfig(model=args.gguf, model_cache_dir=args.model_cache_dir, device="cuda",
-                                                dtype=args.dtype))
-        method = infinitehip_preset(args.preset, **overrides)
+        loaded = models.load(args.model, torch.device("cuda"), getattr(torch, args.dtype), args.model_cache_dir)
+        method = method_config(args)
     longest_refresh = max(method.refresh_intervals)
     args.warmup_steps = longest_refresh + 2 if args.warmup_steps is None else args.warmup_steps
     args.steps = 2 * longest_refresh if args.steps is None else args.steps
-    weights_gb = sum(t.numel() * t.element_size() for t in loaded.model.parameters()) / 1e9
+    weights_gb = models.weights_gb(loaded)
 
     rows, failures = [], 0
     for context in args.contexts:
@@ -327,7 +218,7 @@ def main() -> None:
         results = []
         for mode in modes:
             try:
-                results.append(run(loaded, method, mode, context, args))
+                results.append(run_cell(loaded, method, mode, context, args))
             except torch.OutOfMemoryError as e:
                 print(f"{'offloaded' if mode else 'resident'} at {context}: out of GPU memory ({str(e)[:160]})", flush=True)
                 torch.cuda.empty_cache()
@@ -347,9 +238,9 @@ def main() -> None:
                   flush=True)
         rows += results
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke else "cpu"
+    device = out.meta["device"]
     print(f"\ndevice: {device}, torch {torch.__version__}; model: {loaded.source} ({weights_gb:.2f} GB weights); "
-          f"preset {'tiny' if args.smoke else args.preset} {overrides or ''}; graphs {'off' if args.no_graphs else 'on'}; "
+          f"preset {'tiny' if args.smoke else args.preset}; graphs {'off' if args.no_graphs else 'on'}; "
           f"prefill {'FAST (attention replaced by zeros)' if args.fast_prefill else 'real'}\n")
     print("| context | KV | prefill s | decode ms/step | tok/s | peak GPU GB | banks GB | store on GPU GB | resident KV GB | "
           "mask hit (prefill/decode) | attention hit (prefill/decode) | graphs | captures timed | graph GPU ms | passkey |")
@@ -362,7 +253,7 @@ def main() -> None:
               f"{fmt(r['prefill_attention_hit'])} / {fmt(r['decode_attention_hit'])} | {r['captures']}/{r['replays']} | "
               f"{r['captures_in_timed']} | {fmt(r['graph_ms'])} | {r['passkey']} |")
     if args.dense_layerwise:
-        dense = dense_layerwise(loaded, args.contexts, torch.device("cpu" if args.smoke else "cuda"))
+        dense = decode_layerwise(loaded, args.contexts, torch.device("cpu" if args.smoke else "cuda"))
         print("\ndense decode, layer-wise (graph step without attention + layers x SDPA-flash decode of one layer):")
         print("| context | step without attention ms | one layer's SDPA ms | dense step ms | dense tok/s | offloaded ms/step | offloaded / dense speed |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -371,26 +262,10 @@ def main() -> None:
             tail = f"{ours[0]:.2f} | {d['dense_ms'] / ours[0]:.2f}x" if ours else "- | -"
             print(f"| {d['context']:,} | {d['rest_ms']:.2f} | {d['layer_ms']:.3f} | {d['dense_ms']:.2f} | "
                   f"{1e3 / d['dense_ms']:.1f} | {tail} |")
-    if args.output:
-        import subprocess
-
-        import triton
-
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
-        meta = {"device": device, "torch": torch.__version__, "triton": triton.__version__, "git_commit": commit,
-                "model": loaded.source, "preset": None if args.smoke else args.preset, "overrides": overrides,
-                "method_config": None if args.smoke else method.__dict__, "argv": sys.argv[1:],
-                "fast_prefill": bool(args.fast_prefill)}
-        keep = [{k: v for k, v in r.items() if k not in ("tokens",)} for r in rows]
-        Path(args.output).write_text(json.dumps({"meta": meta, "rows": keep,
-                                                 "dense_layerwise": dense if args.dense_layerwise else None},
-                                                indent=1, default=str))
-        print(f"wrote {args.output}")
+    out.meta.update(model=loaded.source, preset=None if args.smoke else args.preset,
+                    method_config=None if args.smoke else dataclasses.asdict(method), fast_prefill=bool(args.fast_prefill))
+    keep = [{k: v for k, v in r.items() if k not in ("tokens",)} for r in rows]
     overflows = sum(r[f"{ph}_{b}_overflows"] for r in rows for ph in ("prefill", "decode") for b in ("mask", "attention"))
     if overflows:
         print(f"ERROR: {overflows} resolve calls asked a bank for more rows than it holds")
-    sys.exit(1 if failures or overflows else 0)
-
-
-if __name__ == "__main__":
-    main()
+    return dict(rows=keep, dense_layerwise=dense if args.dense_layerwise else None, ok=not (failures or overflows))

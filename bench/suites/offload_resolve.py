@@ -16,28 +16,33 @@ Also printed: the measured hit ratio, missed rows and bytes per call, the PCIe b
 and the per-token estimate for a model (`--layers` layers x 2 banks, graph mode). After timing, the rows
 read through the returned indices are checked against the host store.
 
-    python bench/offload_resolve.py                      # CUDA (H100): 1M slots, 64K bank, 3.3K requested
-    python bench/offload_resolve.py --kv-dtype fp8_e4m3 --output resolve.json
-    python bench/offload_resolve.py --smoke              # CPU, Triton interpreter, tiny sizes
+    python -m bench offload-resolve                      # CUDA: 1M slots, 64K bank, 3.3K requested
+    python -m bench offload-resolve --kv-dtype fp8_e4m3 --output resolve.json
+    python -m bench offload-resolve --smoke              # CPU, Triton interpreter, tiny sizes
 
 Exit status 1 when the rows read back differ from the host store (or, with --smoke, when the Triton and
-reference paths leave different banks). In a git worktree not installed in the venv, prefix PYTHONPATH=.
+reference paths leave different banks).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
 import sys
 import time
 
+import torch
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--slots", type=int, default=1 << 20, help="store tokens (context)")
-    p.add_argument("--bank", type=int, default=1 << 16, help="attention bank tokens")
+from infinitehip.cli.options import parse_int
+from infinitehip.config.offload import OffloadConfig
+from infinitehip.kv.offload import OffloadedKV
+from infinitehip.kv.offload.resolve import resolve
+
+ARGS = None  # the parsed flags of the run (set by run())
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--slots", type=parse_int, default=1 << 20, help="store tokens (context)")
+    p.add_argument("--bank", type=parse_int, default=1 << 16, help="attention bank tokens")
     p.add_argument("--requested", type=int, default=3300, help="slots requested per resolve call")
     p.add_argument("--hit-ratio", type=float, default=0.9)
     p.add_argument("--kv-heads", type=int, default=8)
@@ -46,24 +51,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=32, help="model layers for the per-token estimate (one is stored)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--output", default=None, help="write the results as JSON here")
     p.add_argument("--smoke", action="store_true", help="CPU, Triton interpreter, tiny sizes")
-    args = p.parse_args()
-    if args.smoke:
-        args.slots, args.bank, args.requested, args.kv_heads, args.head_dim = 4096, 512, 64, 2, 16
-        args.steps, args.warmup = 6, 4
-    return args
-
-
-ARGS = parse_args()
-if ARGS.smoke:
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
-
-import torch  # noqa: E402
-
-from infinitehip.config.offload import OffloadConfig  # noqa: E402
-from infinitehip.kv.offload import OffloadedKV  # noqa: E402
-from infinitehip.kv.offload.resolve import resolve  # noqa: E402
 
 
 def make_trace(steps: int, slots: int, requested: int, hit_ratio: float, device, seed: int = 0) -> torch.Tensor:
@@ -111,11 +99,16 @@ def build(device, impl):
     return kv
 
 
-def main() -> int:
+def run(args, out) -> dict:
+    global ARGS
+    ARGS = args
+    if args.smoke:
+        args.slots, args.bank, args.requested, args.kv_heads, args.head_dim = 4096, 512, 64, 2, 16
+        args.steps, args.warmup = 6, 4
+        out.meta["device"] = "cpu"
     device = torch.device("cpu" if ARGS.smoke else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("CUDA is not available; use --smoke for the CPU check", file=sys.stderr)
-        return 2
+        sys.exit("CUDA is not available; use --smoke for the CPU check")
     torch.manual_seed(0)
     kv = build(device, "triton")
     fill_random(kv.store.k[0])
@@ -124,7 +117,7 @@ def main() -> int:
     trace = make_trace(total, ARGS.slots, ARGS.requested, ARGS.hit_ratio, device)
     bank, store = kv.attention_bank, kv.store
     row_bytes = 2 * ARGS.kv_heads * ARGS.head_dim * store.k[0].element_size()
-    results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "args": vars(ARGS)}
+    results = {"device": out.meta["device"]}
 
     for i in range(ARGS.warmup):
         resolve(bank, store, 0, trace[i], impl="triton")
@@ -206,12 +199,5 @@ def main() -> int:
     print(f"per token, {ARGS.layers} layers x 2 banks: {results['per_token_ms_estimate']:.2f} ms; "
           f"rows match host store: {results['rows_match_host_store']}"
           + (f"; triton == reference: {results['triton_equals_reference']}" if "triton_equals_reference" in results else ""))
-    if ARGS.output:
-        with open(ARGS.output, "w") as f:
-            json.dump(results, f, indent=2)
-    good = results["rows_match_host_store"] and results.get("triton_equals_reference", True)
-    return 0 if good else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    results["ok"] = bool(results["rows_match_host_store"] and results.get("triton_equals_reference", True))
+    return results

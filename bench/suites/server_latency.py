@@ -1,8 +1,8 @@
 """Serving latency: time to first token and decode speed for 1, 4, 16 concurrent streaming clients.
 
-    python bench/server_latency.py                       # starts `infinitehip serve` (embedded model) itself
-    python bench/server_latency.py --url http://127.0.0.1:8000 --api-key KEY
-    python bench/server_latency.py --concurrency 1 4 16 --prompt-tokens 256 --max-tokens 64 -- --method dense
+    python -m bench server-latency                       # starts `infinitehip serve` (embedded model) itself
+    python -m bench server-latency --url http://127.0.0.1:8000 --api-key KEY
+    python -m bench server-latency --concurrency 1 4 16 --prompt-tokens 256 --max-tokens 64 -- --method dense
 
 Each client sends `--requests-per-client` streaming /v1/completions requests, one after the other, with a
 prompt of about `--prompt-tokens` tokens (distinct per client, so nothing is shared) and a fixed number of
@@ -16,7 +16,6 @@ output tokens (ignore_eos). Prints a markdown table:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -124,8 +123,7 @@ def start_server(extra_args: list[str]) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("server did not become healthy")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser) -> None:
     parser.add_argument("--url", help="running server (default: start one)")
     parser.add_argument("--api-key", default=os.environ.get("INFINITEHIP_API_KEY"))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
@@ -133,8 +131,10 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("server_args", nargs="*", help="extra `infinitehip serve` flags when starting a server")
-    args = parser.parse_args()
 
+
+def run(args, out) -> dict:
+    out.meta["args"].pop("api_key", None)  # never written to a results file
     proc = None
     url = args.url
     if url is None:
@@ -169,8 +169,7 @@ def main() -> int:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c, n, tm, tp, tx, dps, itl, agg in rows:
         print(f"| {c} | {n} | {tm:.3f} | {tp:.3f} | {tx:.3f} | {dps:.1f} | {itl:.1f} | {agg:.1f} |")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    names = ("clients", "requests", "ttft_mean_s", "ttft_p50_s", "ttft_max_s", "decode_tok_s_per_stream",
+             "itl_mean_ms", "aggregate_tok_s")
+    return dict(model=model, method=card.get("method"), max_model_len=card.get("max_model_len"),
+                rows=[dict(zip(names, r)) for r in rows])

@@ -2,13 +2,13 @@
 sequence of a given context, InfiniteHiP with CUDA-graph decode; TTFT (add_request -> first token) and decode
 tokens/s, for each tensor-parallel size in turn on the same machine, as JSON (commit, device, versions, args).
 
-    python bench/tp_offload_decode_gpu.py --tp 1 2 --context 1048576 --fast-prefill --kv-dtype fp8_e4m3 --output r.json
-    python bench/tp_offload_decode_gpu.py --tp 2 --find-max 4194304 3145728 2097152 --fast-prefill --kv-dtype fp8_e4m3
-    python bench/tp_offload_decode_gpu.py --smoke          # CPU, tiny model, tp 1 and 2 (gloo), tokens compared
+    python -m bench tensor-parallel --tp 1 2 --context 1048576 --fast-prefill --kv-dtype fp8_e4m3 --output r.json
+    python -m bench tensor-parallel --tp 2 --find-max 4194304 3145728 2097152 --fast-prefill --kv-dtype fp8_e4m3
+    python -m bench tensor-parallel --smoke          # CPU, tiny model, tp 1 and 2 (gloo), tokens compared
 
-Each size > 1 runs under torchrun (this script re-launches itself with `python -m torch.distributed.run`), so
-every rank executes this file: --fast-prefill's patch (bench/offload_decode_gpu.py: the prefill's sparse attention
-replaced by zeros, K/V and saliency written as usual) then applies on every rank. TTFT is only a real
+Each size runs in a child process (sizes > 1 under torchrun: `python -m torch.distributed.run ... -m bench
+tensor-parallel`), so every rank runs this suite: --fast-prefill (common/instrument.py: the prefill's sparse
+attention replaced by zeros, K/V and saliency written as usual) then applies on every rank. TTFT is only a real
 time-to-first-token without --fast-prefill (a 1M-token real prefill takes about 9 minutes at TP=1 on an H100).
 --find-max: the contexts, largest first; the first one whose KV the capacity planner of every rank accepts and
 that runs is reported (each rank stores its own KV heads: host memory and banks are per rank).
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,29 +27,25 @@ from pathlib import Path
 
 import torch
 
-SMOKE = "--smoke" in sys.argv
-if SMOKE and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.decode_gpu import LLAMA_31_8B  # noqa: E402
-from bench.offload_decode_gpu import TINY, TINY_METHOD, banks_for, use_fast_prefill  # noqa: E402
-from infinitehip.config.engine import EngineConfig  # noqa: E402
-from infinitehip.config.infinitehip import infinitehip_preset  # noqa: E402
-from infinitehip.config.sampling import SamplingParams  # noqa: E402
-from infinitehip.engine.llm_engine import LLMEngine  # noqa: E402
-from infinitehip.parallel.rank_weights import RankWeights  # noqa: E402
+from bench.common import models
+from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
+from bench.common.instrument import use_fast_prefill
+from bench.common.meta import ROOT
+from infinitehip.cli.options import parse_int
+from infinitehip.config.engine import EngineConfig
+from infinitehip.config.sampling import SamplingParams
+from infinitehip.engine.llm_engine import LLMEngine
+from infinitehip.parallel.rank_weights import RankWeights
 
 
-def sync() -> None:
-    if torch.cuda.is_available() and not SMOKE:
+def sync(args) -> None:
+    if torch.cuda.is_available() and not args.smoke:
         torch.cuda.synchronize()
 
 
-def run(args, tp: int, context: int) -> dict:
-    model = TINY if args.smoke else LLAMA_31_8B
-    method = TINY_METHOD if args.smoke else infinitehip_preset(args.preset)
+def run_size(args, tp: int, context: int) -> dict:
+    model = models.TINY if args.smoke else models.LLAMA_31_8B
+    method = models.TINY_METHOD if args.smoke else method_config(args)
     total = context + args.warmup_steps + args.steps + 64
     # Banks sized for one rank's heads (each rank resolves only its own).
     offload = banks_for(method, total, model.num_heads // tp, args)
@@ -66,19 +60,19 @@ def run(args, tp: int, context: int) -> dict:
     build_s = time.perf_counter() - t_build
     try:
         ids = torch.randint(0, model.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
-        sync()
+        sync(args)
         t0 = time.perf_counter()
         seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=args.warmup_steps + args.steps + 1,
                                                      ignore_eos=True))
         while not seq.output_ids:
             engine.step()
-        sync()
+        sync(args)
         ttft_s = time.perf_counter() - t0
         steps = []
         while not seq.is_finished:
             t = time.perf_counter()
             engine.step()
-            sync()
+            sync(args)
             steps.append(time.perf_counter() - t)
         timed = steps[args.warmup_steps:] or steps
         stats = engine.kv_stats()
@@ -101,23 +95,6 @@ def run(args, tp: int, context: int) -> dict:
             torch.cuda.reset_peak_memory_stats()
 
 
-def meta(args) -> dict:
-    try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    import triton
-
-    cuda = torch.cuda.is_available() and not args.smoke
-    return dict(commit=commit or args.commit, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                device=torch.cuda.get_device_name() if cuda else "cpu", gpus=torch.cuda.device_count() if cuda else 0,
-                torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
-                host=platform.node(), model="Llama-3.1-8B shape, RANDOM bf16 weights" if not args.smoke else "tiny random",
-                method=f"infinitehip:{'tiny' if args.smoke else args.preset}",
-                prefill="FAST (sparse attention replaced by zeros)" if args.fast_prefill else "real", args=vars(args))
-
-
 def child(args) -> None:
     """One tensor-parallel size: runs in-process (size 1) or as torchrun's rank 0 (the others never return from
     LLMEngine()); appends its rows to --rows."""
@@ -125,7 +102,7 @@ def child(args) -> None:
     rows = []
     for context in args.find_max or [args.context]:
         try:
-            rows.append(run(args, tp, context))
+            rows.append(run_size(args, tp, context))
         except (ValueError, RuntimeError, torch.OutOfMemoryError) as e:  # the planner refused, or out of memory
             rows.append(dict(tp=tp, context=context, error=f"{type(e).__name__}: {str(e)[:400]}"))
             print(f"tp {tp} context {context:,}: {rows[-1]['error']}", flush=True)
@@ -138,61 +115,63 @@ def child(args) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p) -> None:
     p.add_argument("--tp", type=int, nargs="+", default=[1, 2], help="tensor-parallel sizes, run one after another")
-    p.add_argument("--context", type=int, default=1048576)
-    p.add_argument("--find-max", type=int, nargs="*", default=None, metavar="CONTEXT",
+    p.add_argument("--context", type=parse_int, default=1048576)
+    p.add_argument("--find-max", type=parse_int, nargs="*", default=None, metavar="CONTEXT",
                    help="contexts, largest first: report the largest that runs (with each --tp size)")
     p.add_argument("--steps", type=int, default=64, help="timed decode steps")
     p.add_argument("--warmup-steps", type=int, default=34, help="decode steps before timing (graph captures)")
-    p.add_argument("--preset", default="3k-fast")
-    p.add_argument("--chunk", type=int, default=32768, help="prefill chunk")
-    p.add_argument("--kv-dtype", default="auto", help="host store dtype (auto = bf16, fp8_e4m3, fp8_e5m2)")
-    p.add_argument("--mask-bank-tokens", type=int, default=None)
-    p.add_argument("--attention-bank-tokens", type=int, default=None)
-    p.add_argument("--min-attention-bank", type=int, default=65536)
+    p.add_argument("--chunk", type=parse_int, default=32768, help="prefill chunk")
     p.add_argument("--fast-prefill", action="store_true", help="prefill sparse attention replaced by zeros (above)")
     p.add_argument("--no-graphs", action="store_true")
-    p.add_argument("--output", default=None, help="JSON file of the results")
-    p.add_argument("--commit", default=None, help="recorded when the tree has no git metadata")
-    p.add_argument("--smoke", action="store_true", help="CPU, tiny model, 700 tokens, tp 1 and 2 (gloo)")
+    add_smoke_flag(p, "tiny model, 700 tokens, tp 1 and 2 (gloo)")
     p.add_argument("--rows", default=None, help=argparse.SUPPRESS)  # internal: a size's rows (JSON lines)
-    args = p.parse_args()
+    add_method_flags(p, preset="3k-fast")
+    add_offload_flags(p)
+
+
+def _without_tp(argv: list[str]) -> list[str]:
+    if "--tp" not in argv:
+        return argv
+    i = j = argv.index("--tp")
+    j += 1
+    while j < len(argv) and not argv[j].startswith("--"):
+        j += 1
+    return argv[:i] + argv[j:]
+
+
+def run(args, out) -> dict | None:
     if args.smoke:
         args.context, args.steps, args.warmup_steps, args.chunk, args.min_attention_bank = 700, 8, 2, 128, 0
+        out.meta["device"], out.meta["gpus"] = "cpu", 0
     if args.fast_prefill:
         use_fast_prefill()
     if args.rows is not None:  # a child: one size (under torchrun when > 1)
         child(args)
-        return
-    rows_file = Path(args.output or "tp_offload_decode.json").with_suffix(".rows.jsonl")
+        return None
+    rows_file = Path(args.output or "tensor_parallel.json").with_suffix(".rows.jsonl")
     rows_file.unlink(missing_ok=True)
+    base = [a for a in _without_tp(out.meta["argv"])]
+    if "--output" in base:
+        i = base.index("--output")
+        base = base[:i] + base[i + 2:]
     for tp in args.tp:
-        argv = [a for a in sys.argv[1:]]
-        i = argv.index("--tp") if "--tp" in argv else None
-        if i is not None:  # drop the sizes list
-            j = i + 1
-            while j < len(argv) and not argv[j].startswith("--"):
-                j += 1
-            argv = argv[:i] + argv[j:]
-        argv += ["--tp", str(tp), "--rows", str(rows_file)]
-        if tp == 1:
-            cmd = [sys.executable, __file__, *argv]
-        else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}", __file__, *argv]
+        argv = ["tensor-parallel", *base, "--tp", str(tp), "--rows", str(rows_file)]
+        launcher = [] if tp == 1 else ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}"]
+        cmd = [sys.executable, *launcher, "-m", "bench", *argv]
         print(" ".join(cmd), flush=True)
         code = subprocess.run(cmd, cwd=ROOT).returncode
         if code:
             print(f"tp {tp}: exit code {code}", flush=True)
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()] if rows_file.exists() else []
-    result = dict(meta=meta(args), rows=rows)
-    if args.smoke:  # the tiny model's weights are drawn per rank: only the runs' completion is checked
-        result["smoke_ok"] = sorted(r["tp"] for r in rows if "error" not in r) == sorted(args.tp)
-    if args.output:
-        Path(args.output).write_text(json.dumps(result, indent=1))
-    print(f"\n{result['meta']['device']} x{result['meta']['gpus']}, torch {result['meta']['torch']}, "
-          f"{result['meta']['model']}, {result['meta']['method']}, prefill {result['meta']['prefill']}")
+    rows_file.unlink(missing_ok=True)
+    out.meta.update(model="Llama-3.1-8B shape, RANDOM bf16 weights" if not args.smoke else "tiny random",
+                    method=f"infinitehip:{'tiny' if args.smoke else args.preset}",
+                    prefill="FAST (sparse attention replaced by zeros)" if args.fast_prefill else "real")
+    result = dict(rows=rows)
+    m = out.meta
+    print(f"\n{m['device']} x{m['gpus']}, torch {m['torch']}, {m['model']}, {m['method']}, prefill {m['prefill']}")
     print("| TP | context | TTFT s | decode ms/step | tok/s | rank-0 peak GPU GB | rank-0 mask / attention hit | note |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
@@ -203,9 +182,6 @@ def main() -> None:
             print(f"| {r['tp']} | {r['context']:,} | {r['ttft_s']:.1f} | {r['decode_ms']:.2f} | {r['decode_tok_s']:.1f} | "
                   f"{r['rank0_peak_gpu_gb']:.1f} | {hit(r['rank0_mask_hit'])} / {hit(r['rank0_attention_hit'])} | "
                   f"{'TTFT real' if r['ttft_real'] else 'fast prefill'} |")
-    if args.smoke and not result["smoke_ok"]:
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()
+    if args.smoke:  # the tiny model's weights are drawn per rank: only the runs' completion is checked
+        result["ok"] = sorted(r["tp"] for r in rows if "error" not in r) == sorted(args.tp)
+    return result
