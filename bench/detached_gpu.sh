@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a plan of GPU benchmarks detached from the device call (a device call lasts at most 10 minutes; the plan
 # may last longer) and polls it back. A plan is a bash file of `run NAME COMMAND...` lines; each command's
-# output goes to DIR/NAME.log, and `wait_file PATH` waits for a file another call brings (the joined GGUF).
+# output goes to DIR/NAME.log, and `wait_file PATH` waits for a file another call brings (the joined GGUF); the
+# commands are `python3 -m bench SUITE ...` (bench/README.md).
 #   bench/detached_gpu.sh start PLAN DIR   (returns at once)
 #   bench/detached_gpu.sh poll DIR SECS    (waits up to SECS for the plan to end, prints each log's tail and
 #                                           archives DIR to $OUT/results.tgz)

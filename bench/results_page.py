@@ -5,7 +5,7 @@ the raw files, each row with the command that reproduces it, device and date; pl
 
 HEADLINES below is the only hand-written part: which files make which row (a cell pools every sample of its
 files at that length), the command, the device and the date. Samples recovered from a run's log
-(bench/ruler_log_samples.py) count like the others; the page says which rows include them.
+(`git show 29b96eb:bench/ruler_log_samples.py`) count like the others; the page says which rows include them.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def speed_markdown() -> str:
              "replayed from CUDA graphs, amortized over a refresh cycle.", "",
              "| one layer at 1M | decode us | speedup vs dense | command |", "| --- | ---: | ---: | --- |",
              f"| dense SDPA-flash | {dense:.0f} | 1x | same run |"]
-    cmd = "python bench/attention_latency.py --contexts 1048576 --presets 3k-fast default --skip-prefill --budget-s 1"
+    cmd = "python -m bench attention-latency --contexts 1048576 --presets 3k-fast default --skip-prefill --budget-s 1"
     for name, d in r["ours_decode"].items():
         us = d["engine_graph_amortized_us"]
         lines.append(f"| infinitehip `{name}` | {us:.1f} | {dense / us:.2f}x | `{cmd}` |")
@@ -169,7 +169,7 @@ def speed_markdown() -> str:
                     label = "infinitehip default" + (", attention bank 128K tokens" if "bank128k" in f else "")
                     argv = o["meta"]["argv"]
                     argv = argv[: argv.index("--output")] + argv[argv.index("--output") + 2:] if "--output" in argv else argv
-                    lines.append(f"| {label} | {1e3 / row['step_ms']:.1f} | `python bench/offload_decode_gpu.py "
+                    lines.append(f"| {label} | {1e3 / row['step_ms']:.1f} | `python -m bench offload-decode "
                                  f"{' '.join(argv)}` |")
         lines.append("")
         lines.append("`--fast-prefill`: the prefill's attention is replaced by zeros (random weights; decode runs the "
@@ -178,7 +178,7 @@ def speed_markdown() -> str:
 
 
 def ttft_markdown() -> str:
-    """Whole-model TTFT (bench/prefill_gpu.py) and prefix caching's second question (bench/prefix_ttft_gpu.py)."""
+    """Whole-model TTFT (suite prefill) and prefix caching's second question (suite prefix-ttft)."""
     base = RESULTS / D26 / "ttft"
     files = [base / f for f in ("ttft_128k.json", "ttft_256k.json", "ttft_512k_1m.json")]
     if not all(f.exists() for f in files):
@@ -212,7 +212,7 @@ def ttft_markdown() -> str:
             speed = f"{dense / r['warm_ttft_s']:.2f}x" if dense else "-"
             lines.append(f"| {length_label(c)} | {r['mode']} | {r['warm_ttft_s']:.1f} | {r['cold_ttft_s']:.1f} "
                          f"({length_label(r['cold_context'])}) | {de} | {lw} | {speed} | "
-                         f"`python bench/prefill_gpu.py {' '.join(argv)}` |")
+                         f"`python -m bench prefill {' '.join(argv)}` |")
     phases = [(r["context"], r["mode"], r["phases"]) for run in runs for r in run["rows"]
               if r["method"] == "infinitehip" and r.get("phases")]
     if phases:
@@ -232,19 +232,20 @@ def ttft_markdown() -> str:
                   "| document | KV | first TTFT s | second TTFT s | second / first | cached tokens | command |",
                   "| ---: | --- | ---: | ---: | ---: | ---: | --- |"]
         argv = p["meta"].get("argv", [])
-        argv = argv[: argv.index("--out")] if "--out" in argv else argv
+        for flag in ("--out", "--output"):  # the JSON's own path (--out: the script before the suite)
+            argv = argv[: argv.index(flag)] if flag in argv else argv
         for r in p["rows"]:
             lines.append(f"| {length_label(r['context'])} | {r['mode']}{' (fast prefill)' if r['fast_prefill'] else ''} | "
                          f"{r['ttft_first_s']:.1f} | {r['ttft_second_s']:.2f} | {100 * r['ratio']:.2f}% | "
-                         f"{r['cached_tokens']:,} | `python bench/prefix_ttft_gpu.py {' '.join(argv)}` |")
+                         f"{r['cached_tokens']:,} | `python -m bench prefix-ttft {' '.join(argv)}` |")
     return "\n".join(lines) + "\n"
 
 
 def hip_attn_markdown(data: dict) -> str:
-    """One layer side by side with the authors' hip-attn (bench/hip_attn_compare.py)."""
+    """One layer side by side with the authors' hip-attn (suite hip-attn)."""
     out = ["One Llama-3-8B layer (32 query / 8 KV heads, d 128, bf16): the last 32K-query prefill chunk over the "
            "context, ours (`default`) vs the authors' hip-attn 1.2.9 with its closest configuration (arguments in "
-           "the JSON) vs dense SDPA-flash, same run (`python bench/hip_attn_compare.py --contexts 131072 262144 "
+           "the JSON) vs dense SDPA-flash, same run (`python -m bench hip-attn --contexts 131072 262144 "
            "524288 1048576`). hip-attn's decode did not compile with triton 3.6 (errors in the JSON), so decode "
            "has no side-by-side row.", "",
            "| context | dense ms | ours ms | hip-attn ms (query stride 4,4,1 / 1,1,1) | ours / hip-attn |",
@@ -268,8 +269,8 @@ def tensor_parallel_markdown() -> str:
              "kernels, so its TTFT includes compilation (TP=1 first at 32K, TP=2 first at 256K).", "",
              "| TP | context | TTFT s | prefill | decode tok/s | rank-0 peak GPU GB | command |",
              "| ---: | ---: | ---: | --- | ---: | ---: | --- |"]
-    for name, cmd in (("tp_32k.json", "python bench/tp_offload_decode_gpu.py --tp 1 2 --context 32768 --preset default"),
-                      ("tp_256k_fast.json", "python bench/tp_offload_decode_gpu.py --tp 2 1 --context 262144 "
+    for name, cmd in (("tp_32k.json", "python -m bench tensor-parallel --tp 1 2 --context 32768 --preset default"),
+                      ("tp_256k_fast.json", "python -m bench tensor-parallel --tp 2 1 --context 262144 "
                                             "--fast-prefill --kv-dtype fp8_e4m3 --preset default")):
         path = base / name
         if not path.exists():

@@ -1,18 +1,15 @@
-"""bench/hip_attn_compare.py: our preset -> hip-attn argument mapping, and the stub-on-missing-import loader (on a fake
+"""The hip-attn suite (bench/suites/hip_attn_loader.py): our preset -> hip-attn argument mapping, and the stub-on-missing-import loader (on a fake
 hip_attn package, so no hip-attn install is needed)."""
 
 from __future__ import annotations
 
-import os
 import sys
 import textwrap
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-import hip_attn_compare as hc  # noqa: E402
-
-from infinitehip.config.infinitehip import PRESETS  # noqa: E402
+from bench.suites import hip_attn_loader as hc
+from infinitehip.config.infinitehip import PRESETS
 
 
 def test_mapping_of_default_preset():

@@ -2,7 +2,7 @@
 # (its weak length): infinitehip variants on seeds 0-1 with the needle trace, the winner on held-out seed 2 and at
 # 128K, then the SmolLM2 passkey sweep (the prefill speed work's regression check).
 # Needs /root/gemma.gguf (+ /root/gemma_ready) and /root/smol.gguf carried in parts (bench/detached_gpu.sh).
-run prefix_ttft python3 bench/prefix_ttft_gpu.py --preset default --warmup-tokens 65536 --resident 131072 --offloaded 1048576 --kv-dtype fp8_e4m3 --out $OUT_DIR/prefix_ttft.json
+run prefix_ttft python3 -m bench prefix-ttft --preset default --warmup-tokens 65536 --resident 131072 --offloaded 1048576 --kv-dtype fp8_e4m3 --output $OUT_DIR/prefix_ttft.json
 wait_file /root/gemma_ready
 G="python3 -m infinitehip.cli.main eval ruler --model /root/gemma.gguf --model-cache-dir /root/cache --prefill-chunk-size 32768 --haystacks essays --plots false --tasks niah_single_word --trace true"
 S="--lengths 524288 --seeds 0 1 --samples-per-depth 2"
@@ -23,4 +23,4 @@ W=$(cat $OUT_DIR/winner.args)
 run ih_win_s2 $G --method infinitehip --lengths 524288 --seeds 2 --samples-per-depth 2 $W --output $OUT_DIR/ih_win_s2.json
 run ih_win_128k $G --method infinitehip --lengths 131072 --samples-per-depth 2 $W --output $OUT_DIR/ih_win_128k.json
 wait_file /root/smol_ready
-run passkey timeout 420 python3 bench/passkey_sweep.py --model /root/smol.gguf --model-cache-dir /root/cache --method infinitehip --lengths 65536 131072 262144 524288 1048576 --output $OUT_DIR/passkey_default.json
+run passkey timeout 420 python3 -m bench accuracy --model /root/smol.gguf --model-cache-dir /root/cache --method infinitehip --lengths 65536 131072 262144 524288 1048576 --output $OUT_DIR/passkey_default.json

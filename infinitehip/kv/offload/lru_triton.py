@@ -37,7 +37,7 @@ fix_interpreter_if_active()
 
 MAX_PROGRAMS = 128  # partition programs; all must be resident at once (the wait needs its predecessors)
 # requests per loop step of the one-program kernels (fewer steps = a shorter chain of dependent loads):
-# largest blocks without register spills on sm_90 (bench/ptxas_report.py's offline compile)
+# largest blocks without register spills on sm_90 (the offline compile of `git show 29b96eb:bench/ptxas_report.py`)
 LOOKUP_BLOCK, LOOKUP_WARPS = 4096, 16
 INVALIDATE_BLOCK = 2048  # requests per loop step of the invalidate kernel
 SUB = 256  # requests per finish / output program (the lookup records counts per SUB requests)

@@ -148,7 +148,7 @@ def _rep_scores_kernel(
 def _launch_config(M: int, N: int, H: int, b: int, half: int, lowp: bool) -> tuple[dict, int, int]:
     """Tile sizes, warps and the head split -> (kernel config, head_splits, heads_per_prog). BLOCK_N is the
     dot's M dimension (chunks), BLOCK_Q its N (the block's queries), d/2 its K. From ptxas -v for sm_90a at
-    d = 128 (bench/ptxas_report.py): bf16 BLOCK_N = 128 / 8 warps runs on wgmma with 224 registers and no
+    d = 128 (`git show 29b96eb:bench/ptxas_report.py`): bf16 BLOCK_N = 128 / 8 warps runs on wgmma with 224 registers and no
     spills (BLOCK_N = 128 / 4 warps spills); 3xTF32 (fp32 caches) spills a little at any size, least with 8
     warps; decode (b = 1, broadcast-sum) BLOCK_N = 32 / 4 warps: 128 registers, no spills (64: 168, spills)."""
     block_q = min(triton.next_power_of_2(max(b, 1)), MAX_BLOCK_Q)

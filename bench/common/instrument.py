@@ -1,0 +1,125 @@
+"""Benchmark-only instrumentation of the engine, in one place: each wraps or replaces a product function for the
+length of a run (the product has no hook for these; nothing in the package calls this module).
+
+- use_fast_prefill: the prefill's sparse attention output replaced by zeros, K/V and saliency written as usual
+  (decode timing at contexts whose real prefill would take most of a device session; random weights only);
+- time_phases: synchronised wall time per prefill phase into PHASES;
+- time_graph_replays: CUDA events around every CUDA-graph replay;
+- time_calls: the synchronised wall time of each call of a function;
+- record_calls: the arguments of a module function's calls (to time a kernel alone with its real inputs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+
+from bench.common.timing import sync
+
+
+def use_fast_prefill() -> None:
+    """Prefill writes K/V and saliency as usual; its attention output is zeros (see --fast-prefill)."""
+    from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
+
+    def prefill(self, layer, q, seq, batch):
+        self._update_saliency(layer, q, seq, batch)
+        self._question_prefill(layer, q, seq, batch)  # question-time selection (if on) scans the store as usual
+        return torch.zeros_like(q)
+
+    InfiniteHiPAttention.prefill = prefill
+
+
+PHASES: dict[str, float] = {}
+
+
+def time_phases(device: torch.device) -> None:
+    """Wrap the prefill's phases with synchronised timers (PHASES: name -> seconds; nested phases overlap)."""
+    from infinitehip.attention.infinitehip import method, offload_access, saliency
+    from infinitehip.kv.offload import offloaded
+    from infinitehip.kv.offload.paged import OffloadedPagedCache
+
+    def timed(owner, name, label):
+        inner = getattr(owner, name)
+
+        def wrapper(*a, **kw):
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return inner(*a, **kw)  # no syncs inside a graph capture
+            sync(device)
+            t = time.perf_counter()
+            out = inner(*a, **kw)
+            sync(device)
+            PHASES[label] = PHASES.get(label, 0.0) + time.perf_counter() - t
+            return out
+
+        setattr(owner, name, wrapper)
+
+    timed(method.InfiniteHiPAttention, "prefill", "prefill attention (all)")
+    timed(method.InfiniteHiPAttention, "_stage", "pruning stages")
+    timed(method.InfiniteHiPAttention, "_attend_prefill", "block-sparse attention")
+    timed(method.InfiniteHiPAttention, "_question_prefill", "question-time selection")
+    timed(saliency.KeySaliency, "update", "landmark saliency")
+    timed(offload_access.RepresentativeKeys, "__call__", "mask-bank resolve + table")
+    timed(offloaded.OffloadedKV, "resolve_attention", "attention-bank resolve")
+    timed(offloaded.OffloadedKV, "write", "KV write (offloaded)")
+    timed(OffloadedPagedCache, "token_table", "token tables")
+    timed(OffloadedPagedCache, "stage", "staged layer copy (store -> GPU)")
+
+
+def time_graph_replays() -> list:
+    """From now on, every CUDA-graph replay is bracketed by CUDA events: [(start, end), ...] (GPU time per replay)."""
+    events = []
+    from infinitehip.engine.graph_decode import CudaGraphRecorder
+
+    plain = CudaGraphRecorder.replay
+
+    def replay(self):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = plain(self)
+        end.record()
+        events.append((start, end))
+        return out
+
+    CudaGraphRecorder.replay, CudaGraphRecorder._plain_replay = replay, plain
+    return events
+
+
+def untime_graph_replays() -> None:
+    from infinitehip.engine.graph_decode import CudaGraphRecorder
+
+    CudaGraphRecorder.replay = CudaGraphRecorder._plain_replay
+
+
+@contextlib.contextmanager
+def record_calls(module: Any, name: str):
+    """Temporarily wrap module.name to record its (args, kwargs); yields (calls, original)."""
+    original = getattr(module, name)
+    calls: list[tuple[tuple, dict]] = []
+
+    def recorder(*args, **kwargs):
+        calls.append((args, kwargs))
+        return original(*args, **kwargs)
+
+    setattr(module, name, recorder)
+    try:
+        yield calls, original
+    finally:
+        setattr(module, name, original)
+
+
+def time_calls(owner: Any, name: str, device: torch.device, seconds: list[float]) -> None:
+    """From now on, append the synchronised wall time of every owner.name call to `seconds`."""
+    inner = getattr(owner, name)
+
+    def timed(*args, **kwargs):
+        sync(device)
+        start = time.perf_counter()
+        out = inner(*args, **kwargs)
+        sync(device)
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    setattr(owner, name, timed)

@@ -1,0 +1,1 @@
+"""The suites of `python -m bench` (bench/cli.py lists them)."""

@@ -1,0 +1,98 @@
+"""InfiniPot cost vs input length (paper App. C.2, Table 5): time to first token, share of it spent distilling
+(catalyst + selection + compaction), KV cache bytes, peak device memory and decode speed. The KV cache
+is one pot whatever the length, so memory should stay flat while TTFT grows linearly.
+
+    python -m bench memory --lengths 8192 32768 131072 --pot-tokens 4096 --model random8b
+    python -m bench memory --lengths 2048 8192 --pot-tokens 1024 --device cpu          # embedded model
+    python -m bench memory --lengths 65536 1048576 --preset 4k-retrieval --model smol.gguf \
+        --prefill-chunk-size 32768                                                   # a named preset
+    python -m bench memory --smoke                                                   # CPU, embedded model
+
+--model random8b: Llama-3.1-8B-shaped model with random bf16 weights (the embedded tokenizer encodes the
+catalyst; its ids are inside the 8B vocabulary). Prompts are random token ids. The method's settings are
+InfiniPot's flags (--preset, --pot-tokens, --compressed-tokens: default pot / 4, ... --help-all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import torch
+
+from bench.common import models
+from bench.common.cli import add_method_flags, add_smoke_flag, method_config
+from bench.common.instrument import time_calls
+from bench.common.timing import sync as _sync
+from infinitehip import EngineConfig, SamplingParams
+from infinitehip.attention.infinipot import method as infinipot_method
+from infinitehip.cli.options import parse_int
+from infinitehip.engine.llm_engine import LLMEngine
+from infinitehip.model.loading import LoadedModel
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--lengths", type=parse_int, nargs="+", default=[8192])
+    models.add_model_flags(parser, default="embedded")
+    parser.add_argument("--prefill-chunk-size", type=parse_int, default=EngineConfig.prefill_chunk_size)
+    parser.add_argument("--decode-steps", type=int, default=64)
+    parser.add_argument("--device", default="cuda")
+    add_smoke_flag(parser, "embedded model, one 600-token prompt, a 256-token pot")
+    add_method_flags(parser)
+
+
+def run(args, out) -> dict:
+    if args.smoke:
+        args.lengths, args.device, args.decode_steps, args.model, args.prefill_chunk_size = [600], "cpu", 4, "embedded", 128
+        args.pot_tokens = getattr(args, "pot_tokens", 256)
+        out.meta["device"] = "cpu"
+    if getattr(args, "pot_tokens", None) is not None and not hasattr(args, "compressed_tokens"):
+        args.compressed_tokens = args.pot_tokens // 4
+    config = method_config(args, "infinipot")
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    embedded = models.load("embedded" if models.is_random(args.model) else args.model, device, dtype,
+                           getattr(args, "model_cache_dir", None))
+    if models.is_random(args.model):
+        random = models.load(args.model, device, dtype)
+        loaded = LoadedModel(random.config, random.model, embedded.tokenizer, random.source, random.model_dir)
+        del embedded
+    else:
+        loaded = embedded
+
+    distill_seconds: list[float] = []
+    time_calls(infinipot_method.InfiniPotAttention, "_distill", device, distill_seconds)
+    rows = []
+    for length in args.lengths:
+        engine = LLMEngine(EngineConfig(method="infinipot", device=args.device, dtype=str(dtype).removeprefix("torch."),
+                                        show_progress=False, max_context_tokens=length + args.decode_steps + 8,
+                                        prefill_chunk_size=args.prefill_chunk_size), loaded, config)
+        ids = torch.randint(0, loaded.config.vocab_size, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        distill_seconds.clear()
+        engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=args.decode_steps, ignore_eos=True))
+        _sync(device)
+        start = time.perf_counter()
+        engine.step()
+        while engine.scheduler.running and engine.scheduler.running[0].in_prefill:
+            engine.step()
+        _sync(device)
+        ttft = time.perf_counter() - start
+        prefill_distill = sum(distill_seconds)
+        start = time.perf_counter()
+        while engine.has_work:
+            engine.step()
+        _sync(device)
+        decode = time.perf_counter() - start
+        row = dict(length=length, ttft_s=round(ttft, 3), distill_s=round(prefill_distill, 3),
+                   distill_share=round(prefill_distill / ttft, 4), distillations=len(distill_seconds),
+                   kv_cache_mib=round(engine.cache.num_pages * engine.cache.page_size * engine.cache.bytes_per_token / 2**20, 1),
+                   peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
+                   decode_tok_s=round(args.decode_steps / decode, 1))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del engine
+    return dict(config=dataclasses.asdict(config), preset=args.preset, prefill_chunk_size=args.prefill_chunk_size,
+                rows=rows)

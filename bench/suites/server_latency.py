@@ -1,0 +1,175 @@
+"""Serving latency: time to first token and decode speed for 1, 4, 16 concurrent streaming clients.
+
+    python -m bench server-latency                       # starts `infinitehip serve` (embedded model) itself
+    python -m bench server-latency --url http://127.0.0.1:8000 --api-key KEY
+    python -m bench server-latency --concurrency 1 4 16 --prompt-tokens 256 --max-tokens 64 -- --method dense
+
+Each client sends `--requests-per-client` streaming /v1/completions requests, one after the other, with a
+prompt of about `--prompt-tokens` tokens (distinct per client, so nothing is shared) and a fixed number of
+output tokens (ignore_eos). Prints a markdown table:
+
+- TTFT: request sent -> first text chunk (queueing + prefill), mean / p50 / max over requests;
+- decode tok/s per stream: (tokens - 1) / (last chunk - first chunk), mean over requests;
+- ITL: mean time between chunks of a stream;
+- aggregate tok/s: all generated tokens / wall time of the whole level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+
+WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
+
+
+@dataclass
+class Result:
+    ttft: float
+    decode_tps: float
+    itl: float
+    tokens: int
+
+
+def prompt_for(client: int, request: int, n_tokens: int) -> str:
+    words = [WORDS[(client * 7 + request * 3 + i) % len(WORDS)] for i in range(max(n_tokens - 8, 1))]
+    return f"Client {client} request {request}: " + " ".join(words)
+
+
+def one_request(http: httpx.Client, url: str, headers: dict, model: str, prompt: str, max_tokens: int) -> Result:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    stamps, tokens = [], 0
+    with http.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode()[:300]}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            if chunk.get("choices"):
+                stamps.append(time.perf_counter())
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    if not stamps:
+        raise RuntimeError("no tokens received")
+    decode_time = stamps[-1] - stamps[0]
+    itl = decode_time / (len(stamps) - 1) if len(stamps) > 1 else 0.0
+    decode_tps = (tokens - 1) / decode_time if decode_time > 0 else float("nan")
+    return Result(stamps[0] - start, decode_tps, itl, tokens)
+
+
+def run_level(url: str, headers: dict, model: str, clients: int, per_client: int, prompt_tokens: int,
+              max_tokens: int) -> tuple[list[Result], float]:
+    results: list[Result] = []
+    errors: list[Exception] = []
+    barrier = threading.Barrier(clients)
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        with httpx.Client(timeout=3600) as http:
+            barrier.wait()
+            for i in range(per_client):
+                try:
+                    res = one_request(http, url, headers, model, prompt_for(c, i, prompt_tokens), max_tokens)
+                except Exception as exc:
+                    errors.append(exc)
+                    return
+                with lock:
+                    results.append(res)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return results, wall
+
+
+def start_server(extra_args: list[str]) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "infinitehip.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning", *extra_args]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise RuntimeError("server did not become healthy")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--url", help="running server (default: start one)")
+    parser.add_argument("--api-key", default=os.environ.get("INFINITEHIP_API_KEY"))
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("server_args", nargs="*", help="extra `infinitehip serve` flags when starting a server")
+
+
+def run(args, out) -> dict:
+    out.meta["args"].pop("api_key", None)  # never written to a results file
+    proc = None
+    url = args.url
+    if url is None:
+        server_args = args.server_args or ["--max-context-tokens", "2048", "--kv-cache-tokens", "32768",
+                                           "--max-num-seqs", "16", "--prefill-chunk-size", "512"]
+        proc, url = start_server(server_args)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        card = httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]
+        model = card["id"]
+        with httpx.Client(timeout=600) as http:  # warm-up (allocations, first-call overheads)
+            one_request(http, url, headers, model, prompt_for(99, 0, args.prompt_tokens), 4)
+        rows = []
+        for clients in args.concurrency:
+            results, wall = run_level(url, headers, model, clients, args.requests_per_client, args.prompt_tokens,
+                                      args.max_tokens)
+            ttfts = [r.ttft for r in results]
+            rows.append((
+                clients, len(results), statistics.mean(ttfts), statistics.median(ttfts), max(ttfts),
+                statistics.mean(r.decode_tps for r in results), 1000 * statistics.mean(r.itl for r in results),
+                sum(r.tokens for r in results) / wall,
+            ))
+            print(f"  {clients} clients done in {wall:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+    print(f"\nmodel `{model}` (method {card.get('method')}, max_model_len {card.get('max_model_len')}), "
+          f"~{args.prompt_tokens} prompt tokens, {args.max_tokens} output tokens, "
+          f"{args.requests_per_client} requests per client\n")
+    print("| clients | requests | TTFT mean (s) | TTFT p50 (s) | TTFT max (s) | decode tok/s per stream | ITL mean (ms) | aggregate tok/s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c, n, tm, tp, tx, dps, itl, agg in rows:
+        print(f"| {c} | {n} | {tm:.3f} | {tp:.3f} | {tx:.3f} | {dps:.1f} | {itl:.1f} | {agg:.1f} |")
+    names = ("clients", "requests", "ttft_mean_s", "ttft_p50_s", "ttft_max_s", "decode_tok_s_per_stream",
+             "itl_mean_ms", "aggregate_tok_s")
+    return dict(model=model, method=card.get("method"), max_model_len=card.get("max_model_len"),
+                rows=[dict(zip(names, r)) for r in rows])
