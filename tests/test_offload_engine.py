@@ -252,8 +252,7 @@ def test_staged_prefill_equals_resident_and_resolves_nothing_while_prefilling(ll
             self, layer, slots, to_storage_dtype(k, fp8).to(k.dtype), to_storage_dtype(v, fp8).to(v.dtype)))
     resident = _generate(llama3_dir, config, None, [prompt], steps)
     monkeypatch.undo()
-    offload = dataclasses.replace(_smallest_banks(config, HEADS, stage_prefill=True), kv_dtype=kv_dtype,
-                                  stage_prefill_min_tokens=0)
+    offload = dataclasses.replace(_smallest_banks(config, HEADS, stage_prefill=True), kv_dtype=kv_dtype)
     counts: list[dict] = []
     ours = _generate(llama3_dir, config, offload, [prompt], steps,
                      on_engine=lambda engine: counts.append(_count_requests(engine, per_call=True)))
@@ -261,21 +260,6 @@ def test_staged_prefill_equals_resident_and_resolves_nothing_while_prefilling(ll
     first_decode = next(i for i, s in enumerate(ours[2]) if s["attention"].total_hits + s["attention"].total_misses)
     assert first_decode == len(ours[2]) - steps + 1  # the prompt's steps (the last one samples) resolved nothing
     assert counts[0] and not any(any(ours[2][-1][b].overflows) for b in ("mask", "attention"))
-
-
-def test_short_prefill_chunks_read_through_the_banks(llama3_dir):
-    """stage_prefill_min_tokens: chunks of fewer new tokens (a question after a cached document) skip the staged
-    copy and resolve through the banks; the 128-token chunks stay staged. Same tokens and logits as resident."""
-    config = InfiniteHiPConfig(**{**SMALL, "question_tokens": 24, "question_keep_tokens": 32, "question_window": 3})
-    prompt, steps = _ids(700, seed=27), 4  # prefill chunks of 128: five full ones and a last one of 60 tokens
-    resident = _generate(llama3_dir, config, None, [prompt], steps)
-    offload = dataclasses.replace(_smallest_banks(config, HEADS, stage_prefill=True), stage_prefill_min_tokens=100)
-    ours = _generate(llama3_dir, config, offload, [prompt], steps)
-    _assert_same(ours, resident)
-    resolved = [bool(s["attention"].total_hits + s["attention"].total_misses) for s in ours[2]]
-    prefill_steps = len(ours[2]) - steps + 1
-    assert resolved[: prefill_steps - 1] == [False] * (prefill_steps - 1)  # the staged chunks asked the banks nothing
-    assert resolved[prefill_steps - 1]  # the 60-token chunk read through them
 
 
 def test_offloaded_graph_decode_equals_resident_and_does_not_sync(llama3_dir, monkeypatch):

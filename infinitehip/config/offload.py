@@ -39,15 +39,11 @@ class OffloadConfig:
     # context's K/V from the store) instead of resolving the keys it needs through the banks; costs a buffer of
     # the longest prompt's K/V of one layer in the model's dtype on the GPU.
     stage_prefill: bool = True
-    # Prefill chunks with fewer new tokens than this read through the banks even with stage_prefill: a question
-    # after a cached document (prefix caching) reads a few thousand keys per layer, where staging would copy the
-    # whole context of every layer.
-    stage_prefill_min_tokens: int = 4096
     offload_impl: str = "auto"  # host->bank row copy: "auto" (triton on CUDA, reference elsewhere), "triton", "reference"
 
     # For the CLI (cli/options.py): the fields `--help` lists, the kernel choice kept for studies, allowed values.
     HELP_FIELDS: ClassVar[tuple[str, ...]] = ("offload_enabled",)
-    STUDY_FIELDS: ClassVar[tuple[str, ...]] = ("offload_impl", "stage_prefill_min_tokens")
+    STUDY_FIELDS: ClassVar[tuple[str, ...]] = ("offload_impl",)
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"kv_dtype": ("auto", *KV_DTYPES), "offload_impl": OFFLOAD_IMPLS}
 
     def __post_init__(self) -> None:
@@ -58,9 +54,6 @@ class OffloadConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int (tokens per layer), got {value!r}")
-        value = self.stage_prefill_min_tokens
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"stage_prefill_min_tokens must be an int >= 0, got {value!r}")
         if self.kv_dtype != "auto" and self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be 'auto' or one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
         for name in ("host_memory_fraction", "gpu_memory_fraction"):

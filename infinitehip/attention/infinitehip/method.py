@@ -173,7 +173,7 @@ class InfiniteHiPAttention(AttentionMethod):
     # ---- prefill ----------------------------------------------------------------------------------------
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
-        staged = stage_prefill_layer(seq.cache, layer, seq.page_table, seq.context_len, q.shape[0])  # offloaded: one GPU copy
+        staged = stage_prefill_layer(seq.cache, layer, seq.page_table, seq.context_len)  # offloaded: one GPU copy
         self._update_saliency(layer, q, seq, batch, staged)
         question = self._question_prefill(layer, q, seq, batch, staged)
         if c.dense_when_unpruned and self._keeps_every_key(layer, seq.context_len):

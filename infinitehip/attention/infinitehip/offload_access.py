@@ -130,13 +130,9 @@ class StagedLayer:
         return score((self.k, self.page_table, self.page_size), slice(None), slice(None))
 
 
-def stage_prefill_layer(cache, layer: int, page_table: torch.Tensor, context_len: int,
-                        new_tokens: int) -> StagedLayer | None:
-    """The staged layer for an offloaded cache whose config asks for it (`OffloadConfig.stage_prefill`) and a
-    chunk of at least `stage_prefill_min_tokens` new tokens, else None (the banks serve the chunk)."""
+def stage_prefill_layer(cache, layer: int, page_table: torch.Tensor, context_len: int) -> StagedLayer | None:
+    """The staged layer for an offloaded cache whose config asks for it (`OffloadConfig.stage_prefill`), else None."""
     if not is_offloaded(cache) or not cache.kv.config.stage_prefill:
-        return None
-    if new_tokens < cache.kv.config.stage_prefill_min_tokens:
         return None
     return StagedLayer(cache, layer, page_table, context_len)
 
