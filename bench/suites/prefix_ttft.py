@@ -23,7 +23,7 @@ import torch
 
 from bench.common import models
 from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
-from bench.common.instrument import use_fast_prefill
+from bench.common.instrument import PHASES, time_phases, use_fast_prefill
 from bench.common.timing import first_token_s
 from infinitehip import EngineConfig
 from infinitehip.cli.options import parse_int
@@ -51,13 +51,15 @@ def run_cell(loaded: LoadedModel, method, context: int, offloaded: bool, args) -
 
     e = engine(True)
     first_s, first = first_token_s(e, doc + q1, args.steps)
+    PHASES.clear()  # --phase-times: the second request's phases only
     second_s, second = first_token_s(e, doc + q2, args.steps)
+    phases = {k: v for k, v in PHASES.items() if v > 0}
     stats = e.prefix_cache_stats()
     out = dict(mode="offloaded" if offloaded else "resident", context=context, question_tokens=args.question,
                ttft_first_s=first_s, ttft_second_s=second_s, ratio=second_s / first_s,
                cached_tokens=second.cached_prompt_tokens, prefilled_second=len(doc + q2) - second.cached_prompt_tokens,
                evictions=stats.evictions, fast_prefill=bool(offloaded and args.fast_prefill_offloaded),
-               tokens_second=list(second.output_ids), plan=e.kv_plan.summary if e.kv_plan is not None else "")
+               tokens_second=list(second.output_ids), phases_second=phases, plan=e.kv_plan.summary if e.kv_plan is not None else "")
     del e, first
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -76,6 +78,8 @@ def add_arguments(p) -> None:
     p.add_argument("--chunk", type=parse_int, default=32768, help="prefill chunk (documents are rounded down to a multiple)")
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--fast-prefill-offloaded", action="store_true", help="offloaded runs: zeros for prefill attention")
+    p.add_argument("--phase-times", action="store_true",
+                   help="synchronised wall time per prefill phase of the second request (adds syncs of its own)")
     p.add_argument("--verify", action="store_true", help="compare the second answer with a caching-off run")
     p.add_argument("--warmup-tokens", type=parse_int, default=0,
                    help="first a request of this many tokens with caching off (Triton kernels compiled before timing)")
@@ -106,6 +110,8 @@ def run(args, out) -> dict:
                          loaded, method, None)
         first_token_s(warm, torch.randint(0, config.vocab_size, (args.warmup_tokens,)).tolist(), 2)
         del warm
+    if args.phase_times:
+        time_phases(device)
     rows = []
     for context in args.resident:
         rows.append(run_cell(loaded, method, context // args.chunk * args.chunk, False, args))
@@ -120,5 +126,8 @@ def run(args, out) -> dict:
         print(f"{r['mode']:>9} {r['context']:>8}: first TTFT {r['ttft_first_s']:.2f} s, second {r['ttft_second_s']:.3f} s "
               f"({100 * r['ratio']:.2f}%), cached {r['cached_tokens']}, prefilled {r['prefilled_second']}"
               + (" [fast prefill]" if r["fast_prefill"] else ""))
+        if r["phases_second"]:
+            print("    second request's phases: " + ", ".join(
+                f"{k} {v:.3f} s" for k, v in sorted(r["phases_second"].items(), key=lambda kv: -kv[1])))
     ok = all(r["verified_equal_to_caching_off"] and r["cached_tokens"] == r["context"] for r in rows) if args.smoke else True
     return dict(rows=rows, ok=ok)
