@@ -82,7 +82,8 @@ def add_arguments(p) -> None:
                    help="synchronised wall time per prefill phase of the second request (adds syncs of its own)")
     p.add_argument("--verify", action="store_true", help="compare the second answer with a caching-off run")
     p.add_argument("--warmup-tokens", type=parse_int, default=0,
-                   help="first a request of this many tokens with caching off (Triton kernels compiled before timing)")
+                   help="first a cell of a document this long (both questions) per KV mode timed, untimed: the Triton "
+                        "kernels of a first request and of a hit compiled before timing, as in a running server")
     add_smoke_flag(p, "tiny random model, 512-token document, verified")
     add_method_flags(p, preset="3k-fast")
     add_offload_flags(p)
@@ -103,13 +104,12 @@ def run(args, out) -> dict:
     args.dtype = "float32" if args.smoke else "bfloat16"
     loaded = models.load("tiny" if args.smoke else "random8b", device, getattr(torch, args.dtype))
     config = loaded.config
-    if args.warmup_tokens:
-        warm = LLMEngine(EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype,
-                                      max_context_tokens=args.warmup_tokens + 8, prefill_chunk_size=args.chunk,
-                                      max_num_seqs=1, show_progress=False, enable_prefix_caching=False),
-                         loaded, method, None)
-        first_token_s(warm, torch.randint(0, config.vocab_size, (args.warmup_tokens,)).tolist(), 2)
-        del warm
+    warm = args.warmup_tokens // args.chunk * args.chunk
+    if warm:  # both requests of a smaller cell first, per KV mode timed: every kernel of a hit compiled before timing
+        for mode, contexts in ((False, args.resident), (True, args.offloaded)):
+            if contexts:
+                print(f"warm-up ({'offloaded' if mode else 'resident'}, {warm} tokens):", flush=True)
+                run_cell(loaded, method, warm, mode, args)
     if args.phase_times:
         time_phases(device)
     rows = []
