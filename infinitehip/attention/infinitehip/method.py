@@ -348,8 +348,7 @@ class InfiniteHiPAttention(AttentionMethod):
             if state.decode_rows is None:  # False: a resident cache, or no spare rows
                 state.decode_rows = decode_rows_for(seq.cache, self.model_config.num_layers, c.refresh_intervals) or False
             kept = state.decode_rows if len(seqs) == 1 and not batch.prefill and state.decode_rows else None  # alone
-            held = kept is not None and kept.kept(layer, state.decode_steps[layer])
-            reuse = held and not any(pattern)
+            held = kept is not None and kept.kept(layer, state.decode_steps[layer])  # alone: reuse = held, no refresh
             if self.saliency is not None:
                 read_keys = window_reader(kept if held else None, seq.cache, layer, state.stage_cache[layer], c)
                 self._apply_saliency(layer, q[i : i + 1], positions[i : i + 1], page_tables[i], any(pattern), state,
@@ -392,8 +391,8 @@ class InfiniteHiPAttention(AttentionMethod):
         for i, seq in enumerate(seqs):
             if seq.probe is not None:
                 seq.probe.record_decode(layer, seq.probe.share_of_tokens(key_tokens[i, : int(key_counts[i])]))
-        k_flat, v_flat, tables, page_size, key_tokens = attention_access(kept, reuse, seqs[0].cache, layer, batch,
-                                                                          key_tokens, key_counts)
+        k_flat, v_flat, tables, page_size, key_tokens = attention_access(kept, held and not any(pattern), seqs[0].cache,
+                                                                          layer, batch, key_tokens, key_counts)
         return sparse_attention_decode(
             q, k_flat, v_flat, tables, page_size,
             key_tokens, key_counts, key_rope, query_rope, batch.rope.cos, batch.rope.sin,
