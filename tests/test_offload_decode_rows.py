@@ -2,7 +2,8 @@
 offloaded engine must still give the resident engine's tokens and logits, with graphs (replays that run no
 Python, as on CUDA) and without, across refresh patterns, with banks small enough that every refresh evicts; a
 resolve by anyone else between two steps must make the next step resolve its whole list again, and the steps
-between refreshes must resolve nothing."""
+between refreshes must resolve nothing. A refresh step reads its landmark-saliency window from the kept rows
+(or the store) without a resolve: the saliency sums must equal resident ones (test_offload_saliency_window.py)."""
 
 from __future__ import annotations
 
@@ -87,16 +88,17 @@ def test_steps_between_refreshes_resolve_nothing_and_equal_resident(llama3_dir, 
     assert len(delta) == steps - 2  # the first token comes from the prefill, the last step is not recorded
     refreshes = [any(s % r == 0 for r in REFRESH) for s in range(len(delta))]
     assert not all(refreshes)
-    for (resolves, copies), refresh in zip(delta, refreshes):
-        if refresh:  # the whole key list (and the saliency window) resolved per layer, no spare-row copy
-            assert resolves >= layers and copies == 0
+    for s, ((resolves, copies), refresh) in enumerate(zip(delta, refreshes)):
+        if refresh:  # one resolve per layer (the key list): the saliency window is read from the kept rows (the
+            # new token copied into a spare row) or, at the first step (nothing kept yet), from the store
+            assert resolves == layers and copies == (layers if s > 0 else 0)
         else:  # only the new token's row, into a spare row, per layer
             assert resolves == 0 and copies == layers
     if graphs:
-        # every decode step but the first (it allocates the stage caches) from a graph; the reuse flag of the key
-        # says whether the step refreshes nothing (this sequence held the bank from its last step on)
+        # every decode step but the first (it allocates the stage caches) from a graph; the kept flag of the key
+        # says whether this sequence held the bank from its last step on (always, decoding alone)
         assert len(keys) == steps - 2 and ours[3].runner.graph_decoder.replays > 0
-        assert [key[1][2] for key in keys] == [not any(s % r == 0 for r in REFRESH) for s in range(1, len(keys) + 1)]
+        assert [key[1][2] for key in keys] == [True] * len(keys)
 
 
 def _evict_everything(engine):
@@ -128,9 +130,9 @@ def test_a_resolve_between_two_steps_makes_the_next_one_resolve_again(llama3_dir
 
     ours = _run(llama3_dir, config, steps, graphs, on_step=evict_before_reuse)
     _assert_same(ours, resident)
-    if graphs:  # decode steps 1 .. steps - 2 from graphs; step 4's key was captured at step 2
-        reuse = [not any(s % r == 0 for r in REFRESH) and s != 1 for s in range(1, steps - 1)]
-        assert [key[1][2] for key in keys] == reuse and reuse[4]
+    if graphs:  # decode steps 1 .. steps - 2 from graphs; the steps after an eviction hold nothing
+        kept = [s not in (1, 4) for s in range(1, steps - 1)]
+        assert [key[1][2] for key in keys] == kept and kept[4]
 
     monkeypatch.setattr(OffloadedKV, "resolve_attention",
                         lambda self, layer, slots: resolve(self.attention_bank, self.store, layer, slots,

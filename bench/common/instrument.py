@@ -69,28 +69,35 @@ def time_phases(device: torch.device) -> None:
 
 
 def time_graph_replays() -> list:
-    """From now on, every CUDA-graph replay is bracketed by CUDA events: [(start, end), ...] (GPU time per replay)."""
-    events = []
-    from infinitehip.engine.graph_decode import CudaGraphRecorder
+    """From now on, every CUDA-graph replay is bracketed by CUDA events: [(start, end, graph key), ...] (GPU time
+    per replay; the key (capacity bucket, method key) says e.g. which stages the step refreshed)."""
+    events, current = [], [None]
+    from infinitehip.engine.graph_decode import CudaGraphRecorder, GraphDecoder
 
-    plain = CudaGraphRecorder.replay
+    plain, plain_step = CudaGraphRecorder.replay, GraphDecoder.step
 
     def replay(self):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         out = plain(self)
         end.record()
-        events.append((start, end))
+        events.append((start, end, current[0]))
         return out
 
+    def step(self, seq, token_id, key):
+        current[0] = key
+        return plain_step(self, seq, token_id, key)
+
     CudaGraphRecorder.replay, CudaGraphRecorder._plain_replay = replay, plain
+    GraphDecoder.step, GraphDecoder._plain_step = step, plain_step
     return events
 
 
 def untime_graph_replays() -> None:
-    from infinitehip.engine.graph_decode import CudaGraphRecorder
+    from infinitehip.engine.graph_decode import CudaGraphRecorder, GraphDecoder
 
     CudaGraphRecorder.replay = CudaGraphRecorder._plain_replay
+    GraphDecoder.step = GraphDecoder._plain_step
 
 
 @contextlib.contextmanager

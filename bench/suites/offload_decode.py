@@ -111,13 +111,19 @@ def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadCon
         t = time.perf_counter()
         engine.step()
         step_s.append(time.perf_counter() - t)
-    graph_ms = []
+    graph_ms, by_key = [], {}
     if replay_events:
         untime_graph_replays()
         sync(device)
-        graph_ms = [a.elapsed_time(b) for a, b in replay_events[: args.steps - args.profile_steps]]
+        timed_events = replay_events[: args.steps - args.profile_steps]
+        graph_ms = [a.elapsed_time(b) for a, b, _ in timed_events]
         print(f"{len(graph_ms)} of the timed decode steps replayed a graph: GPU time per replay "
               f"{statistics.fmean(graph_ms):.2f} ms (min {min(graph_ms):.2f}, max {max(graph_ms):.2f})")
+        # per method key (refresh pattern, group, kept rows): what each kind of step costs
+        for ms, (_, _, key) in zip(graph_ms, timed_events):
+            by_key.setdefault(str(key[1] if key else None), []).append(ms)
+        for key, times in sorted(by_key.items()):
+            print(f"  method key {key}: {len(times)} replays, {statistics.fmean(times):.2f} ms each")
     if host_prof is not None:
         host_prof.disable()
         print("host profile of the timed decode steps (cProfile slows the host: their times are not the table's):")
@@ -137,6 +143,7 @@ def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadCon
     out = dict(
         mode="offloaded" if offload is not None else "resident", context=len(ids), prefill_s=prefill_s,
         step_ms=statistics.fmean(timed) * 1e3, graph_ms=statistics.fmean(graph_ms) if graph_ms else None,
+        graph_ms_by_key={k: statistics.fmean(v) for k, v in by_key.items()},
         captures_in_timed=graphs.captures - captures_before if graphs else 0, tokens=list(seq.output_ids),
         passkey=sample.is_correct(text) if sample is not None else None,
         answer=sample.answer if sample is not None else None, output=text,
@@ -153,6 +160,10 @@ def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadCon
     )
     for bank, n in resolves.items():  # per decode step, all layers (every step after the warm-up)
         out[f"decode_{bank}_resolves_per_step"] = n
+        # distinct slots the resolves requested and rows they copied from the store (misses), per step, all layers
+        requested = decode_stats[bank].total_hits + decode_stats[bank].total_misses
+        out[f"decode_{bank}_requested_per_step"] = requested / after_warmup
+        out[f"decode_{bank}_copied_per_step"] = decode_stats[bank].total_misses / after_warmup
     for phase, stats in (("prefill", prefill_stats), ("decode", decode_stats)):
         for bank in ("mask", "attention"):
             out[f"{phase}_{bank}_hit"] = stats[bank].hit_ratio if stats else None

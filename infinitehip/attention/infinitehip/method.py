@@ -23,7 +23,7 @@ from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSl
 from infinitehip.attention.dense import causal_sdpa
 from infinitehip.attention.infinitehip.decode import (StageCache, merge_question, refresh_stage, stage1_candidates,
                                                      window_width)
-from infinitehip.attention.infinitehip.decode_rows import DecodeRows, attention_access, decode_rows_for
+from infinitehip.attention.infinitehip.decode_rows import DecodeRows, attention_access, decode_rows_for, window_reader
 from infinitehip.attention.infinitehip.keylist import decode_key_list
 from infinitehip.attention.infinitehip.offload_access import (StagedLayer, check_offload, prefill_attention_in_groups,
                                                               question_key_reader, scoring_access, stage_prefill_layer)
@@ -285,9 +285,9 @@ class InfiniteHiPAttention(AttentionMethod):
         patterns = {self.refresh_pattern(state, layer) for layer in range(self.model_config.num_layers)}
         if len(patterns) != 1:
             return None
-        pattern = patterns.pop()  # + whether the step reuses the kept attention-bank rows (decode_rows.py)
-        reuse = isinstance(state.decode_rows, DecodeRows) and state.decode_rows.reusable_step(state.decode_steps, any(pattern))
-        return pattern, self.group(seq.context_len), reuse
+        pattern = patterns.pop()  # + whether the step has the kept attention-bank rows (decode_rows.py)
+        kept = isinstance(state.decode_rows, DecodeRows) and state.decode_rows.kept_step(state.decode_steps)
+        return pattern, self.group(seq.context_len), kept
 
     def host_counters(self, state: InfiniteHiPState) -> tuple:
         return list(state.decode_steps), list(state.refreshes)
@@ -315,7 +315,7 @@ class InfiniteHiPAttention(AttentionMethod):
         return state.stage_cache[layer]
 
     def _apply_saliency(self, layer: int, q: torch.Tensor, position: torch.Tensor, page_table: torch.Tensor,
-                        refresh: bool, state: InfiniteHiPState, batch: ForwardBatch) -> None:
+                        refresh: bool, state: InfiniteHiPState, batch: ForwardBatch, read_keys=None) -> None:
         """Queue this decode query q [1, H, d] for the landmark saliency; at a refresh apply every queued one.
 
         Deferring is exact: a key is a candidate only once it is stream_tokens behind the query, and every query
@@ -329,7 +329,7 @@ class InfiniteHiPAttention(AttentionMethod):
         pending_q, pending_pos = state.pending_q[layer], state.pending_pos[layer]
         queue_query(q.contiguous(), position, pending_q, pending_pos, impl=self._impl(q))
         if refresh:
-            self.saliency.update_decode(layer, pending_q, pending_pos, page_table, batch.cache, batch.rope)
+            self.saliency.update_decode(layer, pending_q, pending_pos, page_table, batch.cache, batch.rope, read_keys)
             pending_pos.fill_(-1)
 
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
@@ -348,9 +348,11 @@ class InfiniteHiPAttention(AttentionMethod):
             if state.decode_rows is None:  # False: a resident cache, or no spare rows
                 state.decode_rows = decode_rows_for(seq.cache, self.model_config.num_layers, c.refresh_intervals) or False
             kept = state.decode_rows if len(seqs) == 1 and not batch.prefill and state.decode_rows else None  # alone
-            reuse = kept is not None and kept.reusable(layer, state.decode_steps[layer], any(pattern))
+            held = kept is not None and kept.kept(layer, state.decode_steps[layer])  # alone: reuse = held, no refresh
             if self.saliency is not None:
-                self._apply_saliency(layer, q[i : i + 1], positions[i : i + 1], page_tables[i], any(pattern), state, batch)
+                read_keys = window_reader(kept if held else None, seq.cache, layer, state.stage_cache[layer], c)
+                self._apply_saliency(layer, q[i : i + 1], positions[i : i + 1], page_tables[i], any(pattern), state,
+                                     batch, read_keys)
             caches = self._stage_caches(state, layer, q.device)
             k_flat, rep_keys = scoring_access(seq.cache, layer, page_tables[i])
             parent, shared = None, {}
@@ -389,8 +391,8 @@ class InfiniteHiPAttention(AttentionMethod):
         for i, seq in enumerate(seqs):
             if seq.probe is not None:
                 seq.probe.record_decode(layer, seq.probe.share_of_tokens(key_tokens[i, : int(key_counts[i])]))
-        k_flat, v_flat, tables, page_size, key_tokens = attention_access(kept, reuse, seqs[0].cache, layer, batch,
-                                                                          key_tokens, key_counts)
+        k_flat, v_flat, tables, page_size, key_tokens = attention_access(kept, held and not any(pattern), seqs[0].cache,
+                                                                          layer, batch, key_tokens, key_counts)
         return sparse_attention_decode(
             q, k_flat, v_flat, tables, page_size,
             key_tokens, key_counts, key_rope, query_rope, batch.rope.cos, batch.rope.sin,

@@ -24,7 +24,7 @@ from infinitehip.model.rope import RotaryEmbedding, apply_rotary, apply_rotary_f
 
 class KeySaliency:
     """Per-layer saliency buffers over the whole paged cache (slots are unique per sequence). Keys are read with
-    `cache.read_k`, so an offloaded cache serves them through its attention bank."""
+    `cache.read_k` (an offloaded cache: through its attention bank) unless the caller passes a reader."""
 
     def __init__(self, window: int):
         self.window = window
@@ -97,11 +97,13 @@ class KeySaliency:
         count.index_add_(0, key_slots, (end - first).float())
 
     def update_decode(self, layer: int, q: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor,
-                      cache: PagedKVCache, rope: RotaryEmbedding) -> None:
+                      cache: PagedKVCache, rope: RotaryEmbedding, read_keys=None) -> None:
         """Decode queries of one sequence, q [P, H, d] pre-RoPE at distinct positions [P] within the last P tokens
         (< 0: no query), add their logits to the `window` keys up to and including their own (whose sums are reset
         first). Sync-free and static: the P windows overlap, so the union of W + P - 1 keys is gathered and rotated
-        once and each query's logits over it are masked to its own window. Rope must cover the positions."""
+        once and each query's logits over it are masked to its own window. Rope must cover the positions.
+        read_keys(slots [Wp], key_pos [Wp]) -> keys [Wp, Hkv, d] (an offloaded cache's reader that keeps the bank
+        untouched, `decode_rows.py`); default `cache.read_k`."""
         P, H, d = q.shape
         total, count = self._buffers(layer, cache, H)
         scratch = total.shape[0] - 1
@@ -116,7 +118,8 @@ class KeySaliency:
         own = torch.where(valid, page_table.long()[positions.clamp(min=0) // ps] * ps + positions.clamp(min=0) % ps, scratch)
         total.index_fill_(0, own, 0)  # each query's own key is new: its sums start now
         count.index_fill_(0, own, 0)
-        k = apply_rotary(cache.read_k(layer, slots).float(), rope.cos[key_pos][:, None], rope.sin[key_pos][:, None])
+        raw = cache.read_k(layer, slots) if read_keys is None else read_keys(slots, key_pos)
+        k = apply_rotary(raw.float(), rope.cos[key_pos][:, None], rope.sin[key_pos][:, None])
         Hkv = k.shape[1]
         q_rot = apply_rotary(q.float(), rope.cos[positions.clamp(min=0)][:, None], rope.sin[positions.clamp(min=0)][:, None])
         logits = torch.einsum("pkgd,wkd->pwkg", q_rot.view(P, Hkv, H // Hkv, d), k).reshape(P, -1, H)  # [P, Wp, H]

@@ -7,7 +7,8 @@ are unchanged (store slot = page * page_size + offset, as in the paged cache). W
 - `read(layer, slots)` / `read_k(layer, slots)`: rows gathered through the attention bank, in pieces of at
   most its size (each piece is resolved, then gathered before the next resolve can evict it); the number
   of pieces follows from the shape, so it stays sync-free (the landmark saliency update reads keys here);
-- `scan_k(layer, page_table, start, end)`: a range of keys straight from the store (whole-context scans);
+- `scan_k(layer, page_table, start, end)` / `read_k_store(layer, slots)`: keys straight from the store
+  (whole-context scans; the decode saliency window when no kept rows hold it);
 - `flat_k` / `flat_v` raise: indexing bank rows with page tables would read the wrong rows silently.
   Offload-aware methods reach rows through `kv.resolve_mask` / `kv.resolve_attention` and the banks' flat
   rows (see `attention/infinitehip/offload_access.py`).
@@ -103,6 +104,12 @@ class OffloadedPagedCache:
     def read_k(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """Keys [*slots.shape, Hkv, d] of slots (any shape), through the attention bank."""
         return self._gather(layer, slots, values=False)[0]
+
+    def read_k_store(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """Keys [N, Hkv, d] (the banks' dtype, on the device) of slots [N], straight from the store: no bank call, so
+        no row a reader keeps is evicted (sync-free with the Triton copy; the same upcast as a bank miss)."""
+        out = self.kv.mask_bank.k.new_empty((slots.numel(), *self.kv.store.row_shape))
+        return self.kv.store.gather_k(layer, slots.reshape(-1), out, self.kv.impl)
 
     def scan_k(self, layer: int, page_table: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """Keys [end - start, Hkv, d] (the banks' dtype, on the device) of token positions [start, end) of the
