@@ -1,0 +1,23 @@
+"""What the results page's modules share: where the JSON lives and how cells and lengths are written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+D25 = "2026-11-25/realtext/gemma3/"
+D26 = "2026-11-26/"
+
+
+def cell(rows: list[dict]) -> str:
+    if not rows:
+        return "–"
+    hits = sum(bool(s["correct"]) for s in rows)
+    return f"{hits}/{len(rows)}"
+
+
+def length_label(n: int) -> str:
+    if n >= 1048576:
+        return f"{round(n / 1048576)}M"
+    return f"{n // 1024}K" if n % 1024 == 0 else f"{round(n / 1000)}K"  # 32000 tokens: "32K"
