@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
+from infinitehip.attention.infinipot.config import InfiniPotConfig
 from infinitehip.attention.registry import METHODS, create_method, method_spec
-from infinitehip.config.infinipot import InfiniPotConfig
+from infinitehip.attention.streaming.config import StreamingConfig
 from infinitehip.config.model import ModelConfig
-from infinitehip.config.streaming import StreamingConfig
 from tests.conftest import TINY_CONFIGS, closure_graph_decoder, engine_for_dir, record_step_logits
 from tests.test_infinitehip_method import SMALL as SMALL_IH
 

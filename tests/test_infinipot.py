@@ -11,8 +11,8 @@ import transformers
 
 from infinitehip import LLM, EngineConfig, SamplingParams
 from infinitehip.attention.infinipot import method as infinipot_method
+from infinitehip.attention.infinipot.config import PRESETS, InfiniPotConfig
 from infinitehip.attention.registry import create_method
-from infinitehip.config.infinipot import PRESETS, InfiniPotConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.eval.passkey import make_passkey_sample
 from infinitehip.model.gguf_convert import default_cache_root

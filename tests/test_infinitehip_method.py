@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
-from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig, infinitehip_preset
+from infinitehip.attention.infinitehip.config import PRESETS, InfiniteHiPConfig, infinitehip_preset
 from tests.conftest import engine_for_dir
 
 # The hierarchy alone (question_tokens=0, as the paper): question-time selection has its own tests

@@ -555,7 +555,7 @@ def test_offloaded_kv_server_answers_and_reports_bank_metrics(engine):
     from infinitehip.config.offload import OffloadConfig
 
     config = EngineConfig(**{**ENGINE_CONFIG, "method": "infinitehip", "kv_cache_tokens": 4096, "max_num_seqs": 2})
-    from infinitehip.config.infinitehip import infinitehip_preset
+    from infinitehip.attention.infinitehip.config import infinitehip_preset
 
     offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=4096, attention_bank_tokens=4096)
     method = infinitehip_preset("3k-flash")  # offloading runs the presets without question-time selection

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from infinitehip.attention.infinitehip.config import PRESETS, InfiniteHiPConfig
+from infinitehip.attention.tokenselect.config import TokenSelectConfig
 from infinitehip.config.engine import EngineConfig
-from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig
 from infinitehip.config.offload import OffloadConfig
-from infinitehip.config.tokenselect import TokenSelectConfig
 from infinitehip.engine import settings as settings_module
 from infinitehip.engine.settings import resolve_settings
 

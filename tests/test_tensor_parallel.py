@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from infinitehip.attention.infinipot.config import InfiniPotConfig
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.registry import METHODS
+from infinitehip.attention.streaming.config import StreamingConfig
+from infinitehip.attention.tokenselect.config import TokenSelectConfig
+from infinitehip.attention.truncate.config import TruncateConfig
 from infinitehip.config.engine import EngineConfig
-from infinitehip.config.infinipot import InfiniPotConfig
-from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
 from infinitehip.config.sampling import SamplingParams
-from infinitehip.config.streaming import StreamingConfig
-from infinitehip.config.tokenselect import TokenSelectConfig
-from infinitehip.config.truncate import TruncateConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel, random_model
 from tests.tp_helpers import CharTokenizer, sharded_mlp_rank

@@ -15,9 +15,9 @@ from infinitehip import SamplingParams
 from infinitehip.attention.base import ForwardBatch, SequenceSlice
 from infinitehip.attention.tokenselect import method as method_module
 from infinitehip.attention.tokenselect import soft_vote
+from infinitehip.attention.tokenselect.config import TokenSelectConfig
 from infinitehip.attention.tokenselect.method import TokenSelectAttention
 from infinitehip.config.model import ModelConfig
-from infinitehip.config.tokenselect import TokenSelectConfig
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 from tests.conftest import engine_for_dir

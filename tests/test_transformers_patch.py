@@ -8,9 +8,9 @@ import transformers
 
 import infinitehip
 from infinitehip import LLM, SamplingParams
-from infinitehip.config.infinitehip import InfiniteHiPConfig
-from infinitehip.config.streaming import StreamingConfig
-from infinitehip.config.tokenselect import TokenSelectConfig
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.streaming.config import StreamingConfig
+from infinitehip.attention.tokenselect.config import TokenSelectConfig
 from infinitehip.engine.llm_engine import ContextLengthError
 from tests.conftest import engine_for_dir
 

@@ -35,8 +35,8 @@ from bench.common.dense import decode_layerwise
 from bench.common.instrument import PHASES, time_graph_replays, time_phases, untime_graph_replays, use_fast_prefill
 from bench.common.timing import sync
 from infinitehip import EngineConfig, SamplingParams
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.cli.options import parse_int
-from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
-from infinitehip.attention.dense import causal_sdpa
+from infinitehip.attention.dense.method import causal_sdpa
 from infinitehip.attention.infinitehip.decode import (StageCache, merge_question, refresh_stage, stage1_candidates,
                                                      window_width)
 from infinitehip.attention.infinitehip.decode_rows import DecodeRows, attention_access, decode_rows_for
@@ -31,11 +31,11 @@ from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_positions, group_size
 from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,  # noqa: F401
                                                       run_stage, sparse_limit)
-from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.chunk_merge import merge_chunks
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.question_selection import question_chunks
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
-from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.prefix_reuse import PrefixReuse
 

@@ -45,8 +45,8 @@ from infinitehip.attention.needle_probe import FORCE_BONUS
 from infinitehip.attention.question_selection import question_tokens
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.attention.tokenselect import soft_vote
+from infinitehip.attention.tokenselect.config import TokenSelectConfig
 from infinitehip.config.model import ModelConfig
-from infinitehip.config.tokenselect import TokenSelectConfig
 from infinitehip.kv.prefix_reuse import PrefixReuse
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 
