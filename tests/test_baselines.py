@@ -274,8 +274,9 @@ def _embedded_llm(loaded, method, config):
     from infinitehip import EngineConfig
     from infinitehip.engine.llm_engine import LLMEngine
 
-    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, max_context_tokens=2400)
-    return LLM.from_engine(LLMEngine(cfg, loaded, config))
+    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, max_context_tokens=2400,
+                       method_config=config)
+    return LLM.from_engine(LLMEngine(cfg, loaded))
 
 
 @pytest.mark.slow  # a real-model sweep: make test-all

@@ -36,8 +36,8 @@ def embedded() -> LoadedModel:
 
 def _engine(loaded, method="dense", **config) -> LLMEngine:
     config = {"max_context_tokens": 1024, "page_size": 16, "prefill_chunk_size": 64, **config}
-    return LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, **config), loaded,
-                     METHODS[method])
+    return LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method,
+                                  method_config=METHODS[method], **config), loaded)
 
 
 def _ids(n: int, seed: int) -> list[int]:

@@ -59,8 +59,9 @@ def loaded_model(config: ModelConfig) -> LoadedModel:
 
 def generate(loaded: LoadedModel, method: str, size: int, max_tokens: int = 6) -> tuple[list[int], list[float]]:
     config = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, max_context_tokens=512,
-                          page_size=16, prefill_chunk_size=128, use_generation_config=False, tensor_parallel_size=size)
-    engine = LLMEngine(config, loaded, METHOD_CONFIGS.get(method))
+                          page_size=16, prefill_chunk_size=128, use_generation_config=False, tensor_parallel_size=size,
+                          method_config=METHOD_CONFIGS.get(method))
+    engine = LLMEngine(config, loaded)
     try:
         seq = engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
                                                         logprobs=0))

@@ -57,8 +57,8 @@ def run_method(loaded: LoadedModel, method: str, preset: str | None, context: in
     engine = LLMEngine(
         EngineConfig(method=method, device=device.type, dtype="float32" if cpu else "bfloat16",
                      max_context_tokens=context + steps + warmup_steps + 8, prefill_chunk_size=chunk,
-                     show_progress=False, cuda_graphs=cuda_graphs and not cpu),
-        loaded, config,
+                     show_progress=False, cuda_graphs=cuda_graphs and not cpu, method_config=config),
+        loaded,
     )
     ids = torch.randint(0, loaded.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=steps + warmup_steps + 1, ignore_eos=True))
