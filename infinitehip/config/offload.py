@@ -3,7 +3,7 @@
 The mask bank holds keys only (read by the pruning stages, one representative key per chunk and head);
 the attention bank holds keys and values (read by block-sparse attention). Both are token-granular LRU
 caches over the host store; their sizes are in tokens (one token = the rows of every KV head of one layer).
-The engine takes it beside the method config (`LLMEngine(..., offload_config=...)`); its CLI flags are the
+The engine config nests it beside the method config (`EngineConfig(..., offload=...)`); its CLI flags are the
 field names (--offload-enabled, --mask-bank-tokens, ...), prefixed where a bare name would clash.
 """
 
