@@ -229,12 +229,13 @@ def tokenizer():
     return transformers.AutoTokenizer.from_pretrained(str(model_dir))
 
 
-def engine_for_dir(path, tokenizer=None, method_config=None, offload_config=None, **config) -> LLMEngine:
+def engine_for_dir(path, tokenizer=None, method_config=None, offload=None, **config) -> LLMEngine:
     model_config = ModelConfig.from_dir(path)
     model = empty_model(model_config, torch.device("cpu"), torch.float32)
     load_weights_from_dir(model, path)
-    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, **config)
-    return LLMEngine(cfg, LoadedModel(model_config, model, tokenizer, "test", path), method_config, offload_config)
+    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, method_config=method_config, offload=offload,
+                       **config)
+    return LLMEngine(cfg, LoadedModel(model_config, model, tokenizer, "test", path))
 
 
 def closure_graph_decoder(engine, min_bucket: int = 512):

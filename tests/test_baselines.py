@@ -8,9 +8,9 @@ import torch
 
 from infinitehip import SamplingParams
 from infinitehip.attention.registry import METHODS
-from infinitehip.attention.truncate import head_and_tail
-from infinitehip.config.streaming import StreamingConfig
-from infinitehip.config.truncate import TruncateConfig
+from infinitehip.attention.streaming.config import StreamingConfig
+from infinitehip.attention.truncate.config import TruncateConfig
+from infinitehip.attention.truncate.method import head_and_tail
 from infinitehip.engine.llm import LLM
 from infinitehip.engine.llm_engine import ContextLengthError
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
@@ -98,7 +98,7 @@ def test_streaming_prompt_shorter_than_the_sinks_equals_dense(tiny_llama_dir):
 def test_streaming_prefill_matches_rolling_oracle(tiny_llama_dir, chunk, rows_per_pass, monkeypatch):
     """Every query sees exactly sink + its own last window keys at rolling positions, across chunk
     boundaries, evictions (chunks capped by the cache limit, compaction after each) and SDPA passes."""
-    from infinitehip.attention import streaming
+    from infinitehip.attention.streaming import method as streaming
 
     monkeypatch.setattr(streaming, "ROWS_PER_PASS", rows_per_pass)
     ids = _ids(300, seed=2)
@@ -274,8 +274,9 @@ def _embedded_llm(loaded, method, config):
     from infinitehip import EngineConfig
     from infinitehip.engine.llm_engine import LLMEngine
 
-    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, max_context_tokens=2400)
-    return LLM.from_engine(LLMEngine(cfg, loaded, config))
+    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, max_context_tokens=2400,
+                       method_config=config)
+    return LLM.from_engine(LLMEngine(cfg, loaded))
 
 
 @pytest.mark.slow  # a real-model sweep: make test-all

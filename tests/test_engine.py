@@ -179,7 +179,7 @@ def test_llm_keeps_the_method_of_its_config(monkeypatch):
     from infinitehip.engine import llm as llm_module
 
     seen = []
-    monkeypatch.setattr(llm_module, "LLMEngine", lambda config, method_config=None, offload_config=None: seen.append(config) or _FakeEngine())
+    monkeypatch.setattr(llm_module, "LLMEngine", lambda config: seen.append(config) or _FakeEngine())
     llm_module.LLM(config=EngineConfig(method="infinitehip"))
     llm_module.LLM(config=EngineConfig(method="infinitehip"), method="dense")
     assert [c.method for c in seen] == ["infinitehip", "dense"]

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
+from infinitehip.attention.infinipot.config import InfiniPotConfig
 from infinitehip.attention.registry import METHODS, create_method, method_spec
-from infinitehip.config.infinipot import InfiniPotConfig
+from infinitehip.attention.streaming.config import StreamingConfig
 from infinitehip.config.model import ModelConfig
-from infinitehip.config.streaming import StreamingConfig
 from tests.conftest import TINY_CONFIGS, closure_graph_decoder, engine_for_dir, record_step_logits
 from tests.test_infinitehip_method import SMALL as SMALL_IH
 
@@ -158,8 +158,8 @@ def test_offloaded_kv_holds_the_full_layers_and_equals_resident(gemma_dir):
     # made the offloaded prefill ~6,000 resolve calls): the subject is which layers the store holds
     offload = _smallest_banks(config, heads, mask_bank=5 * heads)
 
-    def run(offload_config):
-        engine = engine_for_dir(gemma_dir, None, config, offload_config, method="infinitehip",
+    def run(offload):
+        engine = engine_for_dir(gemma_dir, None, config, offload, method="infinitehip",
                                 max_context_tokens=CONTEXT, prefill_chunk_size=128, max_num_seqs=1)
         logits = record_step_logits(engine)
         return _generate(engine, [_ids(700, seed=11)], 8), logits, engine

@@ -11,8 +11,8 @@ import transformers
 
 from infinitehip import LLM, EngineConfig, SamplingParams
 from infinitehip.attention.infinipot import method as infinipot_method
+from infinitehip.attention.infinipot.config import PRESETS, InfiniPotConfig
 from infinitehip.attention.registry import create_method
-from infinitehip.config.infinipot import PRESETS, InfiniPotConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.eval.passkey import make_passkey_sample
 from infinitehip.model.gguf_convert import default_cache_root
@@ -259,7 +259,7 @@ def test_embedded_model_finds_passkey_beyond_a_small_pot():
     loaded = load_model(None, default_cache_root(), torch.device("cpu"), torch.float32)
     config = InfiniPotConfig(pot_tokens=1024, compressed_tokens=256)
     engine = LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, method="infinipot",
-                                    prefill_chunk_size=1024), loaded, config)
+                                    prefill_chunk_size=1024, method_config=config), loaded)
     llm = LLM.from_engine(engine)
     sample = make_passkey_sample(loaded.tokenizer, 3000, 0.3, 21)
     (out,) = llm.chat(sample.messages, SamplingParams(temperature=0.0, max_tokens=12))
@@ -274,8 +274,8 @@ def test_embedded_model_finds_passkey_with_the_retrieval_preset(distillations):
     config = PRESETS["4k-retrieval"]
     assert (config.novelty_tokens, config.sink_tokens) == (1014, 4)
     loaded = load_model(None, default_cache_root(), torch.device("cpu"), torch.float32)
-    engine = LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, method="infinipot"),
-                       loaded, config)
+    engine = LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, method="infinipot",
+                                    method_config=config), loaded)
     llm = LLM.from_engine(engine)
     sample = make_passkey_sample(loaded.tokenizer, 7500, 0.2, 5)
     (out,) = llm.chat(sample.messages, SamplingParams(temperature=0.0, max_tokens=12))

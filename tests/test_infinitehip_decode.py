@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.infinitehip.method import InfiniteHiPAttention, assemble_keys
 from infinitehip.attention.infinitehip.positions import attention_positions
 from infinitehip.attention.infinitehip.pruning import query_blocks
 from infinitehip.attention.sparse import sparse_attention_decode
-from infinitehip.config.infinitehip import InfiniteHiPConfig
 from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits
 from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
 

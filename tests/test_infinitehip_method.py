@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
-from infinitehip.config.infinitehip import PRESETS, InfiniteHiPConfig, infinitehip_preset
+from infinitehip.attention.infinitehip.config import PRESETS, InfiniteHiPConfig, infinitehip_preset
 from tests.conftest import engine_for_dir
 
 # The hierarchy alone (question_tokens=0, as the paper): question-time selection has its own tests
@@ -59,7 +59,7 @@ def test_dense_shortcut_only_while_nothing_is_pruned(llama3_dir):
 
 
 @pytest.mark.parametrize("representative", ["bisection", "landmark"])
-@pytest.mark.parametrize("impl", [pytest.param("triton", marks=pytest.mark.slow), "sdpa"])  # interpreter: ~1 min each
+@pytest.mark.parametrize("impl", [pytest.param("triton", marks=pytest.mark.slow), "auto"])  # interpreter: ~1 min each
 def test_kernels_match_reference_in_the_engine(llama3_dir, impl, representative):
     """Pruning + sparse attention through Triton (interpreted on CPU) or SDPA == the eager oracles, with both
     representative modes (SelectRep's bisection kernel; landmark's salient-token and representative-score kernels)."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
-from infinitehip.kv.offload.resolve import resolve
 from infinitehip.kv.offload.offloaded import OffloadedKV
+from infinitehip.kv.offload.resolve import resolve
 from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
 from tests.test_offload_engine import FEW_GROUPS, HEADS, _assert_same, _generate, _smallest_banks
 

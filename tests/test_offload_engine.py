@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.infinitehip.offload_access import check_offload
-from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload import planner
-from infinitehip.kv.offload.store import to_storage_dtype
 from infinitehip.kv.offload.paged import OffloadedAccessError, OffloadedPagedCache
 from infinitehip.kv.offload.planner import CapacityError
+from infinitehip.kv.offload.store import to_storage_dtype
 from infinitehip.kv.paged_cache import PagedKVCache
 from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits
 from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401

@@ -36,8 +36,8 @@ def embedded() -> LoadedModel:
 
 def _engine(loaded, method="dense", **config) -> LLMEngine:
     config = {"max_context_tokens": 1024, "page_size": 16, "prefill_chunk_size": 64, **config}
-    return LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, **config), loaded,
-                     METHODS[method])
+    return LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method,
+                                  method_config=METHODS[method], **config), loaded)
 
 
 def _ids(n: int, seed: int) -> list[int]:
@@ -178,7 +178,7 @@ def test_preemption_while_pages_are_shared(embedded):
 
 
 def test_methods_without_reuse_turn_caching_off_with_a_log_line(embedded, caplog):
-    from infinitehip.config.streaming import StreamingConfig
+    from infinitehip.attention.streaming.config import StreamingConfig
 
     METHODS["streaming"] = StreamingConfig(sink_tokens=4, window_tokens=60, eviction_batch_tokens=40)
     try:

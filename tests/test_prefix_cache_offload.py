@@ -4,7 +4,7 @@ in host memory; a hit reads them through the banks, and InfiniteHiP's private ta
 from __future__ import annotations
 
 from infinitehip import SamplingParams
-from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from tests.conftest import engine_for_dir
 from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
 from tests.test_offload_engine import FEW_GROUPS, HEADS, _smallest_banks

@@ -11,13 +11,13 @@ import torch
 from infinitehip import LLM, SamplingParams
 from infinitehip.attention import question_selection as qs
 from infinitehip.attention.infinitehip import method as ih_method
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.infinitehip.config import PRESETS as IH_PRESETS
 from infinitehip.attention.needle_probe import NeedleProbe
 from infinitehip.attention.tokenselect import method as ts_method
-from infinitehip.config.infinitehip import PRESETS as IH_PRESETS
-from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.attention.tokenselect.config import PRESETS as TS_PRESETS
+from infinitehip.attention.tokenselect.config import TokenSelectConfig
 from infinitehip.config.offload import OffloadConfig
-from infinitehip.config.tokenselect import PRESETS as TS_PRESETS
-from infinitehip.config.tokenselect import TokenSelectConfig
 from infinitehip.eval.niah import make_niah_sample, needle_for_seed
 from infinitehip.eval.ruler.positions import needle_token_positions
 from tests.conftest import engine_for_dir

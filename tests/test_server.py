@@ -3,6 +3,7 @@ driven by the official `openai` client (and httpx where the client hides the wir
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -16,6 +17,7 @@ import uvicorn
 from infinitehip.cli.main import build_parser
 from infinitehip.cli.serve import configs_from_args
 from infinitehip.config.engine import EngineConfig
+from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.server import ServerConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.server.app import create_app
@@ -513,21 +515,20 @@ def test_server_config_validation_and_cli_flags(tmp_path):
         "serve", "--model", "m.gguf", "--method", "dense", "--host", "0.0.0.0", "--port", "9000", "--api-key", "k",
         "--max-waiting-requests", "8", "--keepalive-interval-s", "2.5", "--max-context-tokens", "4096",
     ])
-    settings, server_config = configs_from_args(args)
-    engine_config = settings.engine
+    engine_config, server_config = configs_from_args(args)
     assert (engine_config.model, engine_config.method, engine_config.max_context_tokens) == ("m.gguf", "dense", 4096)
     assert (server_config.host, server_config.port, server_config.api_key) == ("0.0.0.0", 9000, "k")
     assert (server_config.max_waiting_requests, server_config.keepalive_interval_s) == (8, 2.5)
-    assert settings.method is None and settings.offload is None
+    assert engine_config.method_config is None and engine_config.offload == OffloadConfig()
     with pytest.raises(ValueError, match="no such settings"):
         configs_from_args(build_parser().parse_args(["serve", "--preset", "3k"]))
     args = build_parser().parse_args(["serve", "--method", "infinitehip", "--preset", "3k-fast"])
-    assert configs_from_args(args)[0].method.refresh_intervals == (32, 16, 8)
+    assert configs_from_args(args)[0].method_config.refresh_intervals == (32, 16, 8)
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
     assert configs_from_args(build_parser().parse_args(["serve", "--api-key-file", str(key_file)]))[1].api_key == "from-file"
     args = build_parser().parse_args(["serve", "--method", "infinitehip", "--preset", "5k", "--refresh-intervals", "8", "4", "2"])
-    config = configs_from_args(args)[0].method
+    config = configs_from_args(args)[0].method_config
     assert config.chunk_sizes == (64, 32, 16) and config.refresh_intervals == (8, 4, 2)
 
 
@@ -552,16 +553,16 @@ def test_offloaded_kv_server_answers_and_reports_bank_metrics(engine):
     """The server over an engine whose KV lives in host memory behind GPU-style banks (CPU here): the official
     client gets the same greedy answer as from a resident engine, and /metrics carries the banks' counters."""
     from infinitehip import SamplingParams
-    from infinitehip.config.offload import OffloadConfig
 
-    config = EngineConfig(**{**ENGINE_CONFIG, "method": "infinitehip", "kv_cache_tokens": 4096, "max_num_seqs": 2})
-    from infinitehip.config.infinitehip import infinitehip_preset
+    from infinitehip.attention.infinitehip.config import infinitehip_preset
 
-    offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=4096, attention_bank_tokens=4096)
     method = infinitehip_preset("3k-flash")  # offloading runs the presets without question-time selection
+    config = EngineConfig(**{**ENGINE_CONFIG, "method": "infinitehip", "kv_cache_tokens": 4096, "max_num_seqs": 2},
+                          method_config=method)
+    offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=4096, attention_bank_tokens=4096)
     # (the module engine's weights: the same embedded model, not loaded again)
-    offloaded = LLMEngine(config, loaded=engine.loaded, method_config=method, offload_config=offload)
-    resident = LLMEngine(config, loaded=engine.loaded, method_config=method)
+    offloaded = LLMEngine(dataclasses.replace(config, offload=offload), loaded=engine.loaded)
+    resident = LLMEngine(config, loaded=engine.loaded)
     messages = [{"role": "user", "content": "Name the largest planet of the solar system."}]
     server_config = ServerConfig(api_key=API_KEY, max_waiting_requests=4, keepalive_interval_s=0.1)
     with ServerThread(create_app(offloaded, server_config)) as url:

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from infinitehip.attention.infinipot.config import InfiniPotConfig
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.registry import METHODS
+from infinitehip.attention.streaming.config import StreamingConfig
+from infinitehip.attention.tokenselect.config import TokenSelectConfig
+from infinitehip.attention.truncate.config import TruncateConfig
 from infinitehip.config.engine import EngineConfig
-from infinitehip.config.infinipot import InfiniPotConfig
-from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig
 from infinitehip.config.sampling import SamplingParams
-from infinitehip.config.streaming import StreamingConfig
-from infinitehip.config.tokenselect import TokenSelectConfig
-from infinitehip.config.truncate import TruncateConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel, random_model
 from tests.tp_helpers import CharTokenizer, sharded_mlp_rank
@@ -59,8 +59,9 @@ def loaded_model(config: ModelConfig) -> LoadedModel:
 
 def generate(loaded: LoadedModel, method: str, size: int, max_tokens: int = 6) -> tuple[list[int], list[float]]:
     config = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, max_context_tokens=512,
-                          page_size=16, prefill_chunk_size=128, use_generation_config=False, tensor_parallel_size=size)
-    engine = LLMEngine(config, loaded, METHOD_CONFIGS.get(method))
+                          page_size=16, prefill_chunk_size=128, use_generation_config=False, tensor_parallel_size=size,
+                          method_config=METHOD_CONFIGS.get(method))
+    engine = LLMEngine(config, loaded)
     try:
         seq = engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
                                                         logprobs=0))

@@ -15,9 +15,9 @@ from infinitehip import SamplingParams
 from infinitehip.attention.base import ForwardBatch, SequenceSlice
 from infinitehip.attention.tokenselect import method as method_module
 from infinitehip.attention.tokenselect import soft_vote
+from infinitehip.attention.tokenselect.config import TokenSelectConfig
 from infinitehip.attention.tokenselect.method import TokenSelectAttention
 from infinitehip.config.model import ModelConfig
-from infinitehip.config.tokenselect import TokenSelectConfig
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 from tests.conftest import engine_for_dir
@@ -246,7 +246,7 @@ def test_embedded_model_finds_passkey_with_a_small_budget():
     config = TokenSelectConfig(select_tokens=256, sink_tokens=64, local_tokens=128, query_block_size=128,
                                question_select_tokens=128)
     engine = LLMEngine(EngineConfig(device="cpu", dtype="float32", show_progress=False, method="tokenselect",
-                                    max_context_tokens=4096), loaded, config)
+                                    max_context_tokens=4096, method_config=config), loaded)
     sample = make_passkey_sample(loaded.tokenizer, 2500, 0.5, 3)
     (out,) = LLM.from_engine(engine).chat(sample.messages, SamplingParams(temperature=0.0, max_tokens=12))
     assert sample.is_correct(out.text), (sample.answer, out.text)

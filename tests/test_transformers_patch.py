@@ -8,9 +8,9 @@ import transformers
 
 import infinitehip
 from infinitehip import LLM, SamplingParams
-from infinitehip.config.infinitehip import InfiniteHiPConfig
-from infinitehip.config.streaming import StreamingConfig
-from infinitehip.config.tokenselect import TokenSelectConfig
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.streaming.config import StreamingConfig
+from infinitehip.attention.tokenselect.config import TokenSelectConfig
 from infinitehip.engine.llm_engine import ContextLengthError
 from tests.conftest import engine_for_dir
 
@@ -100,8 +100,8 @@ def _compare_on_embedded(embedded, method, config, n_prompt, n_new, **engine):
     loaded, hf = embedded
     sample = make_passkey_sample(loaded.tokenizer, n_prompt, 0.5, 7)
     ids = chat_prompt_ids(loaded.tokenizer, sample.messages)
-    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, **engine)
-    (out,) = LLM.from_engine(LLMEngine(cfg, loaded, config)).generate(
+    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, method_config=config, **engine)
+    (out,) = LLM.from_engine(LLMEngine(cfg, loaded)).generate(
         [ids], SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True))
     with torch.no_grad(), infinitehip.patch(hf, method=method, method_config=config, **engine):
         got = hf.generate(torch.tensor([ids]), max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False)

@@ -16,7 +16,7 @@ import dataclasses
 import time
 
 from bench.common.cli import add_smoke_flag
-from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
+from infinitehip.cli.method_options import add_method_flags, engine_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
     p.add_argument("--budget-s", type=float, default=1e9, help="start no new length after this many seconds")
     add_smoke_flag(p, "embedded model, passkey at 1,024 tokens, one depth, method dense unless given")
     add_dataclass_flags(p, EvalConfig, exclude=("output",), title="evaluation (EvalConfig)")
-    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)")
     add_method_flags(p)
     add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
     p.set_defaults(prefill_chunk_size=32768, show_progress=False)
@@ -43,14 +43,14 @@ def run(args, out) -> dict:
             args.method = "dense"  # the sweep's path in seconds; --method M --smoke runs M
         out.meta["device"] = "cpu"
     eval_config = dataclass_from_args(EvalConfig, args)
-    settings = settings_from_args(args)
-    engine = settings.engine
+    engine = engine_config_from_args(args)
     if engine.max_context_tokens is None:
         engine = dataclasses.replace(engine, max_context_tokens=context_tokens_needed(args.task, eval_config.lengths))
-    llm = LLM(config=engine, method_config=settings.method, offload_config=settings.offload)
+    llm = LLM(config=engine)
     body = dict(task=args.task, method=engine.method, preset=getattr(args, "preset", None),
-                method_config=dataclasses.asdict(settings.method) if settings.method is not None else None,
-                seed=eval_config.seed, offload=dataclasses.asdict(settings.offload) if settings.offload else None,
+                method_config=dataclasses.asdict(engine.method_config) if engine.method_config is not None else None,
+                seed=eval_config.seed,
+                offload=dataclasses.asdict(engine.offload) if engine.offload != OffloadConfig() else None,
                 engine_device=str(llm.engine.device), results=[])
     start = time.time()
     for length in eval_config.lengths:

@@ -50,15 +50,15 @@ def run_method(loaded: LoadedModel, method: str, preset: str | None, context: in
     """Prefill `context` random tokens, decode warmup_steps (graph captures happen there), then time `steps`."""
     config = None
     if method == "infinitehip":
-        from infinitehip.config.infinitehip import infinitehip_preset
+        from infinitehip.attention.infinitehip.config import infinitehip_preset
 
         config = models.TINY_METHOD if device.type == "cpu" else infinitehip_preset(preset)
     cpu = device.type == "cpu"
     engine = LLMEngine(
         EngineConfig(method=method, device=device.type, dtype="float32" if cpu else "bfloat16",
                      max_context_tokens=context + steps + warmup_steps + 8, prefill_chunk_size=chunk,
-                     show_progress=False, cuda_graphs=cuda_graphs and not cpu),
-        loaded, config,
+                     show_progress=False, cuda_graphs=cuda_graphs and not cpu, method_config=config),
+        loaded,
     )
     ids = torch.randint(0, loaded.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
     seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=steps + warmup_steps + 1, ignore_eos=True))

@@ -43,8 +43,8 @@ from bench.common.timing import Timer, log, try_graph
 from bench.suites import attention_parts as parts
 from bench.suites.attention_latency import fmt, fx, ratio
 from bench.suites.hip_attn_loader import SMOKE_TWEAKS, hip_mapping, import_hip, smoke_interpreter, _cpu_cuda_calls
+from infinitehip.attention.infinitehip.config import PRESETS
 from infinitehip.cli.options import parse_int
-from infinitehip.config.infinitehip import PRESETS
 
 
 def hip_call_args(api, m: dict, ctx: parts.Context, rope_tables, positions: torch.Tensor, decode: bool) -> tuple:

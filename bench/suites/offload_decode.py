@@ -35,8 +35,8 @@ from bench.common.dense import decode_layerwise
 from bench.common.instrument import PHASES, time_graph_replays, time_phases, untime_graph_replays, use_fast_prefill
 from bench.common.timing import sync
 from infinitehip import EngineConfig, SamplingParams
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.cli.options import parse_int
-from infinitehip.config.infinitehip import InfiniteHiPConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel
@@ -62,8 +62,8 @@ def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadCon
     engine = LLMEngine(EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype,
                                     max_context_tokens=context + args.steps + args.warmup_steps + 64,
                                     prefill_chunk_size=args.chunk, show_progress=True, max_num_seqs=1,
-                                    cuda_graphs=not args.no_graphs),
-                       loaded, method, offload)
+                                    cuda_graphs=not args.no_graphs, method_config=method, offload=offload),
+                       loaded)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     setup_bytes = torch.cuda.memory_allocated() if device.type == "cuda" else 0

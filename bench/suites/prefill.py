@@ -50,8 +50,9 @@ def run_cell(loaded: LoadedModel, method_name: str, mode: str, context: int, arg
         offload = dataclasses.replace(offload, stage_prefill=False)
     engine = LLMEngine(EngineConfig(method=method_name, device=str(device), dtype=args.dtype,
                                     max_context_tokens=context + 64, prefill_chunk_size=args.chunk,
-                                    show_progress=False, max_num_seqs=1, enable_prefix_caching=False),
-                       loaded, method, offload)
+                                    show_progress=False, max_num_seqs=1, enable_prefix_caching=False,
+                                    method_config=method, offload=offload),
+                       loaded)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     cold_len = min(args.cold_context or context, context)

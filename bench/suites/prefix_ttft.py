@@ -47,7 +47,8 @@ def run_cell(loaded: LoadedModel, method, context: int, offloaded: bool, args) -
         return LLMEngine(EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype, max_context_tokens=total,
                                       kv_cache_tokens=total + args.question + args.steps + slack,
                                       page_size=args.page_size, prefill_chunk_size=args.chunk, max_num_seqs=1,
-                                      show_progress=True, enable_prefix_caching=caching), loaded, method, offload)
+                                      show_progress=True, enable_prefix_caching=caching, method_config=method,
+                                      offload=offload), loaded)
 
     e = engine(True)
     first_s, first = first_token_s(e, doc + q1, args.steps)

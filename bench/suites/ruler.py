@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from infinitehip.cli import eval_ruler
-from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags
+from infinitehip.cli.method_options import add_method_flags
 from infinitehip.cli.options import add_dataclass_flags
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
@@ -24,7 +24,7 @@ from infinitehip.eval.ruler.runner import RulerConfig
 def add_arguments(p) -> None:
     # the flags of `infinitehip eval ruler` (cli/eval_ruler.py), RulerConfig's --output included
     add_dataclass_flags(p, RulerConfig, title="RULER sweep (RulerConfig)")
-    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)")
     add_method_flags(p)
     add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
     p.set_defaults(output=RulerConfig.output)

@@ -53,10 +53,9 @@ def run_size(args, tp: int, context: int) -> dict:
                           dtype="float32" if args.smoke else "bfloat16", max_context_tokens=total,
                           prefill_chunk_size=args.chunk, max_num_seqs=1, show_progress=not args.smoke,
                           cuda_graphs=not (args.smoke or args.no_graphs), use_generation_config=False,
-                          tensor_parallel_size=tp)
+                          tensor_parallel_size=tp, method_config=method, offload=offload)
     t_build = time.perf_counter()
-    engine = LLMEngine(config, RankWeights.random(model, seed=0, source="random Llama-3.1-8B-shaped bf16"),
-                       method, offload)
+    engine = LLMEngine(config, RankWeights.random(model, seed=0, source="random Llama-3.1-8B-shaped bf16"))
     build_s = time.perf_counter() - t_build
     try:
         ids = torch.randint(0, model.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()

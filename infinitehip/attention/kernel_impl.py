@@ -1,14 +1,12 @@
 """Choosing between an op's eager reference, its CPU formulation and its Triton kernel (imported on first use:
-the CPU path never compiles Triton unless asked)."""
+the CPU path never compiles Triton unless asked). The names: config/impl.py's KERNEL_IMPLS."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Callable
 
-# "cpu": the op's CPU formulation where it has one (same results up to fp32 rounding, tested against the
-# reference), else the reference itself.
-KERNEL_IMPLS = ("triton", "cpu", "reference")
+from infinitehip.config.impl import KERNEL_IMPLS
 
 
 def select_impl(impl: str, reference: Callable, triton_module: str, triton_name: str, what: str,

@@ -10,21 +10,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infinitehip.attention.base import AttentionMethod
-from infinitehip.attention.dense import DenseAttention
+from infinitehip.attention.dense.method import DenseAttention
+from infinitehip.attention.infinipot.config import InfiniPotConfig
+from infinitehip.attention.infinipot.config import PRESETS as INFINIPOT_PRESETS
 from infinitehip.attention.infinipot.method import InfiniPotAttention
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.infinitehip.config import PRESETS as INFINITEHIP_PRESETS
 from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
+from infinitehip.attention.streaming.config import StreamingConfig
+from infinitehip.attention.streaming.method import StreamingAttention
+from infinitehip.attention.tokenselect.config import PRESETS as TOKENSELECT_PRESETS
+from infinitehip.attention.tokenselect.config import TokenSelectConfig
 from infinitehip.attention.tokenselect.method import TokenSelectAttention
-from infinitehip.attention.streaming import StreamingAttention
-from infinitehip.attention.truncate import TruncateAttention
-from infinitehip.config.infinitehip import PRESETS as INFINITEHIP_PRESETS
-from infinitehip.config.infinitehip import InfiniteHiPConfig
-from infinitehip.config.infinipot import PRESETS as INFINIPOT_PRESETS
-from infinitehip.config.infinipot import InfiniPotConfig
+from infinitehip.attention.truncate.config import TruncateConfig
+from infinitehip.attention.truncate.method import TruncateAttention
 from infinitehip.config.model import ModelConfig
-from infinitehip.config.tokenselect import PRESETS as TOKENSELECT_PRESETS
-from infinitehip.config.tokenselect import TokenSelectConfig
-from infinitehip.config.streaming import StreamingConfig
-from infinitehip.config.truncate import TruncateConfig
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 
 from infinitehip.cli import eval_compare, eval_ruler
-from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
+from infinitehip.cli.method_options import add_method_flags, engine_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
@@ -23,7 +23,7 @@ def register(subparsers) -> None:
     for task in TASKS:
         t = add_command(tasks, task, help=f"{task} retrieval accuracy over a length x depth sweep")
         add_dataclass_flags(t, EvalConfig, title="evaluation (EvalConfig)")
-        add_dataclass_flags(t, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
+        add_dataclass_flags(t, EngineConfig, title="engine (EngineConfig)")
         add_method_flags(t)
         add_dataclass_flags(t, OffloadConfig, title="KV offloading (OffloadConfig)")
         t.set_defaults(func=run)
@@ -33,11 +33,10 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     eval_config = dataclass_from_args(EvalConfig, args)
-    settings = settings_from_args(args)
-    engine_config = settings.engine
+    engine_config = engine_config_from_args(args)
     if engine_config.max_context_tokens is None:
         needed = context_tokens_needed(args.task, eval_config.lengths)  # the user may still set it
         engine_config = dataclasses.replace(engine_config, max_context_tokens=needed)
-    llm = LLM(config=engine_config, method_config=settings.method, offload_config=settings.offload)
+    llm = LLM(config=engine_config)
     run_eval(llm, args.task, eval_config)
     return 0

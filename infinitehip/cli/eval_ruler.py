@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
+from infinitehip.cli.method_options import add_method_flags, engine_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
@@ -29,7 +29,7 @@ class RulerReportConfig:
 def register(tasks) -> None:
     p = add_command(tasks, "ruler", help="RULER-style NIAH tasks over real prose", description=__doc__)
     add_dataclass_flags(p, RulerConfig, title="RULER sweep (RulerConfig)")
-    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)")
     add_method_flags(p)
     add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
     p.set_defaults(func=run)
@@ -44,11 +44,10 @@ def run(args: argparse.Namespace) -> int:
     from infinitehip.eval.ruler.runner import run_ruler
 
     config = dataclass_from_args(RulerConfig, args)
-    settings = settings_from_args(args)
-    engine_config = settings.engine
+    engine_config = engine_config_from_args(args)
     if engine_config.max_context_tokens is None:
         engine_config = dataclasses.replace(engine_config, max_context_tokens=context_tokens_needed(config))
-    llm = LLM(config=engine_config, method_config=settings.method, offload_config=settings.offload)
+    llm = LLM(config=engine_config)
     run_ruler(llm, config)
     return 0
 

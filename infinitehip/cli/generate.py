@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
+from infinitehip.cli.method_options import add_method_flags, engine_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     source.add_argument("--prompt-file", type=Path, metavar="FILE", help="read the prompt from this file")
     prompt.add_argument("--chat", action="store_true",
                         help="send the prompt as a user message through the model's chat template")
-    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)")
     add_method_flags(p)
     add_dataclass_flags(p, SamplingParams, title="sampling (SamplingParams)")
     add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
@@ -34,8 +34,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give one of --prompt and --prompt-file (on the command line or in the --config file)")
     prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()
     params = dataclass_from_args(SamplingParams, args)
-    settings = settings_from_args(args)
-    llm = LLM(config=settings.engine, method_config=settings.method, offload_config=settings.offload)
+    llm = LLM(config=engine_config_from_args(args))
     if args.chat:
         (out,) = llm.chat([{"role": "user", "content": prompt}], params)
     else:

@@ -18,7 +18,7 @@ from infinitehip.attention.registry import METHODS
 from infinitehip.cli.options import add_dataclass_flags
 from infinitehip.cli.parser import CommandParser
 from infinitehip.config.engine import EngineConfig
-from infinitehip.engine.settings import Settings, all_setting_names, resolve_settings
+from infinitehip.engine.settings import all_setting_names, resolve_settings
 
 
 def _config_classes() -> list[type]:
@@ -27,10 +27,6 @@ def _config_classes() -> list[type]:
         if spec.config_cls is not None and spec.config_cls not in seen:
             seen.append(spec.config_cls)
     return seen
-
-
-# --method's allowed values: the registry's, which config/engine.py cannot import.
-METHOD_CHOICES = {"method": tuple(METHODS)}
 
 
 def _presets_text() -> str:
@@ -80,18 +76,17 @@ def parse_json_object(text: str) -> dict:
     return {key.replace("-", "_"): value for key, value in value.items()}
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Engine, method and offload configs from the flags given (and --config's values), built as LLM(...) builds
-    them from keywords: --preset, then --method-config, then field flags."""
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The run's EngineConfig (its method config and offload config nested) from the flags given (and --config's
+    values), built as LLM(...) builds it from keywords: --preset, then --method-config, then field flags."""
     names = all_setting_names()
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items() if k in names}
-    return resolve_settings(method_config=getattr(args, "method_config", None), preset=getattr(args, "preset", None),
-                            **fields)
+    return resolve_settings(preset=getattr(args, "preset", None), **fields)
 
 
 def method_config_from_args(engine_config: EngineConfig, args: argparse.Namespace) -> object | None:
-    """The chosen method's config alone, for an engine config built elsewhere; None: the method's default preset."""
-    names = {f.name for cls in _config_classes() for f in dataclasses.fields(cls)}
+    """The chosen method's config alone (--preset, --method-config, its field flags), for an engine config built
+    elsewhere; None for a method without settings."""
+    names = {f.name for cls in _config_classes() for f in dataclasses.fields(cls)} | {"method_config"}
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items() if k in names}
-    return resolve_settings(engine_config, getattr(args, "method_config", None), preset=getattr(args, "preset", None),
-                            **fields).method
+    return resolve_settings(engine_config, preset=getattr(args, "preset", None), **fields).method_config

@@ -5,7 +5,9 @@ What a config class declares for the CLI, beside its fields (all optional):
 - HELP_FIELDS: the fields `--help` lists; the others are hidden until `--help-all` (cli/parser.py).
   Without it every field is listed (the small configs of a command's own, such as EvalConfig);
 - STUDY_FIELDS: knobs of the studies in docs/ (ablations, kernel choices), listed apart in `--help-all`;
-- CHOICES: the allowed values of choice-like string fields, shown in the help and checked by argparse.
+- CHOICES: the allowed values of choice-like string fields, shown in the help and checked by argparse;
+- NESTED_FIELDS: fields holding another config (EngineConfig.method_config, .offload): no flag of their own, the
+  nested config's fields are flags of their own (cli/method_options.py, OffloadConfig's).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, exclude: tup
     all_choices = {**getattr(cls, "CHOICES", {}), **(choices or {})}
     title = title or cls.__name__
     groups = {False: parser.add_argument_group(title), True: parser.add_argument_group(f"{title}: study knobs")}
+    exclude = (*exclude, *getattr(cls, "NESTED_FIELDS", ()))
     for f in dataclasses.fields(cls):
         if f.name in exclude:
             continue
@@ -115,7 +118,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, exclude: tup
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace, **extra: Any):
-    """Build `cls` from the flags the user gave (plus `extra`); the dataclass validates the values."""
-    names = {f.name for f in dataclasses.fields(cls)}
+    """Build `cls` from the flags the user gave (plus `extra`); the dataclass validates the values. Nested configs
+    (NESTED_FIELDS) come from `extra` only."""
+    names = {f.name for f in dataclasses.fields(cls)} - set(getattr(cls, "NESTED_FIELDS", ()))
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items() if k in names}
     return cls(**{**values, **extra})

@@ -9,18 +9,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from infinitehip.cli.method_options import METHOD_CHOICES, add_method_flags, settings_from_args
+from infinitehip.cli.method_options import add_method_flags, engine_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.cli.parser import add_command
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.server import ServerConfig
-from infinitehip.engine.settings import Settings
 
 
 def register(subparsers) -> None:
     p = add_command(subparsers, "serve", help="run the OpenAI-compatible HTTP server", description=__doc__)
-    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)", choices=METHOD_CHOICES)
+    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)")
     add_method_flags(p)
     server = add_dataclass_flags(p, ServerConfig, title="server (ServerConfig)")
     server.add_argument("--api-key-file", type=Path, metavar="FILE",
@@ -29,29 +28,29 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def configs_from_args(args: argparse.Namespace) -> tuple[Settings, ServerConfig]:
+def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
     """Validated configs (ValueError on bad flags) before anything heavy is loaded."""
-    settings = settings_from_args(args)
+    engine_config = engine_config_from_args(args)
     extra = {}
     key_file = getattr(args, "api_key_file", None)
     if key_file is not None:
         if getattr(args, "api_key", None) is not None:
             raise ValueError("give either --api-key or --api-key-file, not both")
         extra["api_key"] = key_file.read_text().strip()
-    return settings, dataclass_from_args(ServerConfig, args, **extra)
+    return engine_config, dataclass_from_args(ServerConfig, args, **extra)
 
 
 def run(args: argparse.Namespace) -> int:
-    settings, server_config = configs_from_args(args)
+    engine_config, server_config = configs_from_args(args)
     import uvicorn  # heavy imports only once the flags are known to be valid
 
     from infinitehip.engine.llm_engine import LLMEngine
     from infinitehip.server.app import create_app
 
-    engine = LLMEngine(settings.engine, method_config=settings.method, offload_config=settings.offload)
+    engine = LLMEngine(engine_config)
     app = create_app(engine, server_config)
     print(
-        f"serving {app.state.model_name} (method {settings.engine.method}, context {engine.max_context_tokens} tokens) "
+        f"serving {app.state.model_name} (method {engine_config.method}, context {engine.max_context_tokens} tokens) "
         f"on http://{server_config.host}:{server_config.port}/v1"
         + (" with API key" if server_config.api_key else ""),
         flush=True,

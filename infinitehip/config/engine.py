@@ -1,11 +1,22 @@
-"""Engine configuration: which model, where, how much KV memory, how prefill is chunked."""
+"""Engine configuration: which model, where, how much KV memory, how prefill is chunked, and the attention
+method's own config and the KV offloading config nested in it, so that one object describes a run.
+
+    EngineConfig(method="infinitehip", method_config=PRESETS["3k-fast"], max_context_tokens=1 << 20,
+                 offload=OffloadConfig(offload_enabled=True))
+
+`method_config` is typed by `method` through the method registry (attention/registry.py: the one place that knows
+each method's config class and presets); None stands for the method's default preset and is replaced by it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
+
+from infinitehip.attention.registry import METHODS, method_spec
+from infinitehip.config.offload import OffloadConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,13 +56,32 @@ class EngineConfig:
     # sharing a prompt prefix prefills only the rest. On where the method supports it (dense, truncate, infinitehip,
     # tokenselect; not infinipot or streaming, whose cache is compacted, nor models with sliding-window layers).
     enable_prefix_caching: bool = True
+    # The method's own config (InfiniteHiPConfig for infinitehip, ...; its class: the registry's MethodSpec);
+    # None: the method's default preset (None for dense, which has no settings).
+    method_config: Any = None
+    # KV offloading (host store + GPU banks), on when its offload_enabled is set; None: OffloadConfig() (off)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
 
-    # For the CLI (cli/options.py): the fields `--help` lists (--help-all lists all), and allowed values
-    # (--method's come from the method registry, which this module cannot import).
+    # For the CLI (cli/options.py): the fields `--help` lists (--help-all lists all), allowed values, and the fields
+    # holding other configs, which get no flag of their own (--preset / --method-config and each method's fields
+    # set method_config: cli/method_options.py; OffloadConfig's fields are flags of their own).
     HELP_FIELDS: ClassVar[tuple[str, ...]] = ("model", "method", "device", "max_context_tokens")
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"dtype": ("auto", *DTYPES)}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"dtype": ("auto", *DTYPES), "method": tuple(METHODS)}
+    NESTED_FIELDS: ClassVar[tuple[str, ...]] = ("method_config", "offload")
 
     def __post_init__(self) -> None:
+        spec = method_spec(self.method)  # unknown method -> ValueError naming the registered ones
+        if self.method_config is None:
+            object.__setattr__(self, "method_config", spec.config())
+        elif spec.config_cls is None:
+            raise ValueError(f"method {self.method!r} takes no method_config, got {type(self.method_config).__name__}")
+        elif not isinstance(self.method_config, spec.config_cls):
+            raise ValueError(f"method_config: method {self.method!r} takes a {spec.config_cls.__name__}, got "
+                             f"{type(self.method_config).__name__} (method_config=None: its default preset)")
+        if self.offload is None:
+            object.__setattr__(self, "offload", OffloadConfig())
+        elif not isinstance(self.offload, OffloadConfig):
+            raise ValueError(f"offload must be an OffloadConfig, got {type(self.offload).__name__}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:

@@ -3,7 +3,7 @@
 The mask bank holds keys only (read by the pruning stages, one representative key per chunk and head);
 the attention bank holds keys and values (read by block-sparse attention). Both are token-granular LRU
 caches over the host store; their sizes are in tokens (one token = the rows of every KV head of one layer).
-The engine takes it beside the method config (`LLMEngine(..., offload_config=...)`); its CLI flags are the
+The engine config nests it beside the method config (`EngineConfig(..., offload=...)`); its CLI flags are the
 field names (--offload-enabled, --mask-bank-tokens, ...), prefixed where a bare name would clash.
 """
 
@@ -14,6 +14,8 @@ from typing import ClassVar
 
 import torch
 
+from infinitehip.config.impl import IMPLS, check_impl, resolve_impl
+
 KV_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
@@ -21,7 +23,6 @@ KV_DTYPES: dict[str, torch.dtype] = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
 }
-OFFLOAD_IMPLS = ("auto", "triton", "reference")
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class OffloadConfig:
     # For the CLI (cli/options.py): the fields `--help` lists, the kernel choice kept for studies, allowed values.
     HELP_FIELDS: ClassVar[tuple[str, ...]] = ("offload_enabled",)
     STUDY_FIELDS: ClassVar[tuple[str, ...]] = ("offload_impl",)
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"kv_dtype": ("auto", *KV_DTYPES), "offload_impl": OFFLOAD_IMPLS}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"kv_dtype": ("auto", *KV_DTYPES), "offload_impl": IMPLS}
 
     def __post_init__(self) -> None:
         for name in ("offload_enabled", "spill_store_to_gpu", "stage_prefill"):
@@ -60,14 +61,13 @@ class OffloadConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {value!r}")
-        if self.offload_impl not in OFFLOAD_IMPLS:
-            raise ValueError(f"offload_impl must be one of {OFFLOAD_IMPLS}, got {self.offload_impl!r}")
+        check_impl("offload_impl", self.offload_impl)
 
     def torch_kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The storage dtype: kv_dtype, or the model's dtype for "auto"."""
         return model_dtype if self.kv_dtype == "auto" else KV_DTYPES[self.kv_dtype]
 
     def copy_impl(self, device: torch.device) -> str:
-        if self.offload_impl == "auto":
-            return "triton" if device.type == "cuda" else "reference"
-        return self.offload_impl
+        """The row copies' implementation on `device` (config/impl.py; the copies have no CPU formulation: "cpu" runs
+        their reference)."""
+        return resolve_impl(self.offload_impl, device)

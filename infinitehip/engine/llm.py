@@ -1,7 +1,8 @@
 """Offline Python API: `LLM(model=None, method="dense").generate(prompts, SamplingParams)` and `.chat(...)`.
 
 Settings by name: `LLM(method="infinitehip", preset="3k-fast", max_context_tokens=1 << 20, offload_enabled=True)`
-(engine/settings.py routes each to its config)."""
+(engine/settings.py routes each to its config), or one `EngineConfig` (`LLM(config=...)`), which nests the method's
+config and the offload config."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from tqdm import tqdm
 
 from infinitehip.attention.needle_probe import NeedleProbe
 from infinitehip.config.engine import EngineConfig
-from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.engine.settings import resolve_settings
@@ -48,25 +48,21 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(
-        self, model: str | None = None, method: str | None = None, config: EngineConfig | None = None,
-        method_config: Any = None, offload_config: OffloadConfig | None = None, preset: str | None = None,
-        **fields: Any,
-    ):
+    def __init__(self, model: str | None = None, method: str | None = None, config: EngineConfig | None = None,
+                 preset: str | None = None, **fields: Any):
         """`model` and `method` (default: the embedded model, dense); `preset`: one of the method's presets;
         `fields`: any field of EngineConfig, of the method's config or of OffloadConfig, by name (an unknown name,
         or a field of another method, is an error).
-        Config objects, for settings kept together: `config` (EngineConfig), `method_config` (e.g. an
-        InfiniteHiPConfig, or a dict of its fields over the preset; default: the method's default preset) and
-        `offload_config` (KV offloading: host store + GPU banks, on when its offload_enabled is set); `fields`
-        replace their fields."""
+        Config objects, for settings kept together: `config` (the whole run: EngineConfig, with its method_config
+        and offload), or among `fields` `method_config` (e.g. an InfiniteHiPConfig, or a dict of its fields over
+        the preset; default: the method's default preset) and `offload` (an OffloadConfig: KV offloading, host
+        store + GPU banks, on when its offload_enabled is set); fields by name replace theirs."""
         if model is not None:
             fields["model"] = model
         if method is not None:
             fields["method"] = method
-        settings = resolve_settings(config, method_config, offload_config, preset, **fields)
-        self.config = settings.engine
-        self.engine = LLMEngine(self.config, method_config=settings.method, offload_config=settings.offload)
+        self.config = resolve_settings(config, preset, **fields)
+        self.engine = LLMEngine(self.config)
         self.tokenizer = self.engine.tokenizer
 
     @classmethod

@@ -13,7 +13,6 @@ import torch
 
 from infinitehip.attention.needle_probe import NeedleProbe
 from infinitehip.config.engine import EngineConfig
-from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.prompt_format import chat_prompt_ids
 from infinitehip.engine import prefix_pages
@@ -51,29 +50,27 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None, method_config: object | None = None,
-                 offload_config: OffloadConfig | None = None):
-        """loaded: the model (None: the one config.model names); a `parallel.rank_weights.RankWeights` gives each
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+        """config: the whole run, the method's config (config.method_config) and KV offloading (config.offload: host
+        store + GPU banks when its offload_enabled is set) included.
+        loaded: the model (None: the one config.model names); a `parallel.rank_weights.RankWeights` gives each
         rank its weights its own way (random weights of a shape, for benchmarks).
-        offload_config: KV offloading (host store + GPU banks) when its offload_enabled is set; None: resident KV.
         config.tensor_parallel_size > 1: this process is rank 0 (scheduler, sampling, API) of N ranks; call
         close() (or let the process end) to stop the others."""
         self.config = config
-        self.offload_config = offload_config
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
         self.parallel = None
         if config.tensor_parallel_size > 1:  # ranks 1..N-1 start here and follow this rank's steps
             from infinitehip.parallel.launch import start_ranks
 
-            self.parallel, loaded = start_ranks(config, loaded, method_config, offload_config)
+            self.parallel, loaded = start_ranks(config, loaded)
             self.device = self.parallel.device
         error, parts = None, None
         try:
             if loaded is not None and not isinstance(loaded, LoadedModel):  # parallel.rank_weights.RankWeights
                 loaded = loaded.load(self.parallel, self.device, self.dtype)
             self.loaded = loaded = loaded or load_engine_model(config)
-            parts = build_rank(config, loaded, method_config, offload_config, self.device, self.dtype, self.parallel,
-                               config.show_progress)
+            parts = build_rank(config, loaded, self.device, self.dtype, self.parallel, config.show_progress)
         except BaseException as e:
             error = e
         if self.parallel is not None and (failed := self.parallel.first_error(error)) is not None:

@@ -17,7 +17,6 @@ from infinitehip.attention.hybrid import LayerRouter
 from infinitehip.attention.registry import create_method
 from infinitehip.attention.sliding_window import SlidingWindowAttention
 from infinitehip.config.engine import EngineConfig
-from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine.graph_decode import GraphDecoder
 from infinitehip.engine.kv_setup import build_kv
 from infinitehip.engine.runner import ModelRunner
@@ -40,8 +39,7 @@ class RankParts:
     kv_scratch_tokens: int
 
 
-def build_rank(config: EngineConfig, loaded: LoadedModel, method_config: object | None,
-               offload_config: OffloadConfig | None, device: torch.device, dtype: torch.dtype,
+def build_rank(config: EngineConfig, loaded: LoadedModel, device: torch.device, dtype: torch.dtype,
                parallel=None, show: bool = True) -> RankParts:
     """parallel: this rank's `parallel.state.ParallelState` (None single-process): the method combines its heads'
     selection scores with the other ranks' through it."""
@@ -50,7 +48,7 @@ def build_rank(config: EngineConfig, loaded: LoadedModel, method_config: object 
     # rank's heads.
     layers = getattr(loaded.model, "layer_config", loaded.config)
     mc = layers.method_view()
-    method = create_method(config.method, mc, method_config)
+    method = create_method(config.method, mc, config.method_config)
     if parallel is not None:
         method.bind_parallel(parallel)
     method.bind_tokenizer(loaded.tokenizer)
@@ -61,7 +59,7 @@ def build_rank(config: EngineConfig, loaded: LoadedModel, method_config: object 
                                            + scratch)
     num_pages = -(-kv_tokens // config.page_size)
     # Offloading: the method's checks and the capacity plan run before anything is allocated.
-    cache, kv_plan = build_kv(offload_config, method, mc, dtype, device, config.page_size, num_pages,
+    cache, kv_plan = build_kv(config.offload, method, mc, dtype, device, config.page_size, num_pages,
                               max_context_tokens, config.max_num_seqs, show, parallel)
     rope = RotaryEmbedding(mc, min(max_context_tokens, 1 << 16), device)
     sliding = None

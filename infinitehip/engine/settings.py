@@ -2,10 +2,11 @@
 
     LLM(method="infinitehip", preset="3k-fast", max_context_tokens=1 << 20, stream_tokens=2048, offload_enabled=True)
 
-max_context_tokens is an EngineConfig field, stream_tokens one of InfiniteHiPConfig (the chosen method's config),
-offload_enabled one of OffloadConfig. The CLI builds its configs through the same function, so a name means the
-same in Python, on the command line and in a --config file. A name no config has, a field of another method than
-the chosen one, or a name two configs share is an error, never guessed.
+max_context_tokens is an EngineConfig field, stream_tokens one of InfiniteHiPConfig (the chosen method's config,
+EngineConfig.method_config), offload_enabled one of OffloadConfig (EngineConfig.offload). The result is one
+EngineConfig with both nested. The CLI builds its config through the same function, so a name means the same in
+Python, on the command line and in a --config file. A name no config has, a field of another method than the
+chosen one, or a name two configs share is an error, never guessed.
 """
 
 from __future__ import annotations
@@ -13,19 +14,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from infinitehip.attention.registry import METHODS, method_spec
+from infinitehip.attention.registry import METHODS, MethodSpec, method_spec
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
-
-
-@dataclass(frozen=True)
-class Settings:
-    engine: EngineConfig
-    method: Any  # the chosen method's config; None: its default preset
-    offload: OffloadConfig | None  # None: no KV offloading
 
 
 def field_names(cls: type | None) -> set[str]:
@@ -33,28 +26,36 @@ def field_names(cls: type | None) -> set[str]:
 
 
 def all_setting_names() -> set[str]:
-    """Every name resolve_settings routes: engine, offload and every method's fields."""
+    """Every name resolve_settings routes: engine (method_config and offload included), offload and every method's
+    fields."""
     names = field_names(EngineConfig) | field_names(OffloadConfig)
     return names.union(*(field_names(spec.config_cls) for spec in METHODS.values()))
 
 
-def resolve_settings(config: EngineConfig | None = None, method_config: Any = None,
-                     offload_config: OffloadConfig | None = None, preset: str | None = None,
-                     **fields: Any) -> Settings:
-    """The three configs from base objects (each optional) and fields by name, which replace the bases' fields.
+def resolve_settings(config: EngineConfig | None = None, preset: str | None = None, **fields: Any) -> EngineConfig:
+    """One EngineConfig from a base (optional) and fields by name, which replace the base's fields.
 
-    `method_config` is the method's config object, or a mapping of its fields (applied over `preset`, under
-    `fields`); `preset` names a preset of the chosen method (`config.method`, or the `method` field)."""
-    engine_names = field_names(EngineConfig)
-    engine = dataclasses.replace(config or EngineConfig(), **{k: v for k, v in fields.items() if k in engine_names})
-    spec = method_spec(engine.method)
+    `fields`: any field of EngineConfig, of the chosen method's config or of OffloadConfig. Among them
+    `method_config` is the method's config object or a mapping of its fields (applied over `preset`, under the
+    method's fields given by name), and `offload` an OffloadConfig or a mapping of its fields (under its fields
+    given by name). `preset` names a preset of the chosen method (`config.method`, or the `method` field). The
+    base's method_config is kept when the method stays the same and neither a preset nor a method_config is given."""
+    base = config or EngineConfig()
+    nested = set(EngineConfig.NESTED_FIELDS)
+    engine_names = field_names(EngineConfig) - nested
+    method = fields.get("method", base.method)
+    spec = method_spec(method)
     method_names, offload_names = field_names(spec.config_cls), field_names(OffloadConfig)
     for name in fields:
-        _check_name(name, engine.method, engine_names, method_names, offload_names)
-    method_fields = {k: v for k, v in fields.items() if k in method_names}
-    offload_fields = {k: v for k, v in fields.items() if k in offload_names}
-    return Settings(engine, _method_config(spec, engine.method, method_config, preset, method_fields),
-                    _offload_config(offload_config, offload_fields))
+        if name not in nested:
+            _check_name(name, method, engine_names, method_names, offload_names)
+    given = fields.get("method_config")
+    if given is None and preset is None and method == base.method:
+        given = base.method_config
+    method_config = _method_config(spec, method, given, preset, {k: v for k, v in fields.items() if k in method_names})
+    offload = _offload_config(fields.get("offload", base.offload), {k: v for k, v in fields.items() if k in offload_names})
+    engine_fields = {k: v for k, v in fields.items() if k in engine_names}
+    return dataclasses.replace(base, **engine_fields, method_config=method_config, offload=offload)
 
 
 def _check_name(name: str, method: str, engine: set[str], own: set[str], offload: set[str]) -> None:
@@ -62,7 +63,7 @@ def _check_name(name: str, method: str, engine: set[str], own: set[str], offload
                                          ("OffloadConfig", offload)) if name in names]
     if len(owners) > 1:
         raise ValueError(f"{name!r} is a field of both {' and '.join(owners)}: give it inside config=, "
-                         "method_config= or offload_config=")
+                         "method_config= or offload=")
     if owners:
         return
     others = sorted(m for m, spec in METHODS.items() if name in field_names(spec.config_cls))
@@ -78,7 +79,8 @@ def _settings_of(method: str) -> str:
     return f"its settings: {', '.join(names)}" if names else "it has no such settings"
 
 
-def _method_config(spec, method: str, base: Any, preset: str | None, fields: dict[str, Any]) -> Any:
+def _method_config(spec: MethodSpec, method: str, base: Any, preset: str | None, fields: dict[str, Any]) -> Any:
+    """The chosen method's config: `base` (an object or a mapping of fields) or `preset`, with `fields` replaced."""
     if isinstance(base, Mapping):  # fields by name, checked against the chosen method's config
         for name in base:
             if name not in field_names(spec.config_cls):
@@ -92,14 +94,21 @@ def _method_config(spec, method: str, base: Any, preset: str | None, fields: dic
             expected = spec.config_cls.__name__ if spec.config_cls else "no configuration"
             raise ValueError(f"method {method!r} takes {expected}, got {type(base).__name__}")
         return dataclasses.replace(base, **fields)
-    if preset is None and not fields:
-        return None  # the engine builds the method's default preset
     if spec.config_cls is None:
-        raise ValueError(f"preset {preset!r}: method {method!r} has no presets; it has no such settings")
+        if preset is not None:
+            raise ValueError(f"preset {preset!r}: method {method!r} has no presets; it has no such settings")
+        return None
     return spec.config(preset, **{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
-def _offload_config(base: OffloadConfig | None, fields: dict[str, Any]) -> OffloadConfig | None:
+def _offload_config(base: OffloadConfig | Mapping | None, fields: dict[str, Any]) -> OffloadConfig:
+    if isinstance(base, Mapping):
+        for name in base:
+            if name not in field_names(OffloadConfig):
+                raise ValueError(f"offload: {name}: not a field of OffloadConfig")
+        return OffloadConfig(**{**base, **fields})
     if base is None:
-        return OffloadConfig(**fields) if fields else None
+        return OffloadConfig(**fields)
+    if not isinstance(base, OffloadConfig):
+        raise ValueError(f"offload must be an OffloadConfig (or a mapping of its fields), got {type(base).__name__}")
     return dataclasses.replace(base, **fields)

@@ -175,7 +175,8 @@ def run_compare(
     for run in runs:
         default = engine_config.max_context_tokens or create_method(run.method, loaded.config, run.config).default_max_context_tokens()
         context = method_context_limit(default, needed, config.max_context)
-        engine = LLMEngine(dataclasses.replace(engine_config, method=run.method, max_context_tokens=context), loaded, run.config)
+        engine = LLMEngine(dataclasses.replace(engine_config, method=run.method, method_config=run.config,
+                                               max_context_tokens=context), loaded)
         _warm_up(engine)
         for task in config.tasks:
             for length in config.lengths:

@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 from infinitehip.config.engine import EngineConfig
-from infinitehip.config.offload import OffloadConfig
 from infinitehip.model.loading import LoadedModel
 from infinitehip.parallel.rank_weights import RankWeights
 from infinitehip.parallel.shard import check_shardable
@@ -99,8 +98,7 @@ def _join_group(config: EngineConfig) -> ParallelState:
     return parallel
 
 
-def start_ranks(config: EngineConfig, loaded: LoadedModel | RankWeights | None, method_config: object | None,
-                offload_config: OffloadConfig | None) -> tuple[ParallelState, RankWeights]:
+def start_ranks(config: EngineConfig, loaded: LoadedModel | RankWeights | None) -> tuple[ParallelState, RankWeights]:
     """Start (or reuse, or under torchrun join) the ranks and hand them the engine: they load their weights and
     build their part. Rank 0 then does the same (`LLMEngine`) and every rank reports whether it succeeded
     (`ParallelState.first_error`)."""
@@ -108,7 +106,7 @@ def start_ranks(config: EngineConfig, loaded: LoadedModel | RankWeights | None, 
     check_shardable(weights.config, config.tensor_parallel_size)  # before any process starts
     parallel = _join_group(config)
     parallel.busy = True
-    parallel.broadcast_object((config, weights, method_config, offload_config))
+    parallel.broadcast_object((config, weights))
     return parallel, weights
 
 

@@ -8,7 +8,6 @@ import os
 import torch
 
 from infinitehip.config.engine import EngineConfig
-from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine.rank import build_rank
 from infinitehip.parallel.rank_weights import RankWeights
 from infinitehip.parallel.state import ParallelState, init_parallel, shutdown_parallel
@@ -24,14 +23,13 @@ def rank_device(config: EngineConfig, local_rank: int) -> torch.device:
     return torch.device("cuda", (base.index or 0) + local_rank)
 
 
-def run_worker(parallel: ParallelState, config: EngineConfig, weights: RankWeights, method_config: object | None,
-               offload_config: OffloadConfig | None) -> None:
+def run_worker(parallel: ParallelState, config: EngineConfig, weights: RankWeights) -> None:
     """One engine on this rank: build its part, replay rank 0's calls until rank 0 closes the engine (None)."""
     dtype = config.torch_dtype()
     error = None
     try:
         loaded = weights.load(parallel, parallel.device, dtype)
-        parts = build_rank(config, loaded, method_config, offload_config, parallel.device, dtype, parallel, show=False)
+        parts = build_rank(config, loaded, parallel.device, dtype, parallel, show=False)
     except Exception as e:  # e.g. the KV does not fit this rank's memory: every rank backs out (rank 0 raises)
         error = e
     if parallel.first_error(error) is not None:
@@ -45,7 +43,7 @@ def run_worker(parallel: ParallelState, config: EngineConfig, weights: RankWeigh
 
 
 def serve(parallel: ParallelState) -> None:
-    """Engines one after another (rank 0 broadcasts each one's (config, weights, method config, offload config)),
+    """Engines one after another (rank 0 broadcasts each one's (config, weights); the config nests the method's and the offload config),
     until rank 0 broadcasts None: the ranks outlive an engine, so a process that builds several (one per method,
     as `eval compare` does) starts its ranks once."""
     while (spec := parallel.broadcast_object()) is not None:

@@ -1,3 +1,2 @@
-from infinitehip.attention.infinipot.method import InfiniPotAttention, InfiniPotState
-
-__all__ = ["InfiniPotAttention", "InfiniPotState"]
+"""InfiniPot (paper 001, Continual Context Distillation): `config.py` (InfiniPotConfig, presets), `distill.py`,
+`method.py` (the attention method)."""

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
-from infinitehip.attention.dense import causal_sdpa
+from infinitehip.attention.dense.method import causal_sdpa
+from infinitehip.attention.infinipot.config import PRESETS, InfiniPotConfig
 from infinitehip.attention.infinipot.distill import compact_cache, novelty_tokens, pool_scores, select_slots
-from infinitehip.config.infinipot import PRESETS, InfiniPotConfig
 from infinitehip.config.model import ModelConfig
 
 

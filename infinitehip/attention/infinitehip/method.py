@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
-from infinitehip.attention.dense import causal_sdpa
+from infinitehip.attention.dense.method import causal_sdpa
 from infinitehip.attention.infinitehip.decode import (StageCache, merge_question, refresh_stage, stage1_candidates,
                                                      window_width)
 from infinitehip.attention.infinitehip.decode_rows import DecodeRows, attention_access, decode_rows_for, window_reader
@@ -31,11 +31,12 @@ from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_positions, group_size
 from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,  # noqa: F401
                                                       run_stage, sparse_limit)
-from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.chunk_merge import merge_chunks
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.question_selection import question_chunks
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
-from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.prefix_reuse import PrefixReuse
 
@@ -123,16 +124,9 @@ class InfiniteHiPAttention(AttentionMethod):
             self.saliency.restore(cache, slots, snapshot)
 
     def _impl(self, x: torch.Tensor) -> str:
-        """Pruning ops: Triton on CUDA; on CPU their CPU formulations ("auto") or the eager oracles."""
-        if self.config.impl == "auto":
-            return "triton" if x.is_cuda else "cpu"
-        return self.config.impl
-
-    def _attention_impl(self, x: torch.Tensor) -> str:
-        """Sparse attention: Triton on CUDA; on CPU the batched-SDPA path ("auto") or the eager oracle."""
-        if self.config.impl == "auto":
-            return "triton" if x.is_cuda else "sdpa"
-        return self.config.impl
+        """Every op's implementation for x's device (config/impl.py): Triton on CUDA; on CPU the ops' CPU
+        formulations ("auto"; sparse attention: the batched-SDPA path) or the eager oracles."""
+        return resolve_impl(self.config.impl, x.device)
 
     @property
     def _reduce(self):
@@ -228,7 +222,7 @@ class InfiniteHiPAttention(AttentionMethod):
             k_flat, page_table = seq.cache.flat_k(layer) if read_keys is None else None, seq.page_table
         chunks = question_chunks(recent, k_flat, page_table, seq.cache.page_size, c.sink_tokens, limit,
                                  c.question_keep_tokens // cs, cs, c.question_window, c.stream_tokens, batch.rope,
-                                 "triton" if q.is_cuda else "reference", _forced(seq.probe, q.device), read_keys,
+                                 resolve_impl("auto", q.device), _forced(seq.probe, q.device), read_keys,
                                  reduce=self._reduce)
         state.question[layer] = chunks
         if seq.probe is not None:
@@ -253,7 +247,7 @@ class InfiniteHiPAttention(AttentionMethod):
             return sparse_attention_prefill(
                 q[rows], k_flat, v_flat, page_table, page_size, key_tokens[m], key_counts[m], key_rope[m],
                 query_pos[rows], query_rope[rows], blocks.size, batch.rope.cos, batch.rope.sin, self.sm_scale,
-                impl=self._attention_impl(q),
+                impl=self._impl(q),
             )
 
         if staged is not None:
@@ -396,5 +390,5 @@ class InfiniteHiPAttention(AttentionMethod):
         return sparse_attention_decode(
             q, k_flat, v_flat, tables, page_size,
             key_tokens, key_counts, key_rope, query_rope, batch.rope.cos, batch.rope.sin,
-            self.sm_scale, impl=self._attention_impl(q),
+            self.sm_scale, impl=self._impl(q),
         )

@@ -27,9 +27,9 @@ from typing import Callable
 
 import torch
 
-from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.attention.infinitehip.bank_sizing import BankRequests, check_bank_requests, decode_bank_requests
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.config.offload import OffloadConfig
-from infinitehip.kv.offload.bank_sizing import BankRequests, check_bank_requests, decode_bank_requests
 from infinitehip.kv.offload.compose import decode_tables, list_slots
 from infinitehip.kv.offload.paged import safe_rows
 from infinitehip.kv.offload.planner import CapacityError

@@ -2,11 +2,12 @@
 
 Keys are gathered through the page table and rotated on the fly with per-key RoPE positions (the cache
 holds keys without RoPE), so StreamingLLM-style, original or any other position scheme is just a choice
-of `key_rope_pos` / `query_rope_pos`. Two implementations with identical signatures:
+of `key_rope_pos` / `query_rope_pos`. Three implementations with identical signatures (impl names:
+config/impl.py):
 
 - `reference`: eager PyTorch, the oracle (CPU and GPU).
 - `triton`: FlashAttention-style prefill kernel and split-K (flash-decoding) decode kernels.
-- `sdpa`: every block's keys gathered at once and one batched torch SDPA call (the CPU path).
+- `cpu`: the CPU formulation, `sdpa.py`: every block's keys gathered at once and one batched torch SDPA call.
 
 `sparse_attention_prefill(..., impl=...)` / `sparse_attention_decode(..., impl=...)` dispatch between
 them; see `reference.py` for the argument meanings. The Triton module is imported on first use.
@@ -19,16 +20,17 @@ import importlib
 import torch
 
 from infinitehip.attention.sparse import reference
+from infinitehip.config.impl import KERNEL_IMPLS
 
-IMPLS = ("triton", "sdpa", "reference")
+_MODULES = {"triton": "triton", "cpu": "sdpa"}  # impl -> module of this package (imported on first use)
 
 
 def _impl(name: str):
     if name == "reference":
         return reference
-    if name in ("triton", "sdpa"):
-        return importlib.import_module(f"infinitehip.attention.sparse.{name}")
-    raise ValueError(f"unknown sparse attention impl {name!r}; expected one of {IMPLS}")
+    if name in _MODULES:
+        return importlib.import_module(f"infinitehip.attention.sparse.{_MODULES[name]}")
+    raise ValueError(f"unknown sparse attention impl {name!r}; expected one of {KERNEL_IMPLS}")
 
 
 def sparse_attention_prefill(
@@ -78,4 +80,4 @@ def sparse_attention_decode(
     )
 
 
-__all__ = ["IMPLS", "sparse_attention_decode", "sparse_attention_prefill"]
+__all__ = ["sparse_attention_decode", "sparse_attention_prefill"]

@@ -45,8 +45,9 @@ from infinitehip.attention.needle_probe import FORCE_BONUS
 from infinitehip.attention.question_selection import question_tokens
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.attention.tokenselect import soft_vote
+from infinitehip.attention.tokenselect.config import TokenSelectConfig
+from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
-from infinitehip.config.tokenselect import TokenSelectConfig
 from infinitehip.kv.prefix_reuse import PrefixReuse
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 
@@ -117,15 +118,10 @@ class TokenSelectAttention(AttentionMethod):
         """Selection Cache counts of one sequence (summed over layers) and its hit ratio."""
         return {"hits": sum(state.hits), "misses": sum(state.misses), "hit_ratio": state.hit_ratio}
 
-    def _score_impl(self, x: torch.Tensor) -> str:
-        if self.config.impl == "auto":
-            return "triton" if x.is_cuda else "reference"
-        return self.config.impl
-
-    def _attention_impl(self, x: torch.Tensor) -> str:
-        if self.config.impl == "auto":
-            return "triton" if x.is_cuda else "sdpa"
-        return self.config.impl
+    def _impl(self, x: torch.Tensor) -> str:
+        """The ops' implementation for x's device (config/impl.py): Triton on CUDA; on CPU ("auto") the eager vote
+        (it has no CPU formulation) and the batched-SDPA sparse attention, or the eager oracles."""
+        return resolve_impl(self.config.impl, x.device)
 
     def window_start(self, first_query: int) -> int:
         """Start of the local window of queries from position first_query on (= end of the candidates)."""
@@ -154,7 +150,7 @@ class TokenSelectAttention(AttentionMethod):
                 q_rot, k_flat, page_tables, page_size,
                 torch.full((len(need),), sink, dtype=torch.int64, device=q.device),
                 device_tensor(need_counts, torch.int64, q.device), max(need_counts), self.vote_scale,
-                impl=self._score_impl(q),
+                impl=self._impl(q),
             )
             votes = self.reduce_heads(votes, "sum")  # tensor parallelism: every rank's heads vote
             if c.vote_pool_size > 1:  # spans around the peaks; past a row's count stays -inf (never picked)
@@ -198,7 +194,7 @@ class TokenSelectAttention(AttentionMethod):
         question = question_tokens(
             recent, seq.cache.flat_k(layer), seq.page_table, seq.cache.page_size, c.sink_tokens,
             self.window_start(first), c.question_select_tokens, c.question_window, c.local_tokens, batch.rope,
-            self._score_impl(q), probe.on(q.device) if probe is not None and probe.oracle else None,
+            self._impl(q), probe.on(q.device) if probe is not None and probe.oracle else None,
             reduce=None if self.parallel is None else self.reduce_heads)
         seq.state.question[layer] = question
         outs = [self._prefill_blocks(layer, q[: n - tail], seq, batch, 0, c.query_block_size)] if tail < n else []
@@ -244,7 +240,7 @@ class TokenSelectAttention(AttentionMethod):
         return sparse_attention_prefill(
             q, k_flat, seq.cache.flat_v(layer), seq.page_table, seq.cache.page_size, key_tokens, key_counts,
             key_rope, query_pos.int(), query_rope.int(), b, batch.rope.cos, batch.rope.sin, self.sm_scale,
-            impl=self._attention_impl(q),
+            impl=self._impl(q),
         )
 
     # ---- decode -------------------------------------------------------------------------------------------
@@ -301,5 +297,5 @@ class TokenSelectAttention(AttentionMethod):
         return sparse_attention_decode(
             q, seqs[0].cache.flat_k(layer), seqs[0].cache.flat_v(layer), page_tables, seqs[0].cache.page_size,
             key_tokens, key_counts, key_rope, query_rope, batch.rope.cos, batch.rope.sin, self.sm_scale,
-            impl=self._attention_impl(q),
+            impl=self._impl(q),
         )

@@ -106,7 +106,8 @@ def run_metadata(llm: Any) -> dict:
         "model": {"source": getattr(loaded, "source", None) or llm.config.model, "config": summary},
         "method": {"name": llm.config.method,
                    "config": dataclasses.asdict(method_config) if dataclasses.is_dataclass(method_config) else None},
-        "engine": dataclasses.asdict(llm.config),
+        # the method's config is under "method"; the offload config stays with the engine's fields
+        "engine": {k: v for k, v in dataclasses.asdict(llm.config).items() if k != "method_config"},
         "kv_memory": engine.kv_memory() if hasattr(engine, "kv_memory") else None,  # per layer type
         "git_commit": _git_commit(),
     })

@@ -4,12 +4,13 @@ Modules: `store` (all K/V, pinned, flat slots like PagedKVCache), `bank` (one GP
 table, reverse map, LRU stamps and order, counters), `resolve` (the sync-free resolve / invalidate ops),
 `reference` / `triton` (host<->bank row copy, eager oracle and UVA kernel), `lru_triton` (resolve / invalidate
 kernels), `offloaded` (store + both banks from an OffloadConfig), `compose` (bank indices as page tables for the
-unchanged kernels), `planner` (capacity before allocation), `bank_sizing` (worst-case requests per call),
+unchanged kernels), `planner` (capacity before allocation),
 `validate`, `paged` (the offloaded KV behind the paged-cache surface the engine and methods use).
 
 Wiring (done): `paged.OffloadedPagedCache` is what the engine builds instead of PagedKVCache
 (`engine/kv_setup.py`: method check, planner, summary, refusal before allocation);
-`attention/infinitehip/offload_access.py` gives the infinitehip kernels their (k_flat, page_table, page_size)
+`attention/infinitehip/offload_access.py` (with `bank_sizing.py`, the worst-case requests per resolve call)
+gives the infinitehip kernels their (k_flat, page_table, page_size)
 triples over the banks (decode: options (a) for scoring, in static groups of chunks that fit the mask bank,
 compose.decode_tables for attention; prefill: groups of chunk columns / query blocks sized to the banks), so
 the mask bank needs only one chunk's representatives; `tests/test_offload_engine.py` is the validation mode
@@ -18,7 +19,7 @@ banks (model dtype) by the miss copy, so the kernels never read FP8; a resident 
 
 Design note (as written before the wiring; the code above follows it)
 ---------------------------------------------------------------------
-Engine (`LLMEngine.__init__`, when `OffloadConfig.enabled`):
+Engine (`LLMEngine.__init__`, when `OffloadConfig.offload_enabled`):
   1. plan = plan_capacity(L, Hkv, d, offload.torch_kv_dtype(model dtype), offload, gpu_free_bytes() after
      the model is loaded, host_available_bytes(), page_size); plan.check(kv tokens) refuses before any
      allocation; log plan.summary.
@@ -49,17 +50,17 @@ Decode, per layer (Alg. 4), in the method:
 Prefill: the same two calls per group of query blocks, with groups sized so the union of their requests
   fits each bank (per block: sink + keep + stream + the chunk's own keys); the prefill kernel's causal mask
   needs token positions, so it uses option (a) (a token -> bank-index table per sequence).
-CUDA graphs: resolve and the row copy are sync-free with static shapes (pad key lists to the bank_sizing
-  worst case; padding slots are -1); the stamps come from a device-side clock, so replays advance LRU.
+CUDA graphs: resolve and the row copy are sync-free with static shapes (pad key lists to the worst case of
+  `attention/infinitehip/bank_sizing.py`; padding slots are -1); the stamps come from a device-side clock, so replays advance LRU.
   An index returned by resolve is valid until the next resolve of the same bank and layer.
 Validation mode: validate.validate_against_paged compares every row read through the banks with a
   resident PagedKVCache (debug runs at small contexts; it syncs every step).
 """
 
 from infinitehip.kv.offload.bank import BankStats, KVBank
-from infinitehip.kv.offload.store import KVStore
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.paged import OffloadedPagedCache
 from infinitehip.kv.offload.resolve import invalidate, resolve
+from infinitehip.kv.offload.store import KVStore
 
 __all__ = ["BankStats", "KVStore", "KVBank", "OffloadedKV", "OffloadedPagedCache", "invalidate", "resolve"]

@@ -36,7 +36,7 @@ top-k. Steps of one call:
 `order`: free entries first by index, used ones after them in their order (O(B); the Triton kernel skips
 it on the device when none of the slots was resident, the usual case for newly written tokens).
 
-Two implementations with identical results: `impl="reference"` runs steps 2-4 and 6 as eager torch ops
+Two implementations with identical results: `impl="reference"` (or "cpu", config/impl.py) runs steps 2-4 and 6 as eager torch ops
 (sync-free; the oracle, plus the syncing reference row copy) and `impl="triton"` runs them in four
 kernels (`lru_triton.py`): lookup (one program over N), partition (<= 128 programs over B; each waits for
 its predecessors' counts, published on the device), finish and output (one program per 256 requests,
@@ -59,7 +59,7 @@ import importlib
 import torch
 
 from infinitehip.kv.offload.bank import KVBank
-from infinitehip.kv.offload.copy_rows import COPY_IMPLS, copy_rows
+from infinitehip.kv.offload.copy_rows import check_copy_impl, copy_rows
 from infinitehip.kv.offload.store import KVStore
 
 
@@ -68,16 +68,11 @@ def _scalar(value: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     return torch.full((), value, dtype=dtype, device=device)
 
 
-def _check_impl(impl: str) -> None:
-    if impl not in COPY_IMPLS:
-        raise ValueError(f"unknown copy impl {impl!r}; expected one of {COPY_IMPLS}")
-
-
 def resolve(bank: KVBank, store: KVStore, layer: int, slots: torch.Tensor, impl: str = "reference") -> torch.Tensor:
     """slots [N] (or any shape) store slots on the bank's device, < 0 = padding -> bank indices, same shape, int32."""
     if slots.device != bank.device:
         raise ValueError(f"resolve: slots are on {slots.device} but the {bank.name} bank is on {bank.device}")
-    _check_impl(impl)
+    check_copy_impl(impl)
     shape = slots.shape
     slots = slots.reshape(-1).long()
     n = slots.numel()
@@ -162,7 +157,7 @@ def _resolve_reference(bank: KVBank, layer: int, s_sorted: torch.Tensor, perm: t
 
 def invalidate(bank: KVBank, layer: int, slots: torch.Tensor, impl: str = "reference") -> None:
     """Drop slots [N] (< 0 = padding) from `layer` of the bank: their store rows were rewritten (sync-free)."""
-    _check_impl(impl)
+    check_copy_impl(impl)
     slots = slots.reshape(-1).long().to(bank.device)
     if slots.numel() == 0:
         return

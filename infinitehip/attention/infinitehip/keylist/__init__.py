@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.infinitehip.keylist.reference import decode_key_list_reference, key_list_width
-from infinitehip.attention.kernel_impl import KERNEL_IMPLS as IMPLS
 from infinitehip.attention.kernel_impl import select_impl
 
 
@@ -24,4 +23,4 @@ def decode_key_list(
     return fn(starts, lens, chunk_size, limits, positions, sink, window, style, group)
 
 
-__all__ = ["IMPLS", "decode_key_list", "key_list_width"]
+__all__ = ["decode_key_list", "key_list_width"]

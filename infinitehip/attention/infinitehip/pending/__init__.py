@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.infinitehip.pending.reference import queue_query_reference
-from infinitehip.attention.kernel_impl import KERNEL_IMPLS as IMPLS
 from infinitehip.attention.kernel_impl import select_impl
 
 
@@ -19,4 +18,4 @@ def queue_query(q: torch.Tensor, position: torch.Tensor, pending_q: torch.Tensor
     select_impl(impl, queue_query_reference, f"{__name__}.triton", "queue_query_triton", "query queue")(q, position, pending_q, pending_pos)
 
 
-__all__ = ["IMPLS", "queue_query"]
+__all__ = ["queue_query"]

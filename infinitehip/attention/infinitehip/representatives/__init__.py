@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.infinitehip.representatives.reference import salient_tokens_reference
-from infinitehip.attention.kernel_impl import KERNEL_IMPLS as IMPLS
 from infinitehip.attention.kernel_impl import select_impl
 
 
@@ -30,4 +29,4 @@ def salient_tokens(
     return fn(total, count, page_table, page_size, starts, lens, chunk_size)
 
 
-__all__ = ["IMPLS", "salient_tokens"]
+__all__ = ["salient_tokens"]

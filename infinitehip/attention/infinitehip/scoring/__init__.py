@@ -23,7 +23,6 @@ import torch
 
 from infinitehip.attention.infinitehip.scoring.representative_cpu import representative_scores_cpu
 from infinitehip.attention.infinitehip.scoring.reference import chunk_scores_reference, representative_scores_reference
-from infinitehip.attention.kernel_impl import KERNEL_IMPLS as IMPLS
 from infinitehip.attention.kernel_impl import select_impl
 
 
@@ -91,4 +90,4 @@ def _head_slices(q_rot: torch.Tensor, k_flat: torch.Tensor):
         yield q_rot[:, :, h : h + 1].contiguous(), k_flat[:, h // group : h // group + 1], h
 
 
-__all__ = ["IMPLS", "chunk_scores", "representative_scores"]
+__all__ = ["chunk_scores", "representative_scores"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from infinitehip.config.infinitehip import HEAD_AGGREGATIONS  # noqa: F401  (one list of names)
+from infinitehip.attention.infinitehip.config import HEAD_AGGREGATIONS  # noqa: F401  (one list of names)
 
 
 def aggregate_heads(scores: torch.Tensor, chunk_lens: torch.Tensor, mode: str, sm_scale: float) -> torch.Tensor:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.infinitehip.topchunks.reference import keep_top_chunks_reference
-from infinitehip.attention.kernel_impl import KERNEL_IMPLS as IMPLS
 from infinitehip.attention.kernel_impl import select_impl
 
 
@@ -21,4 +20,4 @@ def keep_top_chunks(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tens
     select_impl(impl, keep_top_chunks_reference, f"{__name__}.triton", "keep_top_chunks_triton", "top-chunks")(scores, starts, lens, out_starts, out_lens)
 
 
-__all__ = ["IMPLS", "keep_top_chunks"]
+__all__ = ["keep_top_chunks"]

@@ -7,9 +7,9 @@ context error; only this one drops input, because dropping is what it measures.
 
 from __future__ import annotations
 
-from infinitehip.attention.dense import DenseAttention
+from infinitehip.attention.dense.method import DenseAttention
+from infinitehip.attention.truncate.config import TruncateConfig
 from infinitehip.config.model import ModelConfig
-from infinitehip.config.truncate import TruncateConfig
 
 
 def head_and_tail(prompt_ids: list[int], keep: int, head_share: float) -> list[int]:

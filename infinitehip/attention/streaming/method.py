@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
+from infinitehip.attention.streaming.config import StreamingConfig
 from infinitehip.config.model import ModelConfig
-from infinitehip.config.streaming import StreamingConfig
 from infinitehip.kv.paged_cache import token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload.planner import CapacityError
 

@@ -11,11 +11,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from infinitehip.config.impl import IMPLS, check_impl
+
 # RoPE styles used while scoring chunks in the pruning stages (paper Table 8 rows, plus `none`).
 PRUNING_ROPE_STYLES = ("chunk_indexed", "relative", "dynamic", "infllm", "none")
 # RoPE styles inside the block-sparse attention (Table 8 columns, plus `none`).
 ATTENTION_ROPE_STYLES = ("streaming", "dynamic", "infllm", "none")
-IMPLEMENTATIONS = ("auto", "reference", "triton")
 REPRESENTATIVES = ("bisection", "landmark")
 HEAD_AGGREGATIONS = ("max", "softmax", "zscore")  # see attention/infinitehip/scoring/aggregate.py
 
@@ -39,7 +40,7 @@ class InfiniteHiPConfig:
     early_pruning_rope: str = "chunk_indexed"  # RoPE style while scoring chunks in the early layers
     late_pruning_rope: str = "relative"  # RoPE style while scoring chunks in the other layers
     attention_rope: str = "streaming"  # RoPE style inside the block-sparse attention
-    impl: str = "auto"  # "auto": triton on CUDA, the CPU formulations (kernel_impl.py) elsewhere
+    impl: str = "auto"  # "auto": triton on CUDA, the CPU formulations (config/impl.py) elsewhere
     # How a chunk's representative token is found: "landmark" (the key with the highest mean logit from its
     # next landmark_window queries; see attention/infinitehip/saliency.py) or "bisection" (the paper's SelectRep,
     # Alg. 3). Landmark is the default: on the embedded model's passkey (H100, depths 10-90%) bisection found
@@ -68,7 +69,7 @@ class InfiniteHiPConfig:
         "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "early_pruning_rope": PRUNING_ROPE_STYLES, "late_pruning_rope": PRUNING_ROPE_STYLES,
-        "attention_rope": ATTENTION_ROPE_STYLES, "impl": IMPLEMENTATIONS, "representative": REPRESENTATIVES,
+        "attention_rope": ATTENTION_ROPE_STYLES, "impl": IMPLS, "representative": REPRESENTATIVES,
         "head_aggregation": HEAD_AGGREGATIONS}
 
     def __post_init__(self) -> None:
@@ -128,8 +129,7 @@ class InfiniteHiPConfig:
             raise ValueError(f"question_window must be an odd width >= 1, got {self.question_window}")
         if self.head_aggregation not in HEAD_AGGREGATIONS:
             raise ValueError(f"head_aggregation must be one of {HEAD_AGGREGATIONS}, got {self.head_aggregation!r}")
-        if self.impl not in IMPLEMENTATIONS:
-            raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {self.impl!r}")
+        check_impl("impl", self.impl)
 
     @property
     def num_stages(self) -> int:

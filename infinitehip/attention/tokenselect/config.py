@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-IMPLEMENTATIONS = ("auto", "reference", "triton")
+from infinitehip.config.impl import IMPLS, check_impl
+
 VOTE_LOGITS = ("scaled", "raw")
 
 
@@ -51,7 +52,7 @@ class TokenSelectConfig:
     STUDY_FIELDS: ClassVar[tuple[str, ...]] = (
         "query_block_size", "vote_pool_size", "vote_logits", "question_window", "selection_cache",
         "selection_cache_threshold", "impl")
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"vote_logits": VOTE_LOGITS, "impl": IMPLEMENTATIONS}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"vote_logits": VOTE_LOGITS, "impl": IMPLS}
 
     def __post_init__(self) -> None:
         if self.select_tokens < 1:
@@ -74,8 +75,7 @@ class TokenSelectConfig:
             raise ValueError(f"query_block_size must be >= 1, got {self.query_block_size}")
         if not -1.0 <= self.selection_cache_threshold <= 1.0:
             raise ValueError(f"selection_cache_threshold is a cosine similarity in [-1, 1], got {self.selection_cache_threshold}")
-        if self.impl not in IMPLEMENTATIONS:
-            raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {self.impl!r}")
+        check_impl("impl", self.impl)
 
     @property
     def attended_tokens(self) -> int:

@@ -1,0 +1,1 @@
+"""`dense`: exact causal attention over every cached token (`method.py`); no settings."""

@@ -1,0 +1,1 @@
+"""`streaming` (StreamingLLM): attention sinks + a sliding window; `config.py` (StreamingConfig), `method.py`."""
