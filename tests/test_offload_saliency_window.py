@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from infinitehip.attention.infinitehip import decode_rows, method
-from infinitehip.config.infinitehip import InfiniteHiPConfig
+from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.resolve import resolve
 from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
