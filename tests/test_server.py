@@ -556,7 +556,9 @@ def test_offloaded_kv_server_answers_and_reports_bank_metrics(engine):
 
     from infinitehip.attention.infinitehip.config import infinitehip_preset
 
-    method = infinitehip_preset("3k-flash")  # offloading runs the presets without question-time selection
+    # Stages refreshed within the 8-token answer: steps that refresh nothing reuse the last key list's bank rows
+    # without a resolve, so only refresh steps (after the first) count attention-bank hits.
+    method = dataclasses.replace(infinitehip_preset("3k-flash"), refresh_intervals=(8, 4, 2))
     config = EngineConfig(**{**ENGINE_CONFIG, "method": "infinitehip", "kv_cache_tokens": 4096, "max_num_seqs": 2},
                           method_config=method)
     offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=4096, attention_bank_tokens=4096)
