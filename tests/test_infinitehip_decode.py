@@ -14,9 +14,9 @@ import torch
 
 from infinitehip import SamplingParams
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.infinitehip.method import InfiniteHiPAttention, assemble_keys
+from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
 from infinitehip.attention.infinitehip.positions import attention_positions
-from infinitehip.attention.infinitehip.pruning import query_blocks
+from infinitehip.attention.infinitehip.pruning import assemble_keys, query_blocks
 from infinitehip.attention.sparse import sparse_attention_decode
 from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits
 from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401

@@ -29,7 +29,7 @@ from infinitehip.attention.infinitehip.offload_access import (StagedLayer, check
                                                               question_key_reader, scoring_access, stage_prefill_layer)
 from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_positions, group_size
-from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,  # noqa: F401
+from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,
                                                       run_stage, sparse_limit)
 from infinitehip.attention.chunk_merge import merge_chunks
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
