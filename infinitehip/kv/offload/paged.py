@@ -115,8 +115,7 @@ class OffloadedPagedCache:
         """Keys [end - start, Hkv, d] (the banks' dtype, on the device) of token positions [start, end) of the
         sequence with this page table, read from the store and not through the banks: a one-off scan of the whole
         context (question-time selection) would evict every row the banks cache."""
-        out = self.kv.mask_bank.k.new_empty((end - start, *self.kv.store.row_shape))
-        return self.kv.store.gather_k(layer, self.slots(page_table, start, end), out, self.kv.impl)
+        return self.read_k_store(layer, self.slots(page_table, start, end))
 
     def stage(self, layer: int, page_table: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V [tokens', Hkv, d] (the banks' dtype, on the device; tokens' = tokens rounded up to a page) of the
