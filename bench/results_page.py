@@ -166,6 +166,32 @@ def screen_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def precision_markdown() -> str:
+    """Gemma 3 with infinitehip's default in float32 against the bf16 default's answers on the same prompts."""
+    base = RESULTS / D26 / "gpu_fp32"
+    files = sorted(base.glob("ih32_*.json"))
+    if not files:
+        return ""
+    default = next(r for r in TABLES[0].rows if r.label == "infinitehip (default)")
+    bf16 = {(s["length"], s["seed"], s["depth"]): s for s in samples(default)}
+    fp32 = {(s["length"], s["seed"], s["depth"]): s for f in files for s in json.loads(f.read_text())["samples"]}
+    lines = ["## Gemma 3 270M in float32: is the default's miss a precision miss?", "",
+             "Device: NVIDIA H100 80GB. Date: 2026-11-26. `infinitehip eval ruler --model gemma3-270m --haystacks essays "
+             "--prefill-chunk-size 32768 --tasks niah_single_word --method infinitehip --dtype float32 --lengths N` "
+             "(512K: `--seeds 0 1 --samples-per-depth 2`, then seed 2 held out); the bf16 column is the default's "
+             "answers to the same prompts (its table above, same device kind). Seconds: mean per prompt, prefill and answer.",
+             "", "| length | bf16 | float32 | bf16 miss -> fp32 right | bf16 right -> fp32 miss | s/prompt bf16 | s/prompt fp32 |",
+             "| --- | :-: | :-: | :-: | :-: | :-: | :-: |"]
+    for n in sorted({k[0] for k in fp32}):
+        keys = [k for k in fp32 if k[0] == n and k in bf16]
+        up = sum(1 for k in keys if fp32[k]["correct"] and not bf16[k]["correct"])
+        down = sum(1 for k in keys if bf16[k]["correct"] and not fp32[k]["correct"])
+        sec = [sum(d[k]["seconds"] for k in keys) / len(keys) for d in (bf16, fp32)]
+        lines.append(f"| {length_label(n)} | {cell([bf16[k] for k in keys])} | {cell([fp32[k] for k in keys])} | {up} | "
+                     f"{down} | {sec[0]:.1f} | {sec[1]:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def passkey_markdown() -> str:
     """The SmolLM2 passkey sweep with the default (the regression check of speed work)."""
     path = RESULTS / D26 / "gpu_d" / "passkey_default.json"
@@ -215,6 +241,7 @@ def main() -> None:
             plot(curves, RESULTS / "accuracy_vs_context.png")
             parts.append("![accuracy vs context](results/accuracy_vs_context.png)\n")
     parts.append(screen_markdown())
+    parts.append(precision_markdown())
     parts.append(passkey_markdown())
     parts.append(speed_markdown())
     parts.append(ttft_markdown())

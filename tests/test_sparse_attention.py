@@ -190,6 +190,27 @@ def test_prefill_odd_group_and_head_dim():
     torch.testing.assert_close(case.run("triton"), case.run("reference"), **TOL[torch.float32])
 
 
+def test_prefill_fp32_head_dim_256_splits_query_tiles():
+    """Gemma 3 in float32 (d = 256, GQA 4): the config shrinks BLOCK_Q under the shared-memory budget, so a
+    16-query block spans two tiles; the result still matches the oracle."""
+    cfg = tri.prefill_config(128, 4, 16, elem_bytes=4)
+    assert cfg["BLOCK_Q"] < 16
+    case = PrefillCase(H=4, Hkv=1, d=256, n=20, start=12, qbs=16, page_size=8, dtype=torch.float32, seed=3)
+    torch.testing.assert_close(case.run("triton"), case.run("reference"), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("elem_bytes", [2, 4])
+@pytest.mark.parametrize("half_pad", [16, 32, 64, 128])
+@pytest.mark.parametrize("group_pad", [1, 2, 4, 8])
+def test_prefill_config_fits_shared_memory(elem_bytes, half_pad, group_pad):
+    """Every config's tiles fit the budget (fp32 at d = 256 once asked for 256 KiB and failed to launch), and the
+    measured bf16 configs are what the budget leaves alone."""
+    cfg = tri.prefill_config(half_pad, group_pad, 64, elem_bytes)
+    assert tri.prefill_shared_bytes(cfg, half_pad, group_pad, elem_bytes) <= tri.SHARED_MEMORY_BUDGET
+    if elem_bytes == 2 and half_pad == 64 and group_pad == 4:
+        assert cfg == dict(BLOCK_Q=64, BLOCK_N=64, num_warps=8, num_stages=2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_prefill_reads_no_unlisted_or_future_key(dtype):
     """NaN in every slot no block lists (incl. unused pages and tokens past the chunk); huge values in

@@ -272,7 +272,16 @@ def _check_common(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, c
     return H // Hkv, d // 2
 
 
-def prefill_config(half_pad: int, group_pad: int, query_block_size: int) -> dict:
+SHARED_MEMORY_BUDGET = 160 * 1024  # bytes of tiles per program: under sm_80's 164 KiB, with room for layout scratch
+
+
+def prefill_shared_bytes(cfg: dict, half_pad: int, group_pad: int, elem_bytes: int) -> int:
+    """The tiles the prefill kernel keeps in shared memory: Q [BLOCK_M, d] plus K and V [BLOCK_N, d] per stage."""
+    d_pad = 2 * half_pad
+    return (cfg["BLOCK_Q"] * group_pad + 2 * cfg["num_stages"] * cfg["BLOCK_N"]) * d_pad * elem_bytes
+
+
+def prefill_config(half_pad: int, group_pad: int, query_block_size: int, elem_bytes: int = 2) -> dict:
     """Launch config of the prefill kernel: BLOCK_Q queries x GROUP_PAD heads make the M = BLOCK_M rows.
 
     Measured on an H100 (Llama-3-8B shapes, bf16, d=128, 2048 listed keys per 64-query block): M=256 with
@@ -286,7 +295,16 @@ def prefill_config(half_pad: int, group_pad: int, query_block_size: int) -> dict
     block_m = block_q * group_pad
     num_warps = 8 if block_m * 2 * half_pad >= 256 * 128 else 4
     block_n = 64 if num_warps == 8 and half_pad <= 64 else 32
-    return dict(BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=num_warps, num_stages=2)
+    cfg = dict(BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=num_warps, num_stages=2)
+    # fp32 caches at d = 256 (Gemma 3 in float32) would need 256 KiB: fewer query rows, then one stage
+    while prefill_shared_bytes(cfg, half_pad, group_pad, elem_bytes) > SHARED_MEMORY_BUDGET:
+        if cfg["BLOCK_Q"] * group_pad > 16 and cfg["BLOCK_Q"] > 1:
+            cfg["BLOCK_Q"] //= 2
+        elif cfg["num_stages"] > 1:
+            cfg["num_stages"] -= 1
+        else:
+            break
+    return cfg
 
 
 def decode_config(half_pad: int, block_h: int) -> dict:
@@ -331,7 +349,7 @@ def sparse_attention_prefill(
 
     half_pad = max(16, triton.next_power_of_2(half))
     group_pad = triton.next_power_of_2(group)
-    cfg = prefill_config(half_pad, group_pad, query_block_size)
+    cfg = prefill_config(half_pad, group_pad, query_block_size, q.element_size())
     block_q = cfg["BLOCK_Q"]
     tiles_per_qblock = triton.cdiv(min(query_block_size, n), block_q)
     grid = (n_qblocks * tiles_per_qblock, k_flat.shape[1])

@@ -157,6 +157,8 @@ def _launch_config(M: int, N: int, H: int, b: int, half: int, lowp: bool) -> tup
     if use_dot:
         block_n = 128 if lowp and N > 64 else 64
         num_warps, num_stages = 8, 3
+        if not lowp and block_half >= 128:  # fp32 at d = 256: 3 stages of [64, d] keys + Q exceed 227 KiB
+            block_n, num_stages = 32, 2
     else:  # broadcast product [BLOCK_N, BLOCK_HALF, BLOCK_Q] fp32 in registers: ~2K elements
         block_n = min(32, max(16, triton.next_power_of_2(N)), max(16, 2048 // (block_half * block_q)))
         num_warps, num_stages = 4, 1  # decode splits the heads over the grid: nothing to pipeline

@@ -229,14 +229,17 @@ def _launch_config(b: int, half: int, n: int, lowp: bool) -> dict:
     # tl.dot needs K >= 16: tiny head dims are zero-padded (otherwise the compiler turns the broadcast-sum
     # below into a TF32 dot on its own)
     block_half = max(16 if use_dot else 1, triton.next_power_of_2(half))
+    num_stages = 3  # Triton's default on CUDA
     if use_dot:
         block_c = 16 if n <= 16 else 64
         num_warps = 8 if block_c == 64 and block_half >= 64 and lowp else 4
+        if not lowp and block_half >= 128:  # fp32 at d = 256: 3 stages of [64, d] keys exceed shared memory
+            block_c, num_stages = min(block_c, 32), 2
     else:  # broadcast product [BLOCK_C, BLOCK_HALF, BLOCK_Q] fp32 in registers: keep it at ~4K elements
         block_c = min(64, max(16, triton.next_power_of_2(n)), max(16, 4096 // (block_half * block_q)))
         num_warps = 4
     return dict(BLOCK_Q=block_q, Q_TILES=triton.cdiv(b, block_q), BLOCK_HALF=block_half, BLOCK_C=block_c,
-                USE_DOT=use_dot, num_warps=num_warps)
+                USE_DOT=use_dot, num_warps=num_warps, num_stages=num_stages)
 
 
 def chunk_scores_triton(
