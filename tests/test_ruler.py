@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
+import torch
 
 from infinitehip.eval.ruler.haystacks import HAYSTACKS, load_pydoc_prose
 from infinitehip.eval.ruler.positions import needle_token_positions
@@ -147,7 +148,11 @@ def test_sweep_json_resume_and_report(tok, tmp_path):
     data["samples"].pop()  # as if the sweep had crashed before the last sample
     out.write_text(json.dumps(data))
     run_ruler(llm2, config)
-    assert llm2.calls == 1 and len(json.loads(out.read_text())["samples"]) == 4
+    resumed = json.loads(out.read_text())
+    assert llm2.calls == 1 and len(resumed["samples"]) == 4
+    # every invocation leaves its environment, and where its samples start, even when cut short
+    assert [r["first_sample"] for r in resumed["runs"]] == [0, 3]  # the file as the first run left it, less one
+    assert resumed["runs"][-1]["device"] == "cpu" and resumed["runs"][-1]["torch"] == torch.__version__
 
     oracle = RulerConfig(**{**config.__dict__, "oracle": True, "plots": False})
     run_ruler(llm2, oracle)  # oracle samples are new samples of the same file

@@ -1,5 +1,6 @@
 """RULER-style retrieval over real prose: `infinitehip eval ruler` itself (its flags, its resumable result file),
-with the meta block added to the file when the sweep ends.
+with the meta block added to the file when the sweep ends (a sweep cut short keeps the product's own "runs" record:
+date, device, versions and git commit of every invocation).
 
     python -m bench ruler --model gemma3-270m --haystacks essays --tasks niah_single_word --lengths 32000 131072 \
         --method infinitehip --prefill-chunk-size 32768 --output gemma_ih.json

@@ -3,7 +3,8 @@
 Results go to one JSON file, rewritten atomically after every sample, so a crashed sweep resumes:
 samples already in the file (same task, haystack, length, depth, seed, oracle) are skipped when
 its model and method match this run's; a file from another model or method is an error, never
-overwritten.  Sample count per (task, haystack, length) cell = depths x seeds x samples_per_depth;
+overwritten.  Each invocation appends its environment (date, device, dtype, versions, git commit, index of
+its first sample) to the file's "runs", so a sweep cut short still says where its samples ran.  Sample count per (task, haystack, length) cell = depths x seeds x samples_per_depth;
 the defaults give 5 x 3 x 2 = 30.
 """
 
@@ -113,19 +114,40 @@ def run_metadata(llm: Any) -> dict:
     })
 
 
+def run_environment(llm: Any) -> dict:
+    """Where and with what this invocation ran: one entry of the file's "runs" (a resumed sweep adds one per run)."""
+    import platform
+
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    engine = getattr(llm, "engine", None)
+    device = torch.device(getattr(engine, "device", None) or "cpu")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": name, "dtype": str(getattr(engine, "dtype", None)),
+            "torch": torch.__version__, "triton": triton_version, "python": platform.python_version(),
+            "git_commit": _git_commit()}
+
+
 def _key(r: dict) -> tuple:
     return (r["task"], r["haystack"], int(r["length"]), round(float(r["depth"]), 6), int(r["seed"]), bool(r.get("oracle")))
 
 
-def _load_previous(path: Path, meta: dict) -> list[dict]:
+def _load_previous(path: Path, meta: dict) -> tuple[list[dict], list[dict]]:
+    """-> (samples, runs) of an earlier invocation's file; ([], []) when there is none."""
     if not path.exists():
-        return []
+        return [], []
     data = json.loads(path.read_text())
     for field in ("model", "method"):
         if data.get(field) != meta[field]:
             raise ValueError(f"{path} holds results of another {field} ({data.get(field)!r}); "
                              "choose another --output or remove the file")
-    return list(data.get("samples", []))
+    return list(data.get("samples", [])), list(data.get("runs", []))
 
 
 def _write(path: Path, payload: dict) -> None:
@@ -159,10 +181,12 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
         get_haystack(h)
     meta = run_metadata(llm)
     path = Path(config.output)
-    results = _load_previous(path, meta)
+    results, runs = _load_previous(path, meta)
     done = {_key(r) for r in results}
+    # one entry per invocation, so a resumed file still says which samples ran where (first_sample: index)
+    runs.append({**run_environment(llm), "first_sample": len(results)})
     payload = {**meta, "ruler_config": _jsonable(dataclasses.asdict(config)),
-               "haystacks": {h: HAYSTACKS[h].source for h in config.haystacks}, "samples": results}
+               "haystacks": {h: HAYSTACKS[h].source for h in config.haystacks}, "runs": runs, "samples": results}
     skipped = 0
     for task in config.tasks:
         params = SamplingParams(temperature=0.0, max_tokens=TASKS[task].answer_tokens)
