@@ -1,7 +1,8 @@
 """docs/results.md from the benchmark JSON under docs/results/: one table per headline, each cell counted from
-the raw files, each row with the command that reproduces it, device and date; plus the accuracy-vs-context plot.
+the raw files, each row with the command that reproduces it, device and date; plus the plots against context
+(accuracy here; decode tokens/s, prefill time and KV memory in results_plots.py).
 
-    python bench/results_page.py          # rewrites docs/results.md and docs/results/accuracy_vs_context.png
+    python bench/results_page.py          # rewrites docs/results.md and docs/results/*_vs_context.png
 
 HEADLINES below is the only hand-written part: which files make which row (a cell pools every sample of its
 files at that length), the command, the device and the date. Samples recovered from a run's log
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from results_common import D25, D26, RESULTS, ROOT, cell, length_label
+from results_plots import memory_markdown
 from results_speed import speed_markdown, tensor_parallel_markdown, ttft_markdown
 
 GEMMA = "infinitehip eval ruler --model gemma3-270m --haystacks essays --prefill-chunk-size 32768"
@@ -227,7 +229,8 @@ def plot(curves: dict[str, dict[int, float]], path: Path) -> None:
     ax.set_title("Gemma 3 270M, code word in real prose (niah_single_word)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -245,6 +248,10 @@ def main() -> None:
     parts.append(passkey_markdown())
     parts.append(speed_markdown())
     parts.append(ttft_markdown())
+    commands = {}
+    for row in TABLES[0].rows:
+        commands.setdefault(row.label.split()[0], row.command)
+    parts.append(memory_markdown(commands))
     parts.append(tensor_parallel_markdown())
     (ROOT / "docs" / "results.md").write_text("\n".join(parts))
     print(f"wrote {ROOT / 'docs' / 'results.md'}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from results_common import D26, RESULTS, length_label
+from results_plots import decode_plot, prefill_plot
 
 
 def speed_markdown() -> str:
@@ -22,6 +23,7 @@ def speed_markdown() -> str:
     for name, d in r["ours_decode"].items():
         us = d["engine_graph_amortized_us"]
         lines.append(f"| infinitehip `{name}` | {us:.1f} | {dense / us:.2f}x | `{cmd}` |")
+    lines += ["", decode_plot()]
     off_path = RESULTS / D26 / "gpu_d" / "offload_default.json"
     if off_path.exists():
         off = json.loads(off_path.read_text())
@@ -98,6 +100,7 @@ def ttft_markdown() -> str:
             lines.append(f"| {length_label(c)} | {r['mode']} | {r['warm_ttft_s']:.1f} | {r['cold_ttft_s']:.1f} "
                          f"({length_label(r['cold_context'])}) | {de} | {lw} | {speed} | "
                          f"`python -m bench prefill {' '.join(argv)}` |")
+    lines += ["", prefill_plot()]
     phases = [(r["context"], r["mode"], r["phases"]) for run in runs for r in run["rows"]
               if r["method"] == "infinitehip" and r.get("phases")]
     if phases:
