@@ -86,7 +86,7 @@ PRESETS: dict[str, InfiniPotConfig] = {
     "paper-4k": InfiniPotConfig(**_PAPER),
     "2k": InfiniPotConfig(pot_tokens=2048, compressed_tokens=512, **_PAPER),  # its LLaMA-2 budget (Table 1)
     # Not in the paper: for retrieving one isolated fact (passkey-style). The pot is filled almost only by NuC, so
-    # every layer and head holds the same tokens, plus the attention sink. Embedded model, passkey 64K-1M x 5
-    # depths x 3 sweeps: 69/75 (92%) against 59/75 (79%) with "4k" (docs/benchmarks.md).
+    # every layer and head holds the same tokens, plus the attention sink. Better than "4k" on the embedded
+    # model's passkey sweeps (docs/devlog.md, "InfiniPot").
     "4k-retrieval": InfiniPotConfig(novelty_fraction=0.99, sink_tokens=4, **_PAPER),
 }

@@ -43,8 +43,8 @@ class InfiniteHiPConfig:
     impl: str = "auto"  # "auto": triton on CUDA, the CPU formulations (config/impl.py) elsewhere
     # How a chunk's representative token is found: "landmark" (the key with the highest mean logit from its
     # next landmark_window queries; see attention/infinitehip/saliency.py) or "bisection" (the paper's SelectRep,
-    # Alg. 3). Landmark is the default: on the embedded model's passkey (H100, depths 10-90%) bisection found
-    # the needle 1/5 at 64K and 128K, landmark 4/5 and 5/5 (docs/benchmarks.md).
+    # Alg. 3). Landmark is the default: it found the passkey needle where bisection lost it, and its stage-1
+    # scoring is far cheaper (docs/devlog.md, "InfiniteHiP: selection").
     representative: str = "landmark"
     landmark_window: int = 512  # later queries whose mean logit picks a chunk's landmark key
     # How the heads' chunk scores combine into a block's chunk ranking: "max" over heads of raw logits (the

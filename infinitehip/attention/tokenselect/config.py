@@ -25,9 +25,8 @@ class TokenSelectConfig:
     query_block_size: int = 512
     # Width of a max-pool over the votes before top-k (not in the paper; an option of the authors' code): a token
     # scores the best vote within vote_pool_size // 2 of it, so the selection comes as short spans around the
-    # peaks instead of isolated tokens. 1 = off. Default 5: on the embedded model's GPU passkey sweep (64K-1M x
-    # 5 depths) 24/25 against 21/25 without; the misses it removed were a needle found but its digits miscopied
-    # and two long-context depth-10% prompts (docs/benchmarks.md, issue 6).
+    # peaks instead of isolated tokens. 1 = off. Default 5: on the embedded model's passkey sweep it removed
+    # misses where the needle was selected but its digits came isolated among filler (docs/devlog.md, "TokenSelect").
     vote_pool_size: int = 5
     # Logits of the vote's per-head softmax: "scaled" = q . k / sqrt(d) (the attention's own scale), "raw" = q . k
     # (the paper's eq. 10 and the authors' code): sharper per-head distributions, so a token a few heads like
