@@ -108,8 +108,9 @@ class DecodeRows:
 
         return read
 
-    def hold_after_replay(self) -> None:
-        """A replayed step ran without Python: a full resolve in it left the bank held by this sequence."""
+    def after_replay(self, pattern: tuple[bool, ...]) -> None:
+        """A replayed step (refreshing `pattern`) ran without Python: its full resolve or its kept rows left the bank
+        held by this sequence."""
         if self.kv is not None:
             self.kv.hold_attention(self.token)
 

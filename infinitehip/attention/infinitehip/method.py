@@ -8,8 +8,7 @@ left the window since the last refresh is still attended (nothing falls between 
 Question-time selection (question_tokens > 0, preset `3k-question`; not in the paper): in the chunk that ends the prompt
 the last question_tokens queries vote over every candidate once (attention/question_selection.py); the chosen
 final-stage chunks join the question's blocks and every decode step's last-stage chunks.
-Offloaded KV: a decode step that refreshes no stage reuses the attention-bank rows of the last step's key list
-and copies only its new token (decode_rows.py).
+Offloaded KV: decode steps reuse the bank rows of earlier steps where they are unchanged (decode_rows.py, mask_rows.py).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from infinitehip.attention.infinitehip.decode import (StageCache, merge_question
                                                      window_width)
 from infinitehip.attention.infinitehip.decode_rows import DecodeRows, attention_access, decode_rows_for, window_reader
 from infinitehip.attention.infinitehip.keylist import decode_key_list
+from infinitehip.attention.infinitehip.mask_rows import MaskRows, mask_rows_for, stage_keys
 from infinitehip.attention.infinitehip.offload_access import (StagedLayer, check_offload, prefill_attention_in_groups,
                                                               question_key_reader, scoring_access, stage_prefill_layer)
 from infinitehip.attention.infinitehip.pending import queue_query
@@ -62,6 +62,7 @@ class InfiniteHiPState:
     # Offloaded KV: the attention-bank rows of each layer's last key list, reused by steps that refresh no stage
     # (decode_rows.py); None until the first decode step, False when the cache cannot keep them.
     decode_rows: DecodeRows | bool | None = None
+    mask_rows: MaskRows | bool | None = None  # the same for the last stage's mask-bank rows (mask_rows.py)
 
 
 def _forced(probe, device: torch.device) -> torch.Tensor | None:
@@ -90,8 +91,8 @@ class InfiniteHiPAttention(AttentionMethod):
         return min(self.config.refresh_intervals)
 
     def release(self, state: InfiniteHiPState) -> None:
-        if isinstance(state.decode_rows, DecodeRows):
-            state.decode_rows.release()
+        for kept in filter(None, (state.decode_rows, state.mask_rows)):
+            kept.release()
 
     def device_bytes_per_slot(self) -> int:
         """Landmark saliency: a sum [H] and a count, fp32, per slot and layer (`saliency.KeySaliency`)."""
@@ -281,7 +282,8 @@ class InfiniteHiPAttention(AttentionMethod):
             return None
         pattern = patterns.pop()  # + whether the step has the kept attention-bank rows (decode_rows.py)
         kept = isinstance(state.decode_rows, DecodeRows) and state.decode_rows.kept_step(state.decode_steps)
-        return pattern, self.group(seq.context_len), kept
+        masks = isinstance(state.mask_rows, MaskRows) and state.mask_rows.reusable(pattern, state.decode_steps[0])
+        return pattern, self.group(seq.context_len), kept, masks
 
     def host_counters(self, state: InfiniteHiPState) -> tuple:
         return list(state.decode_steps), list(state.refreshes)
@@ -291,8 +293,8 @@ class InfiniteHiPAttention(AttentionMethod):
 
     def advance_host_counters(self, state: InfiniteHiPState, key: tuple) -> None:
         pattern = key[0]
-        if isinstance(state.decode_rows, DecodeRows):
-            state.decode_rows.hold_after_replay()
+        for kept in filter(None, (state.decode_rows, state.mask_rows)):  # a replay ran no Python: their host state
+            kept.after_replay(pattern)
         for layer in range(self.model_config.num_layers):
             state.decode_steps[layer] += 1
         for s, refreshed in enumerate(pattern):
@@ -341,7 +343,9 @@ class InfiniteHiPAttention(AttentionMethod):
             pattern = self.refresh_pattern(state, layer)
             if state.decode_rows is None:  # False: a resident cache, or no spare rows
                 state.decode_rows = decode_rows_for(seq.cache, self.model_config.num_layers, c.refresh_intervals) or False
-            kept = state.decode_rows if len(seqs) == 1 and not batch.prefill and state.decode_rows else None  # alone
+                state.mask_rows = mask_rows_for(seq.cache, self.model_config.num_layers, c.num_stages) or False
+            alone = len(seqs) == 1 and not batch.prefill
+            kept = state.decode_rows if alone and state.decode_rows else None
             held = kept is not None and kept.kept(layer, state.decode_steps[layer])  # alone: reuse = held, no refresh
             if self.saliency is not None:
                 read_keys = window_reader(kept if held else None, seq.cache, layer, state.stage_cache[layer], c)
@@ -349,13 +353,15 @@ class InfiniteHiPAttention(AttentionMethod):
                                      batch, read_keys)
             caches = self._stage_caches(state, layer, q.device)
             k_flat, rep_keys = scoring_access(seq.cache, layer, page_tables[i])
+            keys = stage_keys(state.mask_rows if alone else None, rep_keys, seq.cache, layer, page_tables[i], pattern,
+                              state.decode_steps[layer])  # per stage; the last one's may keep its mask-bank rows
             parent, shared = None, {}
             for s, spec in enumerate(self._specs(layer, decode=True)):
                 if pattern[s]:
                     refresh_stage(spec, q[i], positions[i : i + 1], parent, caches[s], k_flat,
                                   page_tables[i], seq.cache.page_size, c.sink_tokens, c.stream_tokens, batch.rope,
                                   num_candidates, group, self.trained_len, self._impl(q),
-                                  None if self.saliency is None else (self.saliency, layer), shared, rep_keys,
+                                  None if self.saliency is None else (self.saliency, layer), shared, keys[s],
                                   _forced(seq.probe, q.device), reduce=self._reduce)
                     state.refreshes[s] += 1
                 parent = caches[s]

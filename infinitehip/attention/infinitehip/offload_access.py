@@ -54,9 +54,12 @@ class RepresentativeKeys:
     def __call__(self, reps: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         """reps [M, N, H] token positions, lens [M, N] (0: padding chunk, not read) -> (k_flat, table, 1). Sync-free."""
         listed = (lens > 0)[..., None].expand_as(reps)
+        return self.bank.flat_k(self.layer), self.cache.token_table(reps, self.rows(reps, listed), self.bank, listed), 1
+
+    def rows(self, reps: torch.Tensor, listed: torch.Tensor) -> torch.Tensor:
+        """Mask-bank indices [M, N, H] int32 of the listed reps, resolved (-1: not listed). Sync-free."""
         slots = torch.where(listed, token_slots(self.page_table, reps, self.cache.page_size), -1)
-        index = self.cache.kv.resolve_mask(self.layer, slots)
-        return self.bank.flat_k(self.layer), self.cache.token_table(reps, index, self.bank, listed), 1
+        return self.cache.kv.resolve_mask(self.layer, slots)
 
     def chunks_per_group(self, chunk_size: int, num_heads: int) -> int:
         """Chunks whose representatives always fit the mask bank together: a chunk has at most min(H, chunk_size)

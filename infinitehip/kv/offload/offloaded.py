@@ -13,7 +13,9 @@ Keeping resolved rows across calls: an index stays valid until the next resolve 
 reader sets it to its own token after resolving (`hold_attention`), and every `resolve_attention` call resets it
 to None, so `holds_attention(token)` means that no resolve of any layer ran since (invalidate never moves rows:
 it frees entries, which only a later resolve reuses). `copy_to_spare` copies store rows into the attention bank's
-spare rows, which no resolve touches (a holder's rows for keys written after its resolve).
+spare rows, which no resolve touches (a holder's rows for keys written after its resolve). `mask_holders` does
+the same per layer for the mask bank (`hold_mask`): a layer's rows move only by resolves of that layer, and every
+`resolve_mask(layer, ...)` resets that layer's holder.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class OffloadedKV:
         self.attention_bank = KVBank("attention", *shape, config.attention_bank_tokens, *rows, with_values=True,
                                      spare_rows=attention_spare_rows)
         self.attention_holder: object | None = None  # see the module docstring
+        self.mask_holders: list[object | None] = [None] * num_layers  # per layer, see the module docstring
 
     @property
     def banks(self) -> tuple[KVBank, KVBank]:
@@ -77,6 +80,7 @@ class OffloadedKV:
             invalidate(bank, layer, slots, impl=self.impl)
 
     def resolve_mask(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        self.mask_holders[layer] = None  # this call may evict rows the layer's holder kept
         return resolve(self.mask_bank, self.store, layer, slots, impl=self.impl)
 
     def resolve_attention(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
@@ -89,6 +93,13 @@ class OffloadedKV:
 
     def holds_attention(self, token: object) -> bool:
         return token is not None and self.attention_holder is token
+
+    def hold_mask(self, layer: int, token: object) -> None:
+        """`token` keeps the mask-bank indices of `layer` it resolved until that layer's next `resolve_mask`."""
+        self.mask_holders[layer] = token
+
+    def holds_mask(self, layer: int, token: object) -> bool:
+        return token is not None and self.mask_holders[layer] is token
 
     def copy_to_spare(self, layer: int, slots: torch.Tensor, spare: torch.Tensor) -> torch.Tensor:
         """K/V of store slots [N] into the attention bank's spare rows spare [N] (0 .. R - 1; distinct; < 0: skipped)
