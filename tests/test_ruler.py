@@ -75,6 +75,31 @@ def test_target_needle_at_depth(tok):
         assert abs(pos[0] / s.prompt_tokens - depth) < 0.06
 
 
+def _around_needle(s, width: int = 200) -> str:
+    content = s.messages[0]["content"]
+    at = content.index(s.needle_texts[0])
+    return content[max(0, at - width): at]
+
+
+def test_vary_haystack_moves_the_needle_into_other_text(tok):
+    """By default every seed's needle at one depth sits in the same text (the seeds vary the needle only); with
+    vary_haystack each seed's haystack starts elsewhere in the corpus, at the same length and depth."""
+    fixed = [make_ruler_sample(tok, "niah_single_word", "essays", 3000, 0.5, seed=s) for s in (1, 2)]
+    assert _around_needle(fixed[0]) == _around_needle(fixed[1]) and fixed[0].haystack_start == 0.0
+    varied = [make_ruler_sample(tok, "niah_single_word", "essays", 3000, 0.5, seed=s, vary_haystack=True)
+              for s in (1, 2)]
+    assert _around_needle(varied[0]) != _around_needle(varied[1])
+    assert 0 < varied[0].haystack_start < 1 and varied[0].haystack_start != varied[1].haystack_start
+    for s in varied:
+        assert abs(s.prompt_tokens - 3000) <= length_tolerance(3000)
+        pos = needle_token_positions(tok, s.messages, s.needle_texts)
+        assert abs(pos[0] / s.prompt_tokens - 0.5) < 0.06
+    assert varied[0] == make_ruler_sample(tok, "niah_single_word", "essays", 3000, 0.5, seed=1, vary_haystack=True)
+    corpus = HAYSTACKS["essays"].corpus_ids(tok)
+    start = HAYSTACKS["essays"].token_ids(tok, 50, 0.5)
+    assert start == corpus[len(corpus) // 2: len(corpus) // 2 + 50]
+
+
 @pytest.mark.parametrize("task", ["niah_single_uuid", "niah_multikey", "niah_multiquery"])
 def test_needle_token_positions_decode_to_needles(tok, task):
     s = make_ruler_sample(tok, task, "essays", 1500, 0.3, seed=2)
@@ -169,6 +194,14 @@ def test_sweep_json_resume_and_report(tok, tmp_path):
     md = markdown_report(load_runs([out]))
     assert "## Calibration (dense, 4K-7K tokens)" in md and "| niah_single_number | 4/4 (100%) | counted |" in md
     assert "| niah_single_number | 4096 | 4/4 (100%) | 1.00 | 4/4 (100%) | 0.75 | counted |" in md
+
+    varied = RulerConfig(**{**config.__dict__, "vary_haystack": True, "plots": False})
+    calls = llm2.calls
+    run_ruler(llm2, varied)  # the same seeds in other text: new samples of the same file
+    samples = json.loads(out.read_text())["samples"]
+    assert llm2.calls == calls + 4 and len(samples) == 12 and all(s["haystack_start"] > 0 for s in samples[-4:])
+    run_ruler(llm2, varied)  # and resumed as such
+    assert llm2.calls == calls + 4
 
 
 def test_config_validation():

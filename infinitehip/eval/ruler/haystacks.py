@@ -8,8 +8,8 @@ file is located with ``importlib.util.find_spec`` and parsed with ``ast`` (never
 code blocks, grammar rules and heading underlines are dropped so what remains is paragraphs of
 English sentences.  Its exact text follows the installed Python's version.
 
-Both expose ``token_ids(tokenizer, n)``: the first ``n`` ids of the corpus repeated end to end,
-with the corpus tokenized once per tokenizer object.
+Both expose ``token_ids(tokenizer, n, start)``: ``n`` ids of the corpus repeated end to end, from a start
+point in it, with the corpus tokenized once per tokenizer object.
 """
 
 from __future__ import annotations
@@ -101,11 +101,16 @@ class Haystack:
     source: str  # where the text comes from, for results files
     corpus_ids: Callable[[Any], list[int]]  # one pass over the corpus, cached per tokenizer
 
-    def token_ids(self, tokenizer: Any, n_tokens: int) -> list[int]:
-        """The first ``n_tokens`` ids of the corpus, repeated end to end as often as needed."""
+    def token_ids(self, tokenizer: Any, n_tokens: int, start: float = 0.0) -> list[int]:
+        """``n_tokens`` ids of the corpus repeated end to end, from ``start`` (a fraction of the corpus: 0 is its
+        first token; 0.25 begins a quarter of the way in and wraps around)."""
         if n_tokens < 0:
             raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
+        if not 0.0 <= start < 1.0:
+            raise ValueError(f"start must lie in [0, 1), got {start}")
         ids = self.corpus_ids(tokenizer)
+        offset = int(start * len(ids))
+        ids = ids[offset:] + ids[:offset] if offset else ids
         reps, rest = divmod(n_tokens, len(ids))
         return ids * reps + ids[:rest]
 

@@ -27,7 +27,7 @@ from infinitehip.config.sampling import SamplingParams
 
 from .haystacks import HAYSTACKS, get_haystack
 from .positions import needle_token_positions
-from .tasks import TASKS, make_ruler_sample
+from .tasks import TASKS, haystack_start, make_ruler_sample
 
 __all__ = ["RulerConfig", "context_tokens_needed", "run_metadata", "run_ruler", "sample_seed", "task_table"]
 
@@ -40,6 +40,7 @@ class RulerConfig:
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # target needle depth, 0..1
     seeds: tuple[int, ...] = (0, 1, 2)  # needle/value seeds per depth
     samples_per_depth: int = 2  # per seed and depth, each with its own derived seed
+    vary_haystack: bool = False  # each sample's haystack begins at its own seed-drawn point of the corpus
     oracle: bool = False  # force the target needle tokens into every layer's selection (upper bound)
     trace: bool = False  # record how much of the needle each selection keeps
     output: str = "ruler/ruler.json"  # results; heatmaps are written beside it
@@ -135,7 +136,8 @@ def run_environment(llm: Any) -> dict:
 
 
 def _key(r: dict) -> tuple:
-    return (r["task"], r["haystack"], int(r["length"]), round(float(r["depth"]), 6), int(r["seed"]), bool(r.get("oracle")))
+    return (r["task"], r["haystack"], int(r["length"]), round(float(r["depth"]), 6), int(r["seed"]), bool(r.get("oracle")),
+            r.get("haystack_start", 0.0) > 0)
 
 
 def _load_previous(path: Path, meta: dict) -> tuple[list[dict], list[dict]]:
@@ -196,7 +198,8 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
                     for seed in config.seeds:
                         for rep in range(config.samples_per_depth):
                             s = sample_seed(seed, rep, depth)
-                            if (task, haystack, length, round(depth, 6), s, config.oracle) in done:
+                            varied = config.vary_haystack and haystack_start(s) > 0
+                            if (task, haystack, length, round(depth, 6), s, config.oracle, varied) in done:
                                 skipped += 1
                                 continue
                             result = _run_one(llm, config, task, haystack, length, depth, s, params)
@@ -207,7 +210,8 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
     if skipped:
         console.print(f"resumed: {skipped} samples already in {path}")
     _write(path, payload)
-    current = [r for r in results if bool(r.get("oracle")) == config.oracle and r["task"] in config.tasks]
+    current = [r for r in results if bool(r.get("oracle")) == config.oracle and r["task"] in config.tasks
+               and (r.get("haystack_start", 0.0) > 0) == config.vary_haystack]
     label = meta["method"]["name"] + (" (oracle)" if config.oracle else "")
     for task in config.tasks:
         console.print(task_table([r for r in current if r["task"] == task], f"{task}, method {label}"))
@@ -222,7 +226,7 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
 
 def _run_one(llm: Any, config: RulerConfig, task: str, haystack: str, length: int, depth: float, seed: int,
              params: SamplingParams) -> dict:
-    sample = make_ruler_sample(llm.tokenizer, task, haystack, length, depth, seed)
+    sample = make_ruler_sample(llm.tokenizer, task, haystack, length, depth, seed, config.vary_haystack)
     positions = None
     if config.oracle or config.trace:
         positions = needle_token_positions(llm.tokenizer, sample.messages, sample.needle_texts)
@@ -236,6 +240,7 @@ def _run_one(llm: Any, config: RulerConfig, task: str, haystack: str, length: in
         "correct": score == 1.0, "score": score, "seconds": round(seconds, 3),
         "dropped_tokens": getattr(out, "dropped_prompt_tokens", 0),
         "oracle": config.oracle, "needle_trace": _jsonable(getattr(out, "needle_trace", None)),
+        "haystack_start": sample.haystack_start,
     }
 
 

@@ -65,6 +65,7 @@ class RulerSample:
     needle_texts: tuple[str, ...]  # inserted sentences holding the asked values
     distractor_texts: tuple[str, ...] = ()  # inserted sentences holding other values
     needle_depths: tuple[float, ...] = field(default=())  # depth of each needle_texts entry
+    haystack_start: float = 0.0  # where in the corpus the haystack begins (fraction; 0: its first token)
 
     def score(self, output: str | None) -> float:
         """Share of expected values in ``output`` (case-insensitive substring)."""
@@ -144,9 +145,17 @@ def _with_needles(tokenizer: Any, ids: list[int], placed: list[tuple[float, str]
     return text
 
 
+def haystack_start(seed: int) -> float:
+    """The corpus fraction a seed's haystack begins at (`RulerConfig.vary_haystack`): with one fixed start, every
+    seed's needle at one depth and length lands in the same text, so seeds would vary the needle but never its
+    surroundings."""
+    return random.Random(f"haystack-start-{seed}").random()
+
+
 def make_ruler_sample(tokenizer: Any, task: str, haystack: str, context_tokens: int, depth: float,
-                      seed: int) -> RulerSample:
-    """One sample whose chat-templated prompt is ~``context_tokens`` tokens long."""
+                      seed: int, vary_haystack: bool = False) -> RulerSample:
+    """One sample whose chat-templated prompt is ~``context_tokens`` tokens long; ``vary_haystack``: the haystack
+    begins at a seed-drawn point of the corpus (`haystack_start`) instead of its first token."""
     if task not in TASKS:
         raise ValueError(f"unknown RULER task {task!r}; available: {', '.join(TASKS)}")
     validate_request(context_tokens, depth)
@@ -160,10 +169,12 @@ def make_ruler_sample(tokenizer: Any, task: str, haystack: str, context_tokens: 
     if context_tokens < base - tol:
         raise ValueError(f"context_tokens={context_tokens} is below the bare {task} prompt length {base}")
 
+    start = haystack_start(seed) if vary_haystack else 0.0
+
     def build(n_hay: int) -> str:
-        return _content(plan, _with_needles(tokenizer, hay.token_ids(tokenizer, n_hay), plan.placed), suffix)
+        return _content(plan, _with_needles(tokenizer, hay.token_ids(tokenizer, n_hay, start), plan.placed), suffix)
 
     rounds = 3 if context_tokens <= _LARGE else 2  # at most two full tokenizations of a long prompt
     actual, content = fit_to_length(tokenizer, context_tokens, max(0, context_tokens - base), build, rounds, _LARGE)
     return RulerSample(task, haystack, user_message(content), plan.expected, int(context_tokens), depth, seed,
-                       actual, plan.needle_texts, plan.distractor_texts, plan.needle_depths)
+                       actual, plan.needle_texts, plan.distractor_texts, plan.needle_depths, start)
