@@ -21,6 +21,8 @@ from results_plots import memory_markdown
 from results_speed import speed_markdown, tensor_parallel_markdown, ttft_markdown
 
 GEMMA = "infinitehip eval ruler --model gemma3-270m --haystacks essays --prefill-chunk-size 32768"
+# the tables before 2026-11-26 put every seed's needle at one length and depth in the same text
+FIXED = f"{GEMMA} --vary-haystack false"
 
 
 @dataclass
@@ -50,7 +52,7 @@ TABLES = [
         [4096, 7000, 32000, 131072, 524288, 1048576],
         [
             Row("dense", [D25 + "gemma_dense.json", D26 + "gpu_a/gemma_dense_calibration.json"],
-                f"{GEMMA} --method dense --tasks niah_single_word --lengths 4096 7000 32000"),
+                f"{FIXED} --method dense --tasks niah_single_word --lengths 4096 7000 32000"),
             Row("infinitehip (default)", [D25 + "gpu_default/gemma_infinitehip_question.json",
                                           D25 + "gpu_default/g_long_q.json", D26 + "gpu_a/gemma_1m_infinitehip.json",
                                           D26 + "gpu_b/gemma_1m_infinitehip_s0.json",
@@ -58,7 +60,7 @@ TABLES = [
                                           D26 + "gpu_c/gemma_128k_infinitehip.json",
                                           D26 + "gpu_c/gemma_512k_infinitehip.json",
                                           D26 + "gpu_c/gemma_1m_infinitehip_s1.json"],
-                f"{GEMMA} --method infinitehip --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
+                f"{FIXED} --method infinitehip --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
                 "pools every run: 32K-512K first ran with refresh intervals 32/16/8 (the default before 2026-11-26, "
                 "same masks for answers of <= 16 tokens); 128K (30 of 60), 512K (30 of 35) and 1M seed 1 re-ran "
                 "on 2026-11-26 with the current code (window-sum landmark saliency); 5 of 512K from a log"),
@@ -68,33 +70,48 @@ TABLES = [
                                           D26 + "gpu_b/gemma_short_tokenselect.json",
                                           D26 + "gpu_c/gemma_512k_tokenselect.json",
                                           D26 + "gpu_c/gemma_1m_tokenselect_s1.json"],
-                f"{GEMMA} --method tokenselect --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
+                f"{FIXED} --method tokenselect --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
                 "half of 32K/128K and 5 of 512K from the runs' logs; 512K (30 of 35) and 1M seed 1 on 2026-11-26"),
             Row("infinipot (default)", [D26 + "gpu_b/gemma_infinipot_heldout.json", D26 + "gpu_b/gemma_infinipot_1m.json"],
-                f"{GEMMA} --method infinipot --tasks niah_single_word --seeds 2 --lengths 32000 131072 1048576",
+                f"{FIXED} --method infinipot --tasks niah_single_word --seeds 2 --lengths 32000 131072 1048576",
                 "held-out seed 2 only (seeds 0-1 chose the setting)"),
-            Row("streaming", [D26 + "gpu_a/gemma_streaming.json"], f"{GEMMA} --method streaming --lengths 32000"),
-            Row("truncate", [D26 + "gpu_a/gemma_truncate.json"], f"{GEMMA} --method truncate --lengths 32000"),
+            Row("streaming", [D26 + "gpu_a/gemma_streaming.json"], f"{FIXED} --method streaming --lengths 32000"),
+            Row("truncate", [D26 + "gpu_a/gemma_truncate.json"], f"{FIXED} --method truncate --lengths 32000"),
             Row("infinitehip --preset paper-3k", [D25 + "gemma_infinitehip.json"],
-                f"{GEMMA} --method infinitehip --preset paper-3k --lengths 32000 131072"),
+                f"{FIXED} --method infinitehip --preset paper-3k --lengths 32000 131072"),
         ],
         "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6", "2026-11-25 and 2026-11-26",
         "Samples: 5 depths (10-90%) x seeds x samples per depth; no setting was tuned on Gemma 3 except InfiniPot's "
         "(chosen on seeds 0-1, reported on seed 2).", plot=True),
     AccuracyTable(
+        "Each sample in its own text (`--vary-haystack true`, the suite's default since 2026-11-26): Gemma 3 270M, "
+        "niah_single_word, default settings",
+        [131072, 524288, 1048576],
+        [Row("infinitehip (default)", [D26 + "gpu_vary/ih_vary_128k.json", D26 + "gpu_vary/ih_vary_512k.json",
+                                       D26 + "gpu_vary/ih_vary_1m.json"],
+             f"{GEMMA} --method infinitehip --tasks niah_single_word --seeds 0 1 --lengths 131072 524288 1048576",
+             "1M: one sample per seed and depth (--samples-per-depth 1)"),
+         Row("tokenselect (default)", [D26 + "gpu_vary/ts_vary_128k.json", D26 + "gpu_vary/ts_vary_512k.json"],
+             f"{GEMMA} --method tokenselect --tasks niah_single_word --seeds 0 1 --lengths 131072 524288")],
+        "NVIDIA H100 80GB, bf16", "2026-11-26",
+        "The table above puts every seed's needle at one length and depth in the same text: a cell is 5 positions x 6 "
+        "needles. Here each sample's haystack starts at its own seed-drawn point of the corpus. Seeds 0-1 only (no "
+        "setting was chosen on these varied prompts, so none is tuned to them); 20 samples a cell, 10 at 1M (the "
+        "target is 30)."),
+    AccuracyTable(
         "Calibration: dense Gemma 3 270M at 4K and 7K per task (a task counts where dense scores >= 90%)",
         [4096, 7000],
         [Row(task, [D26 + "gpu_a/gemma_dense_calibration.json"],
-             f"{GEMMA} --method dense --tasks {task} --lengths 4096 7000 --samples-per-depth 2", task=task)
+             f"{FIXED} --method dense --tasks {task} --lengths 4096 7000 --samples-per-depth 2", task=task)
          for task in ("niah_single_word", "niah_single_number", "niah_multikey")],
         "NVIDIA H100 80GB, bf16", "2026-11-26"),
     AccuracyTable(
         "Multi-key NIAH (3 distractor needles), Gemma 3 270M, 128K",
         [131072],
         [Row("infinitehip (default)", [D25 + "gpu_default/gemma_multikey_infinitehip_question.json"],
-             f"{GEMMA} --method infinitehip --tasks niah_multikey --lengths 131072", task="niah_multikey"),
+             f"{FIXED} --method infinitehip --tasks niah_multikey --lengths 131072", task="niah_multikey"),
          Row("tokenselect (default)", [D25 + "gpu_default/g_mk_ts.json"],
-             f"{GEMMA} --method tokenselect --tasks niah_multikey --lengths 131072", "from the run's log",
+             f"{FIXED} --method tokenselect --tasks niah_multikey --lengths 131072", "from the run's log",
              task="niah_multikey")],
         "NVIDIA H100 80GB, bf16", "2026-11-25",
         "Dense scores 57-60% on this task at 4K-7K (calibration above): the task does not count for this model."),
@@ -140,7 +157,7 @@ def screen_markdown() -> str:
         return ""
     lines = ["## Gemma 3 270M at 512K: settings screened on seeds 0-1, needle traced", "",
              "Device: NVIDIA H100 80GB, bf16. Date: 2026-11-26. `infinitehip eval ruler --model gemma3-270m --haystacks "
-             "essays --prefill-chunk-size 32768 --tasks niah_single_word --trace true --method infinitehip --lengths "
+             "essays --vary-haystack false --prefill-chunk-size 32768 --tasks niah_single_word --trace true --method infinitehip --lengths "
              "524288 --seeds 0 1 --method-config JSON`. Attended: share of the needle's tokens among the keys the "
              "prompt's last query block attends (prefill) and every answer step attends (decode), mean over the misses.", "",
              "| setting (--method-config) | seeds 0-1 | misses with the whole needle attended (prefill / decode) |",
@@ -179,7 +196,7 @@ def precision_markdown() -> str:
     fp32 = {(s["length"], s["seed"], s["depth"]): s for f in files for s in json.loads(f.read_text())["samples"]}
     lines = ["## Gemma 3 270M in float32: is the default's miss a precision miss?", "",
              "Device: NVIDIA H100 80GB. Date: 2026-11-26. `infinitehip eval ruler --model gemma3-270m --haystacks essays "
-             "--prefill-chunk-size 32768 --tasks niah_single_word --method infinitehip --dtype float32 --lengths N` "
+             "--vary-haystack false --prefill-chunk-size 32768 --tasks niah_single_word --method infinitehip --dtype float32 --lengths N` "
              "(512K: `--seeds 0 1 --samples-per-depth 2`, then seed 2 held out); the bf16 column is the default's "
              "answers to the same prompts (its table above, same device kind). Seconds: mean per prompt, prefill and answer.",
              "", "| length | bf16 | float32 | bf16 miss -> fp32 right | bf16 right -> fp32 miss | s/prompt bf16 | s/prompt fp32 |",

@@ -156,7 +156,7 @@ class _FakeLLM:
 def test_sweep_json_resume_and_report(tok, tmp_path):
     out = tmp_path / "r.json"
     config = RulerConfig(tasks=("niah_single_number",), haystacks=("essays", "pydoc"), lengths=(4096,),
-                         depths=(0.2, 0.8), seeds=(0,), samples_per_depth=1, output=str(out))
+                         depths=(0.2, 0.8), seeds=(0,), samples_per_depth=1, vary_haystack=False, output=str(out))
     llm = _FakeLLM(tok)
     results = run_ruler(llm, config)
     assert llm.calls == 4 and len(results) == 4

@@ -40,7 +40,8 @@ class RulerConfig:
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # target needle depth, 0..1
     seeds: tuple[int, ...] = (0, 1, 2)  # needle/value seeds per depth
     samples_per_depth: int = 2  # per seed and depth, each with its own derived seed
-    vary_haystack: bool = False  # each sample's haystack begins at its own seed-drawn point of the corpus
+    vary_haystack: bool = True  # each sample's haystack begins at its own seed-drawn point of the corpus (false: at
+    # its first token, so one length and depth puts every seed's needle in the same text; results before 2026-11-26)
     oracle: bool = False  # force the target needle tokens into every layer's selection (upper bound)
     trace: bool = False  # record how much of the needle each selection keeps
     output: str = "ruler/ruler.json"  # results; heatmaps are written beside it
