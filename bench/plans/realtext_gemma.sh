@@ -1,4 +1,5 @@
-# Real-text retrieval, Gemma 3 270M, a code word in the essays (niah_single_word), each method at its defaults, one
+# Real-text retrieval, Gemma 3 270M, a code word in the essays (niah_single_word), each method at its defaults, each
+# sample in its own text (the suite's default --vary-haystack true; the tables before 2026-11-26 used false), one
 # GPU: dense calibration at 4K/7K, then each method to 1M. Makes docs/results.md's accuracy tables (several
 # sessions: the long lengths take most of a device session each; rerun the plan, `ruler` resumes its files).
 # MODEL_DIR holds gemma.gguf (carried in parts; the carrier touches gemma_ready when it is whole) and the
