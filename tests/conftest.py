@@ -229,6 +229,35 @@ def tokenizer():
     return transformers.AutoTokenizer.from_pretrained(str(model_dir))
 
 
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """A tiny random Llama-3 model (TINY_CONFIGS["llama3"], seed 0), saved once per session: the model of the
+    baselines' tests and of the method matrix (test_method_matrix.py)."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(TINY_CONFIGS["llama3"]())
+    path = tmp_path_factory.mktemp("tiny_llama3")
+    model.save_pretrained(path)
+    return path
+
+
+def random_ids(n: int, seed: int = 0) -> list[int]:
+    """n token ids drawn from the tiny models' 512-token vocabulary."""
+    return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def generate_greedy(engine, ids, max_tokens, trace=None):
+    """Greedy completion; `trace` (a list) receives (is_prefill, cache slots in use) after every step."""
+    from infinitehip import SamplingParams
+
+    seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    while engine.has_work:
+        in_prefill = seq.in_prefill
+        engine.step()
+        if trace is not None:
+            trace.append((in_prefill, seq.num_cached))
+    return seq
+
+
 def engine_for_dir(path, tokenizer=None, method_config=None, offload=None, **config) -> LLMEngine:
     model_config = ModelConfig.from_dir(path)
     model = empty_model(model_config, torch.device("cpu"), torch.float32)

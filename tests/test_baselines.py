@@ -1,4 +1,5 @@
-"""Baselines `streaming` (StreamingLLM) and `truncate` (Truncated FA2), and invariants every registered method keeps."""
+"""Baselines `streaming` (StreamingLLM) and `truncate` (Truncated FA2); what every registered method keeps is in
+test_method_matrix.py."""
 
 from __future__ import annotations
 
@@ -7,48 +8,24 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
-from infinitehip.attention.registry import METHODS
 from infinitehip.attention.streaming.config import StreamingConfig
 from infinitehip.attention.truncate.config import TruncateConfig
 from infinitehip.attention.truncate.method import head_and_tail
 from infinitehip.engine.llm import LLM
-from infinitehip.engine.llm_engine import ContextLengthError
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
-from tests.conftest import engine_for_dir
+from tests.conftest import engine_for_dir, generate_greedy, random_ids
 
 SMALL_STREAM = StreamingConfig(sink_tokens=4, window_tokens=60, eviction_batch_tokens=40)
 
 
-@pytest.fixture(scope="module")
-def tiny_llama_dir(tmp_path_factory):
-    import transformers
-
-    from tests.conftest import TINY_CONFIGS
-
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(TINY_CONFIGS["llama3"]())
-    path = tmp_path_factory.mktemp("llama3_baselines")
-    model.save_pretrained(path)
-    return path
-
-
-def _ids(n, seed=0):
-    return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+_ids = random_ids
 
 
 def _engine(path, method, config=None, tokenizer=None, **kw):
     return engine_for_dir(path, tokenizer, config, method=method, **{"max_context_tokens": 2048, **kw})
 
 
-def _generate(engine, ids, max_tokens, trace=None):
-    """Greedy completion; `trace` (a list) receives (is_prefill, cache slots in use) after every step."""
-    seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-    while engine.has_work:
-        in_prefill = seq.in_prefill
-        engine.step()
-        if trace is not None:
-            trace.append((in_prefill, seq.num_cached))
-    return seq
+_generate = generate_greedy
 
 
 # ---- streaming -------------------------------------------------------------------------------------------
@@ -197,68 +174,11 @@ def test_truncate_default_window_is_trained_length_minus_max_tokens(tiny_llama_d
     assert engine.check_request(ids[:1000], None)[0] == ids[:1000]
 
 
-def test_other_methods_never_truncate(tiny_llama_dir):
-    engine = _engine(tiny_llama_dir, "dense", max_context_tokens=256)
-    with pytest.raises(ContextLengthError, match="Nothing was truncated"):
-        engine.add_request(_ids(300), SamplingParams(max_tokens=4))
-
-
 def test_truncate_config_names_bad_field():
     with pytest.raises(ValueError, match="head_share"):
         TruncateConfig(head_share=1.5)
     with pytest.raises(ValueError, match="window_tokens"):
         TruncateConfig(window_tokens=1)
-
-
-# ---- every registered method -----------------------------------------------------------------------------
-@pytest.mark.parametrize("method", sorted(METHODS))
-def test_every_method_short_input_is_deterministic_dense_and_frees_pages(tiny_llama_dir, tokenizer, method):
-    """Input within every method's budgets: greedy output equals dense's, twice the same; all pages freed."""
-    ids = _ids(120, seed=6)
-    dense = _generate(_engine(tiny_llama_dir, "dense"), ids, 8).output_ids
-    engine = _engine(tiny_llama_dir, method, tokenizer=tokenizer)  # infinipot encodes its catalyst prompt
-    allocator = engine.scheduler.allocator
-    first = _generate(engine, ids, 8)
-    assert allocator.num_free == allocator.num_pages
-    second = _generate(engine, ids, 8)
-    assert first.output_ids == second.output_ids == dense
-    assert first.dropped_prompt_tokens == 0
-    assert allocator.num_free == allocator.num_pages
-
-
-@pytest.mark.parametrize("method", sorted(METHODS))
-def test_every_method_gives_prompt_and_token_logprobs(tiny_llama_dir, tokenizer, method):
-    """Log-probabilities come from the method that prefills and decodes: within its budgets they are dense's, in
-    prefill chunks of 48 (boundaries inside the prompt), one per prompt token after the first and per output token."""
-    ids = _ids(120, seed=9)
-    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2, prompt_logprobs=1)
-
-    def run(name):
-        engine = _engine(tiny_llama_dir, name, tokenizer=tokenizer, prefill_chunk_size=48)
-        seq = engine.add_request(ids, params)
-        while engine.has_work:
-            engine.step()
-        return seq
-
-    dense, ours = run("dense"), run(method)
-    assert [e.token for e in ours.prompt_logprobs] == ids[1:] and len(ours.output_logprobs) == 4
-    got = torch.tensor([e.logprob for e in ours.prompt_logprobs + ours.output_logprobs])
-    want = torch.tensor([e.logprob for e in dense.prompt_logprobs + dense.output_logprobs])
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
-
-
-@pytest.mark.parametrize("method", sorted(METHODS))
-def test_every_method_batched_requests_equal_requests_alone(tiny_llama_dir, tokenizer, method):
-    """Sequences sharing steps (prefill chunks next to decode tokens) get what each gets alone."""
-    prompts = [_ids(150, seed=7), _ids(90, seed=8)]
-    make = lambda: _engine(tiny_llama_dir, method, tokenizer=tokenizer, prefill_chunk_size=64)
-    alone = [_generate(make(), ids, 6).output_ids for ids in prompts]
-    engine = make()
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    seqs = [engine.add_request(ids, params) for ids in prompts]
-    while engine.has_work:
-        engine.step()
-    assert [s.output_ids for s in seqs] == alone
 
 
 # ---- the real embedded model -----------------------------------------------------------------------------
