@@ -1,11 +1,12 @@
 """The RULER sweep: tasks x haystacks x lengths x depths x seeds with one engine, greedy.
 
 Results go to one JSON file, rewritten atomically after every sample, so a crashed sweep resumes:
-samples already in the file (same task, haystack, length, depth, seed, oracle) are skipped when
-its model and method match this run's; a file from another model or method is an error, never
-overwritten.  Each invocation appends its environment (date, device, dtype, versions, git commit, index of
-its first sample) to the file's "runs", so a sweep cut short still says where its samples ran.  Sample count per (task, haystack, length) cell = depths x seeds x samples_per_depth;
-the defaults give 5 x 3 x 2 = 30.
+samples already in the file (same task, haystack, length, depth, seed, oracle, varied haystack or
+not) are skipped when its model and method match this run's; a file from another model or method is
+an error, never overwritten.  Each invocation appends its environment (date, device, dtype, versions,
+git commit, index of its first sample) to the file's "runs", so a sweep cut short still says where its
+samples ran.  Sample count per (task, haystack, length) cell = depths x seeds x samples_per_depth; the
+defaults give 5 x 3 x 2 = 30, each in its own text (``vary_haystack``).
 """
 
 from __future__ import annotations
