@@ -13,7 +13,7 @@ Wiring (done): `paged.OffloadedPagedCache` is what the engine builds instead of 
 gives the infinitehip kernels their (k_flat, page_table, page_size)
 triples over the banks (decode: options (a) for scoring, in static groups of chunks that fit the mask bank,
 compose.decode_tables for attention; prefill: groups of chunk columns / query blocks sized to the banks), so
-the mask bank needs only one chunk's representatives; `tests/test_offload_engine.py` is the validation mode
+the mask bank needs only one chunk's representatives; `tests/engine/test_offload_engine.py` is the validation mode
 (offloaded engine == resident engine, statistics, refusals). An FP8 store (kv_dtype) is upcast into the
 banks (model dtype) by the miss copy, so the kernels never read FP8; a resident FP8 cache is refused.
 

@@ -9,7 +9,7 @@ call can be captured in a CUDA graph.
 Policy (exact LRU): each bank entry is either free or holds one store slot. The LRU list of a layer is
 `bank.order` [B]: free entries first, by index, then used entries from least to most recently used.
 The distinct slots of one call count as used at the same time, ordered by slot (an OrderedDict LRU that
-appends a call's slots in sorted order; `tests/test_kv_offload.py` checks both against it and against
+appends a call's slots in sorted order; `tests/kv/test_kv_offload.py` checks both against it and against
 the former top-k formulation, key = last_used * (S + 1) + owner, on random traces).
 
 Design: the LRU list is kept explicitly, so finding the victims is one O(B) scan instead of a top-k.

@@ -17,9 +17,9 @@ from infinitehip.attention.infinitehip import decode_rows, method
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.resolve import resolve
-from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
-from tests.test_offload_decode_rows import REFRESH, _evict_everything, _run
-from tests.test_offload_engine import _assert_same, _generate
+from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
+from tests.kv.test_offload_decode_rows import REFRESH, _evict_everything, _run
+from tests.engine.test_offload_engine import _assert_same, _generate
 
 
 def _sums(engine) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:

@@ -15,7 +15,7 @@ from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding
 from tests.rope_helpers import rope_tables
-from tests.test_landmark_kernels import make_scores_case
+from tests.attention.test_landmark_kernels import make_scores_case
 
 
 def method_lists(start, n, b, sink, stream, keep, chunk, gen):

@@ -14,8 +14,8 @@ from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.resolve import resolve
-from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
-from tests.test_offload_engine import FEW_GROUPS, HEADS, _assert_same, _generate, _smallest_banks
+from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
+from tests.engine.test_offload_engine import FEW_GROUPS, HEADS, _assert_same, _generate, _smallest_banks
 
 REFRESH = (6, 3, 2)  # steps 1, 5, 7, 11, 13 refresh no stage
 

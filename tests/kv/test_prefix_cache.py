@@ -82,7 +82,7 @@ def test_allocator_refcounts_and_lru_eviction():
 
 
 # The infinitehip and tokenselect cases take ~3.5 minutes each on the 2-core machine (the embedded model's 30
-# layers, five requests, their selection on CPU): make test-all. tests/test_prefix_cache_offload.py keeps an
+# layers, five requests, their selection on CPU): make test-all. tests/kv/test_prefix_cache_offload.py keeps an
 # infinitehip hit in make test.
 SLOW_REUSE = ("infinitehip", "tokenselect")
 
@@ -197,7 +197,7 @@ def test_disk_round_trip_through_server_restarts_and_mismatch_refused(embedded, 
 
     from infinitehip.config.server import ServerConfig
     from infinitehip.server.app import PREFIX_CACHE_FILE, create_app
-    from tests.test_server import ServerThread
+    from tests.server.test_server import ServerThread
 
     def ask(engine, prompt):
         with ServerThread(create_app(engine, ServerConfig(prefix_cache_dir=str(tmp_path)))) as url:

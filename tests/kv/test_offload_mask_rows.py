@@ -14,10 +14,10 @@ from infinitehip.attention.infinitehip import mask_rows, method
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.resolve import resolve
-from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
-from tests.test_offload_decode_rows import HostFreeReplay
-from tests.test_offload_engine import FEW_GROUPS, HEADS, _assert_same, _generate, _smallest_banks
-from tests.test_offload_saliency_window import _sums
+from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
+from tests.kv.test_offload_decode_rows import HostFreeReplay
+from tests.engine.test_offload_engine import FEW_GROUPS, HEADS, _assert_same, _generate, _smallest_banks
+from tests.kv.test_offload_saliency_window import _sums
 
 REFRESH = (6, 3, 2)  # last stage only: steps 2, 8, 14 (kept rows held) and 4, 10 (stage 1 alone refreshed before)
 ONE_GROUP = 32 * HEADS  # the last stage's 128 / 4 = 32 candidate chunks' representatives: scored in one group

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 META = ("suite", "argv", "args", "git_commit", "git_dirty", "date", "device", "torch", "triton", "python", "host")
 
 

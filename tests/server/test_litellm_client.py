@@ -9,7 +9,7 @@ from infinitehip.config.engine import EngineConfig
 from infinitehip.config.server import ServerConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.server.app import create_app
-from tests.test_server import ServerThread
+from tests.server.test_server import ServerThread
 
 litellm = pytest.importorskip("litellm")
 

@@ -131,7 +131,7 @@ def test_patch_dense_equals_unpatched(family):
     attention factor, which transformers folds into cos / sin): under `dense` the patched model's logits and
     greedy tokens are transformers' own (90 tokens: past longrope's 64 original positions, its long factors)."""
     from tests.conftest import TINY_CONFIGS
-    from tests.test_model_coverage import CONFIGS
+    from tests.model.test_model_coverage import CONFIGS
 
     torch.manual_seed(0)
     config = TINY_CONFIGS["gemma3"]() if family == "gemma3" else CONFIGS[family]()

@@ -19,7 +19,7 @@ from infinitehip.config.engine import EngineConfig
 from infinitehip.config.server import ServerConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.server.app import create_app
-from tests.test_server import ServerThread
+from tests.server.test_server import ServerThread
 
 MAX_BODY = 64 * 1024
 ENVELOPE_KEYS = {"message", "type", "param", "code"}

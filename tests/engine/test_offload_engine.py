@@ -20,7 +20,7 @@ from infinitehip.kv.offload.planner import CapacityError
 from infinitehip.kv.offload.store import to_storage_dtype
 from infinitehip.kv.paged_cache import PagedKVCache
 from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits
-from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
+from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
 
 HEADS = 4  # query heads of the tiny models (tests/conftest.py)
 CONTEXT = 800  # max_context_tokens: the banks are sized to the worst case of one resolve call at this context

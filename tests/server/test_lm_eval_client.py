@@ -14,7 +14,7 @@ from infinitehip.config.engine import EngineConfig
 from infinitehip.config.server import ServerConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.server.app import create_app
-from tests.test_server import ServerThread
+from tests.server.test_server import ServerThread
 
 lm_eval = pytest.importorskip("lm_eval")
 

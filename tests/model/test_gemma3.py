@@ -14,7 +14,7 @@ from infinitehip.attention.registry import METHODS, create_method, method_spec
 from infinitehip.attention.streaming.config import StreamingConfig
 from infinitehip.config.model import ModelConfig
 from tests.conftest import TINY_CONFIGS, closure_graph_decoder, engine_for_dir, record_step_logits
-from tests.test_infinitehip_method import SMALL as SMALL_IH
+from tests.attention.test_infinitehip_method import SMALL as SMALL_IH
 
 # Settings whose budgets a 600-token prompt exceeds, so each method really selects / evicts / distils.
 SMALL = {
@@ -150,7 +150,7 @@ def test_graph_decode_equals_eager(gemma_dir):
 def test_offloaded_kv_holds_the_full_layers_and_equals_resident(gemma_dir):
     """KV offloading (host store + GPU banks) covers the method's layers of a hybrid model: the store holds the two
     full-attention layers, the sliding layers keep their rings on the device; tokens and logits equal resident."""
-    from tests.test_offload_engine import CONTEXT, _smallest_banks
+    from tests.engine.test_offload_engine import CONTEXT, _smallest_banks
 
     config = SMALL["infinitehip"]
     heads = TINY_CONFIGS["gemma3"]().num_attention_heads

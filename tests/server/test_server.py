@@ -222,7 +222,7 @@ def test_errors(base_url, client, engine, model):
 def test_logprobs_and_echo_equal_the_offline_engine(base_url, client, engine, model):
     """Chat logprobs / top_logprobs (streamed and not) and lm-eval's loglikelihood request (token-id prompt, echo,
     logprobs 1, max_tokens 1) give the offline engine's numbers for the same tokens (dense: transformers' own,
-    tests/test_embedded_model.py)."""
+    tests/model/test_embedded_model.py)."""
     from infinitehip import LLM, SamplingParams
 
     offline = LLM(config=EngineConfig(**ENGINE_CONFIG))

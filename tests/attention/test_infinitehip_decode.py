@@ -19,7 +19,7 @@ from infinitehip.attention.infinitehip.positions import attention_positions
 from infinitehip.attention.infinitehip.pruning import assemble_keys, query_blocks
 from infinitehip.attention.sparse import sparse_attention_decode
 from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits
-from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
+from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
 
 
 class OracleDecode(InfiniteHiPAttention):

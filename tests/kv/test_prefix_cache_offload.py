@@ -6,8 +6,8 @@ from __future__ import annotations
 from infinitehip import SamplingParams
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from tests.conftest import engine_for_dir
-from tests.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
-from tests.test_offload_engine import FEW_GROUPS, HEADS, _smallest_banks
+from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
+from tests.engine.test_offload_engine import FEW_GROUPS, HEADS, _smallest_banks
 
 CONFIG = InfiniteHiPConfig(**{**SMALL, "question_tokens": 8, "question_keep_tokens": 32, "question_window": 3})
 
