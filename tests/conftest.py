@@ -278,6 +278,20 @@ def closure_graph_decoder(engine, min_bucket: int = 512):
     return r.graph_decoder
 
 
+def after_each_decode_step(engine, on_step) -> None:
+    """Call on_step(engine, decode step) after every engine step once the running sequence has method state."""
+    inner = engine.step
+
+    def step():
+        out = inner()
+        running = engine.scheduler.running
+        if running and running[0].method_state is not None:
+            on_step(engine, running[0].method_state.decode_steps[0])
+        return out
+
+    engine.step = step
+
+
 def record_step_logits(engine) -> list:
     """A list that receives (a copy of) the logits of every step the engine runs from now on."""
     logits, inner = [], engine.runner.run

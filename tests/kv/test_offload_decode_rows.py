@@ -15,6 +15,7 @@ from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.resolve import resolve
 from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
+from tests.conftest import after_each_decode_step
 from tests.engine.test_offload_engine import FEW_GROUPS, HEADS, _assert_same, _generate, _smallest_banks
 
 REFRESH = (6, 3, 2)  # steps 1, 5, 7, 11, 13 refresh no stage
@@ -58,16 +59,7 @@ def _run(path, config, steps, graphs, on_step=None, prompt_seed=31):
             HostFreeReplay.kv = engine.cache.kv
             closure_graph_decoder(engine).recorder = HostFreeReplay
         if on_step is not None:
-            inner = engine.step
-
-            def step():
-                out = inner()
-                running = engine.scheduler.running
-                if running and running[0].method_state is not None:
-                    on_step(engine, running[0].method_state.decode_steps[0])
-                return out
-
-            engine.step = step
+            after_each_decode_step(engine, on_step)
 
     return _generate(path, config, offload, [_ids(700, seed=prompt_seed)], steps, on_engine=setup)
 

@@ -15,8 +15,9 @@ from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.resolve import resolve
 from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
-from tests.kv.test_offload_decode_rows import HostFreeReplay
+from tests.conftest import after_each_decode_step
 from tests.engine.test_offload_engine import FEW_GROUPS, HEADS, _assert_same, _generate, _smallest_banks
+from tests.kv.test_offload_decode_rows import HostFreeReplay
 from tests.kv.test_offload_saliency_window import _sums
 
 REFRESH = (6, 3, 2)  # last stage only: steps 2, 8, 14 (kept rows held) and 4, 10 (stage 1 alone refreshed before)
@@ -49,16 +50,7 @@ def _run(path, steps, graphs, mask_bank=ONE_GROUP, on_step=None, keys=None):
                 inner_key = decoder.key
                 decoder.key = lambda seq: (lambda k: keys.append(k) or k)(inner_key(seq))
         if on_step is not None:
-            inner = engine.step
-
-            def step():
-                out = inner()
-                running = engine.scheduler.running
-                if running and running[0].method_state is not None:
-                    on_step(engine, running[0].method_state.decode_steps[0])
-                return out
-
-            engine.step = step
+            after_each_decode_step(engine, on_step)
 
     return _generate(path, CONFIG, offload, [_ids(700, seed=31)], steps, on_engine=setup)
 
