@@ -15,9 +15,9 @@ from infinitehip.attention.infinitehip.pruning import StageSpec, query_blocks, r
 from infinitehip.attention.infinitehip.representatives import salient_tokens  # noqa: E402
 from infinitehip.attention.infinitehip.saliency import KeySaliency  # noqa: E402
 from infinitehip.attention.infinitehip.scoring import representative_scores  # noqa: E402
-from infinitehip.config.model import ModelConfig  # noqa: E402
-from infinitehip.kv.paged_cache import PagedKVCache, token_slots  # noqa: E402
+from infinitehip.kv.paged_cache import token_slots  # noqa: E402
 from infinitehip.model.rope import RotaryEmbedding  # noqa: E402
+from tests.attention.test_landmark_representatives import _setup as random_paged_keys  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -149,17 +149,7 @@ def test_salient_tokens_triton_equals_reference(H, chunk_size, page_size, U):
 
 # ---- whole stages ----------------------------------------------------------------------------------------
 def _stage_setup(T=700, H=4, Hkv=2, d=32, page_size=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    config = ModelConfig.from_hf_dict({
-        "model_type": "llama", "hidden_size": H * d, "num_attention_heads": H, "num_key_value_heads": Hkv,
-        "num_hidden_layers": 1, "intermediate_size": 32, "vocab_size": 64, "max_position_embeddings": 256,
-    })
-    pages = -(-T // page_size)
-    cache = PagedKVCache(1, pages + 3, page_size, Hkv, d, torch.float32, "cpu")
-    page_table = torch.randperm(pages + 3, generator=g)[:pages].int()
-    k = torch.randn(T, Hkv, d, generator=g)
-    cache.write(0, token_slots(page_table, torch.arange(T), page_size), k, torch.zeros_like(k))
-    q = torch.randn(T, H, d, generator=g)
+    config, cache, page_table, q, _ = random_paged_keys(T, H, Hkv, d, page_size, seed, max_positions=256)
     rope = RotaryEmbedding(config, 2 * T)
     store = KeySaliency(window=32)
     for a in range(0, T - 160, 128):  # earlier prefill chunks leave saliency behind
