@@ -133,8 +133,7 @@ def run_environment(llm: Any) -> dict:
     device = torch.device(getattr(engine, "device", None) or "cpu")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": name, "dtype": str(getattr(engine, "dtype", None)),
-            "torch": torch.__version__, "triton": triton_version, "python": platform.python_version(),
-            "git_commit": _git_commit()}
+            "torch": torch.__version__, "triton": triton_version, "python": platform.python_version()}
 
 
 def _key(r: dict) -> tuple:
@@ -188,7 +187,7 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
     results, runs = _load_previous(path, meta)
     done = {_key(r) for r in results}
     # one entry per invocation, so a resumed file still says which samples ran where (first_sample: index)
-    runs.append({**run_environment(llm), "first_sample": len(results)})
+    runs.append({**run_environment(llm), "git_commit": meta["git_commit"], "first_sample": len(results)})
     payload = {**meta, "ruler_config": _jsonable(dataclasses.asdict(config)),
                "haystacks": {h: HAYSTACKS[h].source for h in config.haystacks}, "runs": runs, "samples": results}
     skipped = 0
