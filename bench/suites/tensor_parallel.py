@@ -43,10 +43,14 @@ def sync(args) -> None:
         torch.cuda.synchronize()
 
 
+def random_ids(model, n: int, seed: int) -> list[int]:
+    return torch.randint(0, model.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
 def run_size(args, tp: int, context: int) -> dict:
     model = models.TINY if args.smoke else models.LLAMA_31_8B
     method = models.TINY_METHOD if args.smoke else method_config(args)
-    total = context + args.warmup_steps + args.steps + 64
+    total = max(context, args.cold_context) + args.warmup_steps + args.steps + 64
     # Banks sized for one rank's heads (each rank resolves only its own).
     offload = banks_for(method, total, model.num_heads // tp, args)
     config = EngineConfig(method="infinitehip", device="cpu" if args.smoke else "cuda",
@@ -58,11 +62,23 @@ def run_size(args, tp: int, context: int) -> dict:
     engine = LLMEngine(config, RankWeights.random(model, seed=0, source="random Llama-3.1-8B-shaped bf16"))
     build_s = time.perf_counter() - t_build
     try:
-        ids = torch.randint(0, model.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+        # Cold: the engine's first request (Triton compilation, allocator growth), of --cold-context tokens and
+        # other token ids (no shared prefix); the timed request that follows is warm, as a running server serves it.
+        cold_len = min(args.cold_context, context) if args.cold_context else 0
+        cold_s = None
+        if cold_len:
+            t0 = time.perf_counter()
+            cold = engine.add_request(random_ids(model, cold_len, seed=1), SamplingParams(temperature=0.0, max_tokens=2,
+                                                                                          ignore_eos=True))
+            while not cold.is_finished:
+                engine.step()
+            sync(args)
+            cold_s = time.perf_counter() - t0
         sync(args)
         t0 = time.perf_counter()
-        seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=args.warmup_steps + args.steps + 1,
-                                                     ignore_eos=True))
+        seq = engine.add_request(random_ids(model, context, seed=0),
+                                 SamplingParams(temperature=0.0, max_tokens=args.warmup_steps + args.steps + 1,
+                                                ignore_eos=True))
         while not seq.output_ids:
             engine.step()
         sync(args)
@@ -78,6 +94,7 @@ def run_size(args, tp: int, context: int) -> dict:
         graphs = engine.runner.graph_decoder
         return dict(
             tp=tp, context=context, build_s=build_s, ttft_s=ttft_s, ttft_real=not args.fast_prefill,
+            ttft_warm=bool(cold_len), cold_context=cold_len, cold_ttft_s=cold_s,
             decode_ms=statistics.fmean(timed) * 1e3, decode_tok_s=1e3 / (statistics.fmean(timed) * 1e3),
             decode_ms_median=statistics.median(timed) * 1e3, timed_steps=len(timed), tokens=seq.output_ids,
             rank0_peak_gpu_gb=torch.cuda.max_memory_allocated() / 1e9 if not args.smoke else 0.0,
@@ -122,6 +139,8 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=64, help="timed decode steps")
     p.add_argument("--warmup-steps", type=int, default=34, help="decode steps before timing (graph captures)")
     p.add_argument("--chunk", type=parse_int, default=32768, help="prefill chunk")
+    p.add_argument("--cold-context", type=parse_int, default=0,
+                   help="first serve a request of this many tokens (cold: compilation), then time the context warm")
     p.add_argument("--fast-prefill", action="store_true", help="prefill sparse attention replaced by zeros (above)")
     p.add_argument("--no-graphs", action="store_true")
     add_smoke_flag(p, "tiny model, 700 tokens, tp 1 and 2 (gloo)")
@@ -143,6 +162,7 @@ def _without_tp(argv: list[str]) -> list[str]:
 def run(args, out) -> dict | None:
     if args.smoke:
         args.context, args.steps, args.warmup_steps, args.chunk, args.min_attention_bank = 700, 8, 2, 128, 0
+        args.cold_context = 300
         out.meta["device"], out.meta["gpus"] = "cpu", 0
     if args.fast_prefill:
         use_fast_prefill()
@@ -171,14 +191,16 @@ def run(args, out) -> dict | None:
     result = dict(rows=rows)
     m = out.meta
     print(f"\n{m['device']} x{m['gpus']}, torch {m['torch']}, {m['model']}, {m['method']}, prefill {m['prefill']}")
-    print("| TP | context | TTFT s | decode ms/step | tok/s | rank-0 peak GPU GB | rank-0 mask / attention hit | note |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| TP | context | TTFT s | cold TTFT s (length) | decode ms/step | tok/s | rank-0 peak GPU GB | "
+          "rank-0 mask / attention hit | note |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         if "error" in r:
-            print(f"| {r['tp']} | {r['context']:,} | | | | | | {r['error'][:120]} |")
+            print(f"| {r['tp']} | {r['context']:,} | | | | | | | {r['error'][:120]} |")
         else:
             hit = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-            print(f"| {r['tp']} | {r['context']:,} | {r['ttft_s']:.1f} | {r['decode_ms']:.2f} | {r['decode_tok_s']:.1f} | "
+            cold = "-" if r["cold_ttft_s"] is None else f"{r['cold_ttft_s']:.1f} ({r['cold_context']:,})"
+            print(f"| {r['tp']} | {r['context']:,} | {r['ttft_s']:.1f} | {cold} | {r['decode_ms']:.2f} | {r['decode_tok_s']:.1f} | "
                   f"{r['rank0_peak_gpu_gb']:.1f} | {hit(r['rank0_mask_hit'])} / {hit(r['rank0_attention_hit'])} | "
                   f"{'TTFT real' if r['ttft_real'] else 'fast prefill'} |")
     if args.smoke:  # the tiny model's weights are drawn per rank: only the runs' completion is checked
