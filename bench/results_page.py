@@ -23,6 +23,7 @@ from results_speed import speed_markdown, tensor_parallel_markdown, ttft_markdow
 GEMMA = "infinitehip eval ruler --model gemma3-270m --haystacks essays --prefill-chunk-size 32768"
 # the tables before 2026-11-26 put every seed's needle at one length and depth in the same text
 FIXED = f"{GEMMA} --vary-haystack false"
+VARY = D26 + "gpu_vary/"
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Row:
     command: str
     note: str = ""
     task: str = "niah_single_word"
+    seed: int | None = None  # only the samples of this --seeds value (sample seeds are seed * 100,000 + ...)
 
 
 @dataclass
@@ -48,7 +50,34 @@ class AccuracyTable:
 
 TABLES = [
     AccuracyTable(
-        "Real-text retrieval: Gemma 3 270M, a code word in the essays (niah_single_word), default settings; every "
+        "Real-text retrieval: Gemma 3 270M, a code word in the essays (niah_single_word), default settings, each "
+        "sample in its own text",
+        [32000, 65536, 131072, 524288, 1048576],
+        [Row("dense", [VARY + "dense_vary_32k.json"], f"{GEMMA} --method dense --lengths 32000"),
+         Row("infinitehip (default)", [VARY + f for f in ("ih_vary_32k_64k.json", "ih_vary_128k.json",
+                                                          "ih_vary_512k.json", "ih_vary_1m.json")],
+             f"{GEMMA} --method infinitehip --lengths 32000 65536 131072 524288 1048576"),
+         Row("tokenselect (default)", [VARY + f for f in ("ts_vary_32k_64k.json", "ts_vary_128k.json",
+                                                          "ts_vary_512k.json", "ts_vary_1m.json")],
+             f"{GEMMA} --method tokenselect --lengths 32000 65536 131072 524288 1048576"),
+         Row("infinipot (default)", [VARY + "ip_vary_128k.json", VARY + "ip_vary_1m.json"],
+             f"{GEMMA} --method infinipot --lengths 131072 1048576", "1M: --samples-per-depth 1"),
+         Row("infinitehip, seed 2 only", [VARY + f for f in ("ih_vary_32k_64k.json", "ih_vary_128k.json",
+                                                             "ih_vary_512k.json", "ih_vary_1m.json")],
+             f"{GEMMA} --method infinitehip --seeds 2 --lengths 32000 65536 131072 524288 1048576",
+             "the rows above include these", seed=2),
+         Row("tokenselect, seed 2 only", [VARY + f for f in ("ts_vary_32k_64k.json", "ts_vary_128k.json",
+                                                             "ts_vary_512k.json", "ts_vary_1m.json")],
+             f"{GEMMA} --method tokenselect --seeds 2 --lengths 32000 65536 131072 524288 1048576",
+             "the rows above include these", seed=2)],
+        "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6", "2026-11-26",
+        "The suite's defaults (`--vary-haystack true`): 5 depths (10-90%) x seeds 0-2 x 2 samples per depth = 30 "
+        "samples a cell, each sample's haystack starting at its own seed-drawn point of the corpus. No setting was "
+        "chosen on these prompts (the defaults were chosen on the fixed-position prompts of the next table, seeds "
+        "0-1): every cell is held out; the seed-2 rows show the seed the defaults' choice never saw. Targets (issue "
+        "acceptance): >= 90% at 32K and 128K, >= 80% at 512K and 1M.", plot=True),
+    AccuracyTable(
+        "Fixed positions (the suite before 2026-11-26): Gemma 3 270M, niah_single_word, default settings; every "
         "seed's needle at one length and depth in the same text (`--vary-haystack false`)",
         [4096, 7000, 32000, 131072, 524288, 1048576],
         [
@@ -83,22 +112,7 @@ TABLES = [
         ],
         "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6", "2026-11-25 and 2026-11-26",
         "Samples: 5 depths (10-90%) x seeds x samples per depth; no setting was tuned on Gemma 3 except InfiniPot's "
-        "(chosen on seeds 0-1, reported on seed 2).", plot=True),
-    AccuracyTable(
-        "Each sample in its own text (`--vary-haystack true`, the suite's default since 2026-11-26): Gemma 3 270M, "
-        "niah_single_word, default settings",
-        [131072, 524288, 1048576],
-        [Row("infinitehip (default)", [D26 + "gpu_vary/ih_vary_128k.json", D26 + "gpu_vary/ih_vary_512k.json",
-                                       D26 + "gpu_vary/ih_vary_1m.json"],
-             f"{GEMMA} --method infinitehip --tasks niah_single_word --seeds 0 1 --lengths 131072 524288 1048576",
-             "1M: one sample per seed and depth (--samples-per-depth 1)"),
-         Row("tokenselect (default)", [D26 + "gpu_vary/ts_vary_128k.json", D26 + "gpu_vary/ts_vary_512k.json"],
-             f"{GEMMA} --method tokenselect --tasks niah_single_word --seeds 0 1 --lengths 131072 524288")],
-        "NVIDIA H100 80GB, bf16", "2026-11-26",
-        "The table above puts every seed's needle at one length and depth in the same text: a cell is 5 positions x 6 "
-        "needles. Here each sample's haystack starts at its own seed-drawn point of the corpus. Seeds 0-1 only (no "
-        "setting was chosen on these varied prompts, so none is tuned to them); 20 samples a cell, 10 at 1M (the "
-        "target is 30)."),
+        "(chosen on seeds 0-1, reported on seed 2)."),
     AccuracyTable(
         "Calibration: dense Gemma 3 270M at 4K and 7K per task (a task counts where dense scores >= 90%)",
         [4096, 7000],
@@ -107,16 +121,24 @@ TABLES = [
          for task in ("niah_single_word", "niah_single_number", "niah_multikey")],
         "NVIDIA H100 80GB, bf16", "2026-11-26"),
     AccuracyTable(
-        "Multi-key NIAH (3 distractor needles), Gemma 3 270M, 128K",
-        [131072],
-        [Row("infinitehip (default)", [D25 + "gpu_default/gemma_multikey_infinitehip_question.json"],
+        "Multi-key NIAH (3 distractor needles), Gemma 3 270M",
+        [4096, 7000, 131072],
+        [Row("dense, each sample in its own text", [VARY + "mk_dense_vary.json"],
+             f"{GEMMA} --method dense --tasks niah_multikey --lengths 4096 7000", task="niah_multikey"),
+         Row("infinitehip (default), each sample in its own text", [VARY + "mk_ih_vary_128k.json"],
+             f"{GEMMA} --method infinitehip --tasks niah_multikey --lengths 131072", task="niah_multikey"),
+         Row("tokenselect (default), each sample in its own text", [VARY + "mk_ts_vary_128k.json"],
+             f"{GEMMA} --method tokenselect --tasks niah_multikey --lengths 131072", task="niah_multikey"),
+         Row("infinitehip (default), fixed positions", [D25 + "gpu_default/gemma_multikey_infinitehip_question.json"],
              f"{FIXED} --method infinitehip --tasks niah_multikey --lengths 131072", task="niah_multikey"),
-         Row("tokenselect (default)", [D25 + "gpu_default/g_mk_ts.json"],
+         Row("tokenselect (default), fixed positions", [D25 + "gpu_default/g_mk_ts.json"],
              f"{FIXED} --method tokenselect --tasks niah_multikey --lengths 131072", "from the run's log",
              task="niah_multikey")],
-        "NVIDIA H100 80GB, bf16", "2026-11-25",
-        "Dense scores 57-60% on this task at 4K-7K (calibration above): the task does not count for this model."),
+        "NVIDIA H100 80GB, bf16", "2026-11-25 (fixed positions) and 2026-11-26",
+        "Dense scores 57-67% on this task at 4K-7K (calibration above and the dense row here): the task does not "
+        "count for this model, and the 128K scores are near what dense reads at 4K-7K."),
 ]
+FIXED_POSITIONS = TABLES[1]  # the precision check and the KV memory table were run on its prompts
 
 
 def samples(row: Row) -> list[dict]:
@@ -124,7 +146,8 @@ def samples(row: Row) -> list[dict]:
     for f in row.files:
         path = RESULTS / f
         if path.exists():
-            out += [s for s in json.loads(path.read_text())["samples"] if s["task"] == row.task]
+            out += [s for s in json.loads(path.read_text())["samples"] if s["task"] == row.task
+                    and (row.seed is None or s["seed"] // 100_000 == row.seed)]
     return out
 
 
@@ -186,13 +209,49 @@ def screen_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def reading_markdown() -> str:
+    """Gemma 3 at 1M: infinitehip's misses traced (is the needle attended?) and its answers with the needle forced in."""
+    trace_f, oracle_f = RESULTS / VARY / "ih_trace_1m.json", RESULTS / VARY / "ih_oracle_1m.json"
+    if not (trace_f.exists() and oracle_f.exists()):
+        return ""
+    key = lambda r: (r["seed"], r["depth"])  # noqa: E731
+    trace = {key(r): r for r in json.loads(trace_f.read_text())["samples"]}
+    oracle = {key(r): r for r in json.loads(oracle_f.read_text())["samples"]}
+    default = {key(r): r for r in json.loads((RESULTS / VARY / "ih_vary_1m.json").read_text())["samples"]}
+    both = sorted(set(trace) & set(oracle) & set(default))
+    same = sum(trace[k]["correct"] == default[k]["correct"] for k in both)
+    misses = [trace[k] for k in both if not trace[k]["correct"]]
+    t = [(r["needle_trace"] or {}) for r in misses]
+    whole = sum(1 for x in t if x.get("prefill_mean", {}).get("attended", 0) >= 0.999 and min(x.get("decode_step_min") or [0]) >= 0.999)
+    by_question = sum(1 for k in both if trace[k]["needle_trace"]["prefill_mean"].get("question", 0) >= 0.999)
+    by_stages = sum(1 for k in both if trace[k]["needle_trace"]["prefill_mean"].get("stage2", 0) > 0)
+    up = sum(1 for k in both if oracle[k]["correct"] and not default[k]["correct"])
+    down = sum(1 for k in both if default[k]["correct"] and not oracle[k]["correct"])
+    cmd = f"{GEMMA} --method infinitehip --lengths 1048576"
+    lines = ["## Gemma 3 270M at 1M: selection or reading?", "",
+             f"Device: NVIDIA H100 80GB, bf16. Date: 2026-11-26. The default `infinitehip`'s 1M prompts of the table above "
+             f"re-run with the needle trace (`{cmd} --trace true`) and with the needle forced into every layer's selection "
+             f"(`--oracle true`); {len(both)} of its 30 prompts (the device session ended before the last two).", "",
+             "| prompts | default | trace run (same prompts) | oracle | misses with the whole needle attended (last prompt block and every answer step) | "
+             "needle found by question-time selection / kept by the last pruning stage | oracle: miss -> right / right -> miss |",
+             "| :-: | :-: | :-: | :-: | :-: | :-: | :-: |",
+             f"| {len(both)} | {cell([default[k] for k in both])} | {cell([trace[k] for k in both])} | "
+             f"{cell([oracle[k] for k in both])} | {whole} of {len(misses)} | {by_question} / {by_stages} of {len(both)} | "
+             f"{up} / {down} |", "",
+             f"The trace run repeats the default's answers on {same} of {len(both)} prompts. Every miss attends every "
+             "needle token at every answer step, and forcing the needle in leaves the score as it is: at 1M the remaining misses "
+             "are reading misses (the oracle answers one more prompt and loses another), and question-time selection, not the "
+             "pruning hierarchy, is what finds the needle."]
+    return "\n".join(lines) + "\n"
+
+
 def precision_markdown() -> str:
     """Gemma 3 with infinitehip's default in float32 against the bf16 default's answers on the same prompts."""
     base = RESULTS / D26 / "gpu_fp32"
     files = sorted(base.glob("ih32_*.json"))
     if not files:
         return ""
-    default = next(r for r in TABLES[0].rows if r.label == "infinitehip (default)")
+    default = next(r for r in FIXED_POSITIONS.rows if r.label == "infinitehip (default)")
     bf16 = {(s["length"], s["seed"], s["depth"]): s for s in samples(default)}
     fp32 = {(s["length"], s["seed"], s["depth"]): s for f in files for s in json.loads(f.read_text())["samples"]}
     lines = ["## Gemma 3 270M in float32: is the default's miss a precision miss?", "",
@@ -261,13 +320,14 @@ def main() -> None:
         if table.plot:
             plot(curves, RESULTS / "accuracy_vs_context.png")
             parts.append("![accuracy vs context](results/accuracy_vs_context.png)\n")
+    parts.append(reading_markdown())
     parts.append(screen_markdown())
     parts.append(precision_markdown())
     parts.append(passkey_markdown())
     parts.append(speed_markdown())
     parts.append(ttft_markdown())
     commands = {}
-    for row in TABLES[0].rows:
+    for row in FIXED_POSITIONS.rows:
         commands.setdefault(row.label.split()[0], row.command)
     parts.append(memory_markdown(commands))
     parts.append(tensor_parallel_markdown())

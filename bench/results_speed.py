@@ -149,24 +149,48 @@ def hip_attn_markdown(data: dict) -> str:
 
 
 def tensor_parallel_markdown() -> str:
-    base = RESULTS / D26 / "tp_h200x2"
     lines = ["## Tensor parallelism (8B-shaped model, random bf16 weights, KV offloaded)", "",
-             "Device: 2x NVIDIA H200 (one host), torch 2.11. Date: 2026-11-26. infinitehip default, CUDA-graph decode. "
-             "Both sizes ran on the same machine one after the other: the first run of each table compiled the Triton "
-             "kernels, so its TTFT includes compilation (TP=1 first at 32K, TP=2 first at 256K).", "",
-             "| TP | context | TTFT s | prefill | decode tok/s | rank-0 peak GPU GB | command |",
-             "| ---: | ---: | ---: | --- | ---: | ---: | --- |"]
-    for name, cmd in (("tp_32k.json", "python -m bench tensor-parallel --tp 1 2 --context 32768 --preset default"),
-                      ("tp_256k_fast.json", "python -m bench tensor-parallel --tp 2 1 --context 262144 "
-                                            "--fast-prefill --kv-dtype fp8_e4m3 --preset default")):
-        path = base / name
-        if not path.exists():
+             "infinitehip default, CUDA-graph decode. In each table both sizes ran on the same machine one after the "
+             "other, each size in a fresh process (TP=2 under torchrun). TTFT: add_request -> first token; decode: the "
+             "timed steps after 34 warm-up steps (32 in the H200 table, 64 in the H100 one), mean with the pruning "
+             "stages' refresh steps included, and the median step (one that refreshes no stage).", ""]
+    runs = (
+        ("tp_h200x2", "2x NVIDIA H200 (one host, 256 GiB host memory)", "2026-11-26, commit 6e15b79",
+         "The first run of each table compiled the Triton kernels, so its TTFT includes compilation (TP=1 first at "
+         "32K, TP=2 first at 256K)",
+         (("tp_32k.json", "python -m bench tensor-parallel --tp 1 2 --context 32768 --preset default"),
+          ("tp_256k_fast.json", "python -m bench tensor-parallel --tp 2 1 --context 262144 --fast-prefill "
+                                "--kv-dtype fp8_e4m3 --preset default"))),
+        ("tp_h100x4", "NVIDIA H100 80GB HBM3, 2 of the 4 GPUs of one host (512 GiB host memory)",
+         "2026-11-26, commit d47ec0d",
+         "TTFT warm: each process first served a 32K request (its cold TTFT beside it); the 4M row's fast prefill ran "
+         "as the process's first request. Another job (Gemma 3 accuracy runs) used the host's other two GPUs during "
+         "the 4M row",
+         (("tp_1m.json", "python -m bench tensor-parallel --tp 1 2 --context 1048576 --cold-context 32768 "
+                         "--kv-dtype fp8_e4m3 --preset default"),
+          ("tp_4m_fast.json", "python -m bench tensor-parallel --tp 2 --find-max 4194304 3145728 --fast-prefill "
+                              "--kv-dtype fp8_e4m3 --preset default"))),
+    )
+    for folder, device, date, text, files in runs:
+        present = [(f, cmd) for f, cmd in files if (RESULTS / D26 / folder / f).exists()]
+        if not present:
             continue
-        data = json.loads(path.read_text())
-        for r in data["rows"]:
-            lines.append(f"| {r['tp']} | {r['context']:,} | {r['ttft_s']:.1f} | "
-                         f"{'real' if r['ttft_real'] else 'fast (attention zeroed)'} | {r['decode_tok_s']:.1f} | "
-                         f"{r['rank0_peak_gpu_gb']:.1f} | `{cmd}` |")
+        lines += [f"Device: {device}, torch 2.11. Date: {date}. {text}.", "",
+                  "| TP | context | TTFT s | cold TTFT s (length) | prefill | decode tok/s (mean) | decode ms/step mean / "
+                  "median | rank-0 peak GPU GB | KV capacity per rank (planner) | command |",
+                  "| ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | --- |"]
+        for f, cmd in present:
+            for r in json.loads((RESULTS / D26 / folder / f).read_text())["rows"]:
+                if "error" in r:
+                    lines.append(f"| {r['tp']} | {r['context']:,} | | | | | | | {r['error'][:100]} | `{cmd}` |")
+                    continue
+                cold = f"{r['cold_ttft_s']:.1f} ({r['cold_context'] // 1024}K)" if r.get("cold_ttft_s") else "-"
+                plan = r["rank0_plan"].split(": ", 1)[-1]
+                lines.append(f"| {r['tp']} | {r['context']:,} | {r['ttft_s']:.1f} | {cold} | "
+                             f"{'real' if r['ttft_real'] else 'fast (attention zeroed)'} | {r['decode_tok_s']:.1f} | "
+                             f"{r['decode_ms']:.1f} / {r['decode_ms_median']:.1f} | {r['rank0_peak_gpu_gb']:.1f} | "
+                             f"{plan} | `{cmd}` |")
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
