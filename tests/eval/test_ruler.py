@@ -100,6 +100,25 @@ def test_vary_haystack_moves_the_needle_into_other_text(tok):
     assert start == corpus[len(corpus) // 2: len(corpus) // 2 + 50]
 
 
+def test_haystack_span_repeats_a_short_stretch_of_the_corpus(tok):
+    """haystack_span N: the haystack repeats the N corpus tokens from its start, so a short prompt repeats its text
+    as often as a 1M prompt repeats the whole corpus; the needle still sits at its depth."""
+    corpus = HAYSTACKS["essays"].corpus_ids(tok)
+    ids = HAYSTACKS["essays"].token_ids(tok, 250, 0.5, span=100)
+    assert ids == (corpus[len(corpus) // 2: len(corpus) // 2 + 100] * 3)[:250]
+    with pytest.raises(ValueError, match="span"):
+        HAYSTACKS["essays"].token_ids(tok, 10, 0.0, span=-1)
+    s = make_ruler_sample(tok, "niah_single_word", "essays", 3000, 0.5, seed=1, vary_haystack=True, haystack_span=400)
+    content = s.messages[0]["content"]
+    piece = tok.decode(corpus[int(s.haystack_start * len(corpus)) + 50: int(s.haystack_start * len(corpus)) + 70])
+    assert s.haystack_span == 400 and content.count(piece) >= 5  # ~3000 / 400 copies of the stretch
+    assert abs(s.prompt_tokens - 3000) <= length_tolerance(3000)
+    pos = needle_token_positions(tok, s.messages, s.needle_texts)
+    assert abs(pos[0] / s.prompt_tokens - 0.5) < 0.06
+    with pytest.raises(ValueError, match="haystack_span"):
+        RulerConfig(haystack_span=-5)
+
+
 @pytest.mark.parametrize("task", ["niah_single_uuid", "niah_multikey", "niah_multiquery"])
 def test_needle_token_positions_decode_to_needles(tok, task):
     s = make_ruler_sample(tok, task, "essays", 1500, 0.3, seed=2)

@@ -101,16 +101,20 @@ class Haystack:
     source: str  # where the text comes from, for results files
     corpus_ids: Callable[[Any], list[int]]  # one pass over the corpus, cached per tokenizer
 
-    def token_ids(self, tokenizer: Any, n_tokens: int, start: float = 0.0) -> list[int]:
+    def token_ids(self, tokenizer: Any, n_tokens: int, start: float = 0.0, span: int = 0) -> list[int]:
         """``n_tokens`` ids of the corpus repeated end to end, from ``start`` (a fraction of the corpus: 0 is its
-        first token; 0.25 begins a quarter of the way in and wraps around)."""
+        first token; 0.25 begins a quarter of the way in and wraps around). ``span`` > 0: only the corpus's first
+        ``span`` tokens from ``start`` are repeated (how a prompt longer than the corpus repeats it, at any length)."""
         if n_tokens < 0:
             raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
         if not 0.0 <= start < 1.0:
             raise ValueError(f"start must lie in [0, 1), got {start}")
+        if span < 0:
+            raise ValueError(f"span must be >= 0 tokens (0: the whole corpus), got {span}")
         ids = self.corpus_ids(tokenizer)
         offset = int(start * len(ids))
         ids = ids[offset:] + ids[:offset] if offset else ids
+        ids = ids[:span] if span else ids
         reps, rest = divmod(n_tokens, len(ids))
         return ids * reps + ids[:rest]
 

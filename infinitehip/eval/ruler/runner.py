@@ -2,7 +2,7 @@
 
 Results go to one JSON file, rewritten atomically after every sample, so a crashed sweep resumes:
 samples already in the file (same task, haystack, length, depth, seed, oracle, varied haystack or
-not) are skipped when its model and method match this run's; a file from another model or method is
+not, haystack span) are skipped when its model and method match this run's; a file from another model or method is
 an error, never overwritten.  Each invocation appends its environment (date, device, dtype, versions,
 git commit, index of its first sample) to the file's "runs", so a sweep cut short still says where its
 samples ran.  Sample count per (task, haystack, length) cell = depths x seeds x samples_per_depth; the
@@ -43,6 +43,8 @@ class RulerConfig:
     samples_per_depth: int = 2  # per seed and depth, each with its own derived seed
     vary_haystack: bool = True  # each sample's haystack begins at its own seed-drawn point of the corpus (false: at
     # its first token, so one length and depth puts every seed's needle in the same text; results before 2026-11-26)
+    haystack_span: int = 0  # diagnostic: repeat only this many corpus tokens (0: the whole corpus; the essays hold
+    # ~154K Gemma 3 tokens, so a 1M prompt already repeats them ~7 times: this asks whether repetition or length hurts)
     oracle: bool = False  # force the target needle tokens into every layer's selection (upper bound)
     trace: bool = False  # record how much of the needle each selection keeps
     output: str = "ruler/ruler.json"  # results; heatmaps are written beside it
@@ -69,6 +71,8 @@ class RulerConfig:
             raise ValueError(f"seeds must be non-negative ints, got {self.seeds}")
         if not 1 <= self.samples_per_depth <= 99:
             raise ValueError(f"samples_per_depth must be in 1..99, got {self.samples_per_depth}")
+        if self.haystack_span < 0:
+            raise ValueError(f"haystack_span must be >= 0 tokens (0: the whole corpus), got {self.haystack_span}")
         if not self.output:
             raise ValueError("output: give a JSON path")
 
@@ -138,7 +142,7 @@ def run_environment(llm: Any) -> dict:
 
 def _key(r: dict) -> tuple:
     return (r["task"], r["haystack"], int(r["length"]), round(float(r["depth"]), 6), int(r["seed"]), bool(r.get("oracle")),
-            r.get("haystack_start", 0.0) > 0)
+            r.get("haystack_start", 0.0) > 0, int(r.get("haystack_span", 0)))
 
 
 def _load_previous(path: Path, meta: dict) -> tuple[list[dict], list[dict]]:
@@ -200,7 +204,8 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
                         for rep in range(config.samples_per_depth):
                             s = sample_seed(seed, rep, depth)
                             varied = config.vary_haystack and haystack_start(s) > 0
-                            if (task, haystack, length, round(depth, 6), s, config.oracle, varied) in done:
+                            if (task, haystack, length, round(depth, 6), s, config.oracle, varied,
+                                    config.haystack_span) in done:
                                 skipped += 1
                                 continue
                             result = _run_one(llm, config, task, haystack, length, depth, s, params)
@@ -212,7 +217,8 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
         console.print(f"resumed: {skipped} samples already in {path}")
     _write(path, payload)
     current = [r for r in results if bool(r.get("oracle")) == config.oracle and r["task"] in config.tasks
-               and (r.get("haystack_start", 0.0) > 0) == config.vary_haystack]
+               and (r.get("haystack_start", 0.0) > 0) == config.vary_haystack
+               and int(r.get("haystack_span", 0)) == config.haystack_span]
     label = meta["method"]["name"] + (" (oracle)" if config.oracle else "")
     for task in config.tasks:
         console.print(task_table([r for r in current if r["task"] == task], f"{task}, method {label}"))
@@ -227,7 +233,8 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
 
 def _run_one(llm: Any, config: RulerConfig, task: str, haystack: str, length: int, depth: float, seed: int,
              params: SamplingParams) -> dict:
-    sample = make_ruler_sample(llm.tokenizer, task, haystack, length, depth, seed, config.vary_haystack)
+    sample = make_ruler_sample(llm.tokenizer, task, haystack, length, depth, seed, config.vary_haystack,
+                               config.haystack_span)
     positions = None
     if config.oracle or config.trace:
         positions = needle_token_positions(llm.tokenizer, sample.messages, sample.needle_texts)
@@ -241,7 +248,7 @@ def _run_one(llm: Any, config: RulerConfig, task: str, haystack: str, length: in
         "correct": score == 1.0, "score": score, "seconds": round(seconds, 3),
         "dropped_tokens": getattr(out, "dropped_prompt_tokens", 0),
         "oracle": config.oracle, "needle_trace": _jsonable(getattr(out, "needle_trace", None)),
-        "haystack_start": sample.haystack_start,
+        "haystack_start": sample.haystack_start, "haystack_span": sample.haystack_span,
     }
 
 

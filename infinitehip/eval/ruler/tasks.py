@@ -66,6 +66,7 @@ class RulerSample:
     distractor_texts: tuple[str, ...] = ()  # inserted sentences holding other values
     needle_depths: tuple[float, ...] = field(default=())  # depth of each needle_texts entry
     haystack_start: float = 0.0  # where in the corpus the haystack begins (fraction; 0: its first token)
+    haystack_span: int = 0  # corpus tokens repeated to fill the haystack (0: the whole corpus)
 
     def score(self, output: str | None) -> float:
         """Share of expected values in ``output`` (case-insensitive substring)."""
@@ -153,9 +154,10 @@ def haystack_start(seed: int) -> float:
 
 
 def make_ruler_sample(tokenizer: Any, task: str, haystack: str, context_tokens: int, depth: float,
-                      seed: int, vary_haystack: bool = False) -> RulerSample:
+                      seed: int, vary_haystack: bool = False, haystack_span: int = 0) -> RulerSample:
     """One sample whose chat-templated prompt is ~``context_tokens`` tokens long; ``vary_haystack``: the haystack
-    begins at a seed-drawn point of the corpus (`haystack_start`) instead of its first token."""
+    begins at a seed-drawn point of the corpus (`haystack_start`) instead of its first token; ``haystack_span``:
+    only that many corpus tokens, repeated (`Haystack.token_ids`)."""
     if task not in TASKS:
         raise ValueError(f"unknown RULER task {task!r}; available: {', '.join(TASKS)}")
     validate_request(context_tokens, depth)
@@ -172,9 +174,9 @@ def make_ruler_sample(tokenizer: Any, task: str, haystack: str, context_tokens: 
     start = haystack_start(seed) if vary_haystack else 0.0
 
     def build(n_hay: int) -> str:
-        return _content(plan, _with_needles(tokenizer, hay.token_ids(tokenizer, n_hay, start), plan.placed), suffix)
+        return _content(plan, _with_needles(tokenizer, hay.token_ids(tokenizer, n_hay, start, haystack_span), plan.placed), suffix)
 
     rounds = 3 if context_tokens <= _LARGE else 2  # at most two full tokenizations of a long prompt
     actual, content = fit_to_length(tokenizer, context_tokens, max(0, context_tokens - base), build, rounds, _LARGE)
     return RulerSample(task, haystack, user_message(content), plan.expected, int(context_tokens), depth, seed,
-                       actual, plan.needle_texts, plan.distractor_texts, plan.needle_depths, start)
+                       actual, plan.needle_texts, plan.distractor_texts, plan.needle_depths, start, haystack_span)
