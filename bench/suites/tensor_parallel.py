@@ -2,14 +2,14 @@
 sequence of a given context, InfiniteHiP with CUDA-graph decode; TTFT (add_request -> first token) and decode
 tokens/s, for each tensor-parallel size in turn on the same machine, as JSON (commit, device, versions, args).
 
-    python -m bench tensor-parallel --tp 1 2 --context 1048576 --fast-prefill --kv-dtype fp8_e4m3 --output r.json
+    python -m bench tensor-parallel --tp 1 2 --context 1048576 --cold-context 32768 --kv-dtype fp8_e4m3 --output r.json
     python -m bench tensor-parallel --tp 2 --find-max 4194304 3145728 2097152 --fast-prefill --kv-dtype fp8_e4m3
     python -m bench tensor-parallel --smoke          # CPU, tiny model, tp 1 and 2 (gloo), tokens compared
 
 Each size runs in a child process (sizes > 1 under torchrun: `python -m torch.distributed.run ... -m bench
 tensor-parallel`), so every rank runs this suite: --fast-prefill (common/instrument.py: the prefill's sparse
 attention replaced by zeros, K/V and saliency written as usual) then applies on every rank. TTFT is only a real
-time-to-first-token without --fast-prefill (a 1M-token real prefill takes about 9 minutes at TP=1 on an H100).
+time-to-first-token without --fast-prefill, and a warm one with --cold-context (the first request compiles).
 --find-max: the contexts, largest first; the first one whose KV the capacity planner of every rank accepts and
 that runs is reported (each rank stores its own KV heads: host memory and banks are per rank).
 Random weights differ between sizes (each rank draws its own part): tokens are not compared on GPU.
