@@ -162,8 +162,9 @@ def accuracy_markdown(table: AccuracyTable) -> tuple[str, dict[str, dict[int, fl
             by_length[s["length"]].append(s)
         lines.append(f"| {row.label} | " + " | ".join(cell(by_length[n]) for n in table.lengths)
                      + f" | `{row.command}` | {row.note} |")
-        curves[row.label] = {n: sum(s["correct"] for s in by_length[n]) / len(by_length[n])
-                             for n in table.lengths if by_length[n]}
+        if row.seed is None:  # a one-seed row is a subset of its method's row: tabled, not plotted
+            curves[row.label] = {n: sum(s["correct"] for s in by_length[n]) / len(by_length[n])
+                                 for n in table.lengths if by_length[n]}
     lines.append("")
     lines.append("Raw files: " + ", ".join(sorted({f"`docs/results/{f}`" for r in table.rows for f in r.files})))
     return "\n".join(lines) + "\n", curves
