@@ -140,9 +140,15 @@ def run_environment(llm: Any) -> dict:
             "torch": torch.__version__, "triton": triton_version, "python": platform.python_version()}
 
 
-def _key(r: dict) -> tuple:
-    return (r["task"], r["haystack"], int(r["length"]), round(float(r["depth"]), 6), int(r["seed"]), bool(r.get("oracle")),
-            r.get("haystack_start", 0.0) > 0, int(r.get("haystack_span", 0)))
+def _key(task: str, haystack: str, length: int, depth: float, seed: int, oracle: bool, varied: bool,
+         span: int) -> tuple:
+    """What makes a sample distinct in a results file (a resumed sweep skips the keys already there)."""
+    return task, haystack, int(length), round(float(depth), 6), int(seed), bool(oracle), bool(varied), int(span)
+
+
+def _result_key(r: dict) -> tuple:
+    return _key(r["task"], r["haystack"], r["length"], r["depth"], r["seed"], r.get("oracle", False),
+                r.get("haystack_start", 0.0) > 0, r.get("haystack_span", 0))
 
 
 def _load_previous(path: Path, meta: dict) -> tuple[list[dict], list[dict]]:
@@ -189,7 +195,7 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
     meta = run_metadata(llm)
     path = Path(config.output)
     results, runs = _load_previous(path, meta)
-    done = {_key(r) for r in results}
+    done = {_result_key(r) for r in results}
     # one entry per invocation, so a resumed file still says which samples ran where (first_sample: index)
     runs.append({**run_environment(llm), "git_commit": meta["git_commit"], "first_sample": len(results)})
     payload = {**meta, "ruler_config": _jsonable(dataclasses.asdict(config)),
@@ -204,13 +210,13 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
                         for rep in range(config.samples_per_depth):
                             s = sample_seed(seed, rep, depth)
                             varied = config.vary_haystack and haystack_start(s) > 0
-                            if (task, haystack, length, round(depth, 6), s, config.oracle, varied,
+                            if _key(task, haystack, length, depth, s, config.oracle, varied,
                                     config.haystack_span) in done:
                                 skipped += 1
                                 continue
                             result = _run_one(llm, config, task, haystack, length, depth, s, params)
                             results.append(result)
-                            done.add(_key(result))
+                            done.add(_result_key(result))
                             _write(path, payload)
                             console.print(_line(result))
     if skipped:

@@ -174,7 +174,8 @@ def make_ruler_sample(tokenizer: Any, task: str, haystack: str, context_tokens: 
     start = haystack_start(seed) if vary_haystack else 0.0
 
     def build(n_hay: int) -> str:
-        return _content(plan, _with_needles(tokenizer, hay.token_ids(tokenizer, n_hay, start, haystack_span), plan.placed), suffix)
+        ids = hay.token_ids(tokenizer, n_hay, start, haystack_span)
+        return _content(plan, _with_needles(tokenizer, ids, plan.placed), suffix)
 
     rounds = 3 if context_tokens <= _LARGE else 2  # at most two full tokenizations of a long prompt
     actual, content = fit_to_length(tokenizer, context_tokens, max(0, context_tokens - base), build, rounds, _LARGE)
