@@ -17,7 +17,7 @@ from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.eval.passkey import make_passkey_sample
 from infinitehip.model.gguf_convert import default_cache_root
 from infinitehip.model.loading import load_model
-from tests.conftest import TINY_CONFIGS, engine_for_dir
+from tests.conftest import TINY_CONFIGS, engine_for_dir, random_ids
 
 PAGE = 16
 # Encodes (embedded tokenizer) to 5 ids below 512, inside the tiny models' vocabulary.
@@ -35,10 +35,6 @@ def llama3(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama3_pot")
     model.save_pretrained(path)
     return model, path
-
-
-def _ids(n, seed=0):
-    return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def _engine(path, tokenizer, config=SMALL, method="infinipot", **kw):
@@ -99,7 +95,7 @@ def test_pot_is_never_exceeded_and_positions_restart_after_each_distillation(lla
             assert torch.equal(new, (seq.num_computed - new.shape[2] + torch.arange(new.shape[2])).expand_as(new))
         seen.append((seq.num_computed, seq.num_cached, st.distillations))
 
-    seq, _ = _run(engine, _ids(1000), max_tokens=150, on_step=check)
+    seq, _ = _run(engine, random_ids(1000), max_tokens=150, on_step=check)
     prefill_cycles = [d for n, _, d in seen if n <= 1000][-1]
     assert prefill_cycles == (1000 - limit) // (limit - C) + 1 and seen[-1][2] > prefill_cycles  # decode distilled too
     assert {n for _, n, d in seen if d} >= {C}
@@ -115,13 +111,13 @@ def test_sink_tokens_are_kept_by_every_layer_and_head(llama3, tokenizer, distill
     _, path = llama3
     config = dataclasses.replace(SMALL, sink_tokens=4)
     engine = _engine(path, tokenizer, config)
-    seq, _ = _run(engine, _ids(700, seed=5), max_tokens=1)
+    seq, _ = _run(engine, random_ids(700, seed=5), max_tokens=1)
     assert len(distillations) >= 3
     held = seq.method_state.slot_tokens[:, :, : config.compressed_tokens]
     assert torch.equal(held[:, :, :4], torch.arange(4).expand_as(held[:, :, :4]))  # slots 0..3: tokens 0..3
     assert (held[:, :, 4:] >= 4).all()
     # without sinks the catalyst's per-head scores drop some of them in some rows (this input, this model)
-    seq, _ = _run(_engine(path, tokenizer), _ids(700, seed=5), max_tokens=1)
+    seq, _ = _run(_engine(path, tokenizer), random_ids(700, seed=5), max_tokens=1)
     plain = seq.method_state.slot_tokens[:, :, : SMALL.compressed_tokens]
     assert not all(bool((plain == t).any(dim=2).all()) for t in range(4))
 
@@ -130,7 +126,7 @@ def test_catalyst_tokens_are_never_kept(llama3, tokenizer, distillations):
     _, path = llama3
     engine = _engine(path, tokenizer)
     limit, P, C = engine.method.kv_token_limit, engine.method.kv_scratch_tokens, SMALL.compressed_tokens
-    seq, _ = _run(engine, _ids(700, seed=3), max_tokens=1)
+    seq, _ = _run(engine, random_ids(700, seed=3), max_tokens=1)
     assert distillations
     for r in distillations:
         assert int(r["keep"].max()) < limit  # only pot slots are candidates
@@ -174,7 +170,7 @@ def test_first_distillation_matches_oracle(llama3, tokenizer, novelty_fraction, 
     limit, C = engine.method.kv_token_limit, config.compressed_tokens
     assert limit + engine.method.kv_scratch_tokens == config.pot_tokens
     assert engine.method.kv_scratch_tokens == engine.method.catalyst_ids.numel() + question_tokens
-    ids = _ids(limit, seed=7)  # the pot fills exactly once, at the end of the prompt
+    ids = random_ids(limit, seed=7)  # the pot fills exactly once, at the end of the prompt
     seq, _ = _run(engine, ids, max_tokens=1)
     st = seq.method_state
     assert st.distillations == 1
@@ -190,7 +186,7 @@ def test_first_distillation_matches_oracle(llama3, tokenizer, novelty_fraction, 
 
 def test_equals_dense_when_the_pot_holds_the_whole_input(llama3, tokenizer):
     _, path = llama3
-    ids = _ids(700, seed=1)
+    ids = random_ids(700, seed=1)
     big = InfiniPotConfig(pot_tokens=1024, compressed_tokens=256, catalyst_prompt=CATALYST, **PAPER)
     pot_seq, pot_logits = _run(_engine(path, tokenizer, big, prefill_chunk_size=128), ids, max_tokens=20)
     dense_seq, dense_logits = _run(_engine(path, tokenizer, method="dense", prefill_chunk_size=128), ids, max_tokens=20)
@@ -205,7 +201,7 @@ def test_kv_pages_stay_flat_as_input_grows(llama3, tokenizer):
     for n in (500, 2000):
         engine = _engine(path, tokenizer)
         pages = []
-        seq, _ = _run(engine, _ids(n, seed=n), max_tokens=8, on_step=lambda s: pages.append(len(s.page_table)))
+        seq, _ = _run(engine, random_ids(n, seed=n), max_tokens=8, on_step=lambda s: pages.append(len(s.page_table)))
         assert seq.method_state.distillations >= 1
         held[n] = max(pages)
         assert engine.cache.num_pages * PAGE == SMALL.pot_tokens  # the whole cache is one pot

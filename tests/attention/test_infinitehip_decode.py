@@ -18,8 +18,8 @@ from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
 from infinitehip.attention.infinitehip.positions import attention_positions
 from infinitehip.attention.infinitehip.pruning import assemble_keys, query_blocks
 from infinitehip.attention.sparse import sparse_attention_decode
-from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits
-from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
+from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids, record_step_logits
+from tests.attention.test_infinitehip_method import SMALL
 
 
 class OracleDecode(InfiniteHiPAttention):
@@ -77,38 +77,38 @@ def _run(path, method_cls, config, prompts, steps):
     ("landmark", (4, 2, 1), "max"), ("landmark", (8, 4, 2), "max"), ("landmark", (6, 3, 3), "softmax"),
     ("bisection", (4, 2, 1), "zscore")])
 @pytest.mark.parametrize("attention_rope", ["streaming", "infllm", "dynamic"])
-def test_static_decode_equals_oracle(llama3_dir, representative, refresh, aggregation, attention_rope):
+def test_static_decode_equals_oracle(tiny_llama_dir, representative, refresh, aggregation, attention_rope):
     """Prompt past every stage's keep (stage 1 prunes), 12 steps: every stage refreshes and is reused. With
     min(refresh) > 1 the landmark saliency of decode queries is applied late (at refreshes), which must not
     change anything: the oracle applies it at every step."""
     config = InfiniteHiPConfig(**{**SMALL, "representative": representative, "attention_rope": attention_rope,
                                   "refresh_intervals": refresh, "head_aggregation": aggregation,
                                   "impl": "reference", "late_pruning_rope": "dynamic" if attention_rope == "dynamic" else "relative"})
-    prompt = _ids(700, seed=11)
-    ours, rec = _run(llama3_dir, InfiniteHiPAttention, config, [prompt], 12)
-    ref, rec_ref = _run(llama3_dir, OracleDecode, config, [prompt], 12)
+    prompt = random_ids(700, seed=11)
+    ours, rec = _run(tiny_llama_dir, InfiniteHiPAttention, config, [prompt], 12)
+    ref, rec_ref = _run(tiny_llama_dir, OracleDecode, config, [prompt], 12)
     assert ours == ref
     assert rec.keys() == rec_ref.keys() and len(rec) == 11 * 2  # the first token comes from prefill
     for key in rec:
         torch.testing.assert_close(rec[key], rec_ref[key], rtol=1e-5, atol=1e-5, msg=lambda m: f"step/layer {key}: {m}")
 
 
-def test_static_decode_batched_equals_oracle(llama3_dir):
+def test_static_decode_batched_equals_oracle(tiny_llama_dir):
     """Two sequences of different lengths decoding in the same steps (padded page tables, one BSA launch)."""
     config = InfiniteHiPConfig(**SMALL, impl="reference")
-    prompts = [_ids(700, seed=12), _ids(300, seed=13)]
-    ours, rec = _run(llama3_dir, InfiniteHiPAttention, config, prompts, 6)
-    ref, rec_ref = _run(llama3_dir, OracleDecode, config, prompts, 6)
+    prompts = [random_ids(700, seed=12), random_ids(300, seed=13)]
+    ours, rec = _run(tiny_llama_dir, InfiniteHiPAttention, config, prompts, 6)
+    ref, rec_ref = _run(tiny_llama_dir, OracleDecode, config, prompts, 6)
     assert ours == ref
     for key in rec_ref:
         torch.testing.assert_close(rec[key], rec_ref[key], rtol=1e-5, atol=1e-5)
 
 
-def test_static_decode_shapes_do_not_depend_on_position(llama3_dir):
+def test_static_decode_shapes_do_not_depend_on_position(tiny_llama_dir):
     """What makes the step capturable: the key list has the same width at every step, and the stage caches
     are the same tensors (updated in place) for the whole decode."""
     config = InfiniteHiPConfig(**SMALL, impl="reference")
-    engine = engine_for_dir(llama3_dir, None, config, method="infinitehip", max_context_tokens=2048, prefill_chunk_size=128)
+    engine = engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", max_context_tokens=2048, prefill_chunk_size=128)
     widths, ptrs = set(), []
     import infinitehip.attention.infinitehip.method as method_module
 
@@ -121,7 +121,8 @@ def test_static_decode_shapes_do_not_depend_on_position(llama3_dir):
 
     method_module.decode_key_list = spy
     try:
-        seq = engine.add_request(_ids(500, seed=14), SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True))
+        seq = engine.add_request(random_ids(500, seed=14),
+                                 SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True))
         while engine.has_work:
             engine.step()
             if seq.method_state.stage_cache[1] is not None:
@@ -136,17 +137,17 @@ def test_static_decode_shapes_do_not_depend_on_position(llama3_dir):
 
 @pytest.mark.parametrize("overrides", [{}, {"refresh_intervals": (4, 2, 2), "question_tokens": 16,
                                           "question_keep_tokens": 32}])
-def test_graph_decoder_replays_equal_eager_decode(llama3_dir, overrides):
+def test_graph_decoder_replays_equal_eager_decode(tiny_llama_dir, overrides):
     """The engine's graph decode path with graph semantics on CPU (ClosureRecorder re-runs the Python of the
     capture with the host values of that moment): same tokens and logits as eager decode, a graph per refresh
     pattern, everything else replayed, and the mask-cache refresh counts unchanged. With question-time selection
     the question's chunks are joined to the last stage's when it refreshes (every other step here) and replayed
     from the joined buffers in between."""
     config = InfiniteHiPConfig(**{**SMALL, **overrides})
-    prompt, steps = _ids(700, seed=15), 20
+    prompt, steps = random_ids(700, seed=15), 20
 
     def run(graphs: bool):
-        engine = engine_for_dir(llama3_dir, None, config, method="infinitehip", max_context_tokens=2048,
+        engine = engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", max_context_tokens=2048,
                                 prefill_chunk_size=128)
         if graphs:
             closure_graph_decoder(engine)
@@ -169,28 +170,28 @@ def test_graph_decoder_replays_equal_eager_decode(llama3_dir, overrides):
     assert decoder.captures == 3 and decoder.replays == steps - 1 - 1 - 3
 
 
-def test_static_decode_triton_kernels_equal_oracle(llama3_dir):
+def test_static_decode_triton_kernels_equal_oracle(tiny_llama_dir):
     """The same step through the Triton kernels (interpreted on CPU: salient tokens, representative scores,
     top chunks, key list, sparse decode) against the oracle with the eager references."""
     # 250 tokens (interpreted prefill kernels dominate the time, ~quadratic in the prompt; 450 before): stage 0 keeps
     # its ~170 candidates (3 chunks of 64), stages 1-2 prune (11 chunks of 16 -> 8, 32 of 4 -> 8), as at 450.
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
-    prompt = _ids(250, seed=16)
-    ours, rec = _run(llama3_dir, InfiniteHiPAttention, InfiniteHiPConfig(**{**config.__dict__, "impl": "triton"}), [prompt], 6)
-    ref, rec_ref = _run(llama3_dir, OracleDecode, InfiniteHiPConfig(**{**config.__dict__, "impl": "reference"}), [prompt], 6)
+    prompt = random_ids(250, seed=16)
+    ours, rec = _run(tiny_llama_dir, InfiniteHiPAttention, InfiniteHiPConfig(**{**config.__dict__, "impl": "triton"}), [prompt], 6)
+    ref, rec_ref = _run(tiny_llama_dir, OracleDecode, InfiniteHiPConfig(**{**config.__dict__, "impl": "reference"}), [prompt], 6)
     assert ours == ref
     for key in rec_ref:
         torch.testing.assert_close(rec[key], rec_ref[key], rtol=1e-4, atol=1e-4)
 
 
-def test_graph_decoder_drops_graphs_of_outgrown_buckets(llama3_dir):
+def test_graph_decoder_drops_graphs_of_outgrown_buckets(tiny_llama_dir):
     """Crossing a capacity bucket captures the new bucket's graphs and frees the smaller bucket's (a sequence only
     grows, so they would never replay again); tokens stay equal to eager decode across the crossing."""
     config = InfiniteHiPConfig(**SMALL)
-    prompt, steps = _ids(500, seed=17), 20  # 500 + 20 tokens cross the 512 bucket
+    prompt, steps = random_ids(500, seed=17), 20  # 500 + 20 tokens cross the 512 bucket
 
     def run(graphs: bool):
-        engine = engine_for_dir(llama3_dir, None, config, method="infinitehip", max_context_tokens=2048,
+        engine = engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", max_context_tokens=2048,
                                 prefill_chunk_size=128)
         decoder = closure_graph_decoder(engine, min_bucket=256) if graphs else None
         seq = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True))

@@ -197,19 +197,6 @@ def test_selection_cache_hits_on_a_repeated_query_and_misses_on_a_new_one(monkey
 
 
 # ---- in the engine ----------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def llama3_dir(tmp_path_factory):
-    import transformers
-
-    from tests.conftest import TINY_CONFIGS
-
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(TINY_CONFIGS["llama3"]())
-    path = tmp_path_factory.mktemp("llama3_ts")
-    model.save_pretrained(path)
-    return path
-
-
 def _generate(engine, ids, n=6):
     seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     while engine.has_work:
@@ -218,17 +205,17 @@ def _generate(engine, ids, n=6):
 
 
 @pytest.mark.parametrize("impl", ["auto", pytest.param("triton", marks=pytest.mark.slow)])
-def test_equals_dense_when_the_budget_covers_the_context(llama3_dir, impl):
+def test_equals_dense_when_the_budget_covers_the_context(tiny_llama_dir, impl):
     ids = torch.randint(0, 512, (700,), generator=torch.Generator().manual_seed(0)).tolist()
     kw = dict(max_context_tokens=2048, prefill_chunk_size=256)
-    dense = engine_for_dir(llama3_dir, None, None, method="dense", **kw)
+    dense = engine_for_dir(tiny_llama_dir, None, None, method="dense", **kw)
     wide = TokenSelectConfig(select_tokens=1024, sink_tokens=16, local_tokens=64, query_block_size=64, impl=impl)
-    ours = engine_for_dir(llama3_dir, None, wide, method="tokenselect", **kw)
+    ours = engine_for_dir(tiny_llama_dir, None, wide, method="tokenselect", **kw)
     torch.testing.assert_close(ours.prompt_logits(ids), dense.prompt_logits(ids), rtol=1e-5, atol=1e-5)
     assert _generate(ours, ids).output_ids == _generate(dense, ids).output_ids
 
     small = TokenSelectConfig(select_tokens=64, sink_tokens=16, local_tokens=64, query_block_size=64, impl=impl)
-    sparse = engine_for_dir(llama3_dir, None, small, method="tokenselect", **kw)
+    sparse = engine_for_dir(tiny_llama_dir, None, small, method="tokenselect", **kw)
     assert (sparse.prompt_logits(ids) - dense.prompt_logits(ids))[-100:].abs().max() > 1e-3  # really sparse
     seq = _generate(sparse, ids)
     stats = sparse.method.stats(seq.method_state)

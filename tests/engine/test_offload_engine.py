@@ -19,8 +19,8 @@ from infinitehip.kv.offload.paged import OffloadedAccessError, OffloadedPagedCac
 from infinitehip.kv.offload.planner import CapacityError
 from infinitehip.kv.offload.store import to_storage_dtype
 from infinitehip.kv.paged_cache import PagedKVCache
-from tests.conftest import closure_graph_decoder, engine_for_dir, record_step_logits
-from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
+from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids, record_step_logits
+from tests.attention.test_infinitehip_method import SMALL
 
 HEADS = 4  # query heads of the tiny models (tests/conftest.py)
 CONTEXT = 800  # max_context_tokens: the banks are sized to the worst case of one resolve call at this context
@@ -101,18 +101,18 @@ def _count_requests(engine, per_call=False):
 # Each refresh pattern and each group size once: (6, 3, 2) with groups of 1 chunk, the third combination, added
 # nothing the other two do not check (~7 s).
 @pytest.mark.parametrize("refresh,mask_bank", [((4, 2, 1), None), ((6, 3, 2), 20)])
-def test_offloaded_engine_equals_resident_with_misses_every_step(llama3_dir, monkeypatch, refresh, mask_bank):
+def test_offloaded_engine_equals_resident_with_misses_every_step(tiny_llama_dir, monkeypatch, refresh, mask_bank):
     """Mask bank of one chunk's representatives (4 tokens: 4 heads) or of 5 chunks' (20), far below a stage's
     (stage 0: 11 chunks of 64 x 4 heads, stages 1-2: 32 x 4): every refreshed decode stage runs in several groups
     (of 1 or 5 chunks, the last one shorter), and the top chunks over all groups equal the resident ones."""
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": refresh})
-    prompt, steps = _ids(700, seed=21), 16
-    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    prompt, steps = random_ids(700, seed=21), 16
+    resident = _generate(tiny_llama_dir, config, None, [prompt], steps)
     offload = _smallest_banks(config, HEADS, mask_bank=mask_bank)
     assert offload.mask_bank_tokens == (mask_bank or HEADS)
     groups = _count_decode_groups(monkeypatch)
     counts = []  # the engine's distinct slots per resolve call
-    ours = _generate(llama3_dir, config, offload, [prompt], steps,
+    ours = _generate(tiny_llama_dir, config, offload, [prompt], steps,
                      on_engine=lambda engine: counts.append(_count_requests(engine, per_call=True)))
     _assert_same(ours, resident)
     G = offload.mask_bank_tokens // HEADS
@@ -138,11 +138,11 @@ def test_offloaded_engine_equals_resident_with_misses_every_step(llama3_dir, mon
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
-def test_fp8_store_equals_a_resident_engine_whose_kv_is_rounded_to_fp8(llama3_dir, monkeypatch, kv_dtype):
+def test_fp8_store_equals_a_resident_engine_whose_kv_is_rounded_to_fp8(tiny_llama_dir, monkeypatch, kv_dtype):
     """An FP8 host store behind model-dtype banks (misses upcast in the copy) reads exactly what a resident cache
     holding FP8-rounded K/V would: same logits, same tokens, with misses every step."""
     config = InfiniteHiPConfig(**SMALL)
-    prompt, steps = _ids(700, seed=23), 8
+    prompt, steps = random_ids(700, seed=23), 8
     fp8 = OffloadConfig(kv_dtype=kv_dtype).torch_kv_dtype(torch.float32)
     write = PagedKVCache.write
 
@@ -150,27 +150,27 @@ def test_fp8_store_equals_a_resident_engine_whose_kv_is_rounded_to_fp8(llama3_di
         write(self, layer, slots, to_storage_dtype(k, fp8).to(k.dtype), to_storage_dtype(v, fp8).to(v.dtype))
 
     monkeypatch.setattr(PagedKVCache, "write", rounded_write)
-    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    resident = _generate(tiny_llama_dir, config, None, [prompt], steps)
     monkeypatch.undo()
-    exact = _generate(llama3_dir, config, None, [prompt], steps)
+    exact = _generate(tiny_llama_dir, config, None, [prompt], steps)
     assert any(not torch.equal(x, y) for x, y in zip(resident[1], exact[1]))  # the rounding is visible
     offload = dataclasses.replace(_smallest_banks(config, HEADS, mask_bank=FEW_GROUPS), kv_dtype=kv_dtype)
-    ours = _generate(llama3_dir, config, offload, [prompt], steps)
+    ours = _generate(tiny_llama_dir, config, offload, [prompt], steps)
     assert ours[3].cache.kv.store.dtype == fp8 and ours[3].cache.kv.dtype == torch.float32
     _assert_same(ours, resident)
     assert ours[2][-1]["attention"].total_misses > 2 * offload.attention_bank_tokens
     assert ours[3].kv_plan.summary.endswith(", FP8 " + kv_dtype.split("_")[1])
 
 
-def test_store_layers_the_planner_spills_give_the_resident_output(llama3_dir, monkeypatch):
+def test_store_layers_the_planner_spills_give_the_resident_output(tiny_llama_dir, monkeypatch):
     """A host budget for half the layers: the planner puts the other half of the store in device memory (on CPU
     spilling is off in the engine, since both budgets are the same memory: forced on here, with a large device
     budget), the cache is built that way, and the output is still the resident one."""
     config = InfiniteHiPConfig(**SMALL)
-    prompt, steps = _ids(700, seed=27), 6
-    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    prompt, steps = random_ids(700, seed=27), 6
+    resident = _generate(tiny_llama_dir, config, None, [prompt], steps)
     offload = dataclasses.replace(_smallest_banks(config, HEADS, mask_bank=FEW_GROUPS), host_memory_fraction=1.0)
-    probe = engine_for_dir(llama3_dir, None, config, offload, method="infinitehip", max_context_tokens=CONTEXT,
+    probe = engine_for_dir(tiny_llama_dir, None, config, offload, method="infinitehip", max_context_tokens=CONTEXT,
                            prefill_chunk_size=128, max_num_seqs=1)  # _generate's engine: its plan and cache
     layers, tokens = probe.kv_plan.num_layers, probe.cache.num_slots
     host = (layers // 2) * tokens * probe.kv_plan.layer_bytes_per_token
@@ -179,7 +179,7 @@ def test_store_layers_the_planner_spills_give_the_resident_output(llama3_dir, mo
     # (args 5, 6: gpu_free, host_available; on CPU the engine passes host memory as both)
     monkeypatch.setattr(planner, "plan_capacity",
                         lambda *a, **kw: plan_capacity(*a[:5], 1 << 40, *a[6:], **{**kw, "spill": True}))
-    ours = _generate(llama3_dir, config, offload, [prompt], steps)
+    ours = _generate(tiny_llama_dir, config, offload, [prompt], steps)
     store = ours[3].cache.kv.store
     assert store.device_layers == layers - layers // 2 > 0
     assert ours[3].kv_plan.store_device_layers(tokens) == store.device_layers
@@ -190,13 +190,13 @@ def test_store_layers_the_planner_spills_give_the_resident_output(llama3_dir, mo
     _assert_same(ours, resident)
 
 
-def test_bank_statistics_count_every_distinct_requested_slot(llama3_dir):
+def test_bank_statistics_count_every_distinct_requested_slot(tiny_llama_dir):
     config = InfiniteHiPConfig(**SMALL)
     offload = _smallest_banks(config, HEADS, mask_bank=FEW_GROUPS)
-    engine = engine_for_dir(llama3_dir, None, config, offload, method="infinitehip", max_context_tokens=CONTEXT,
+    engine = engine_for_dir(tiny_llama_dir, None, config, offload, method="infinitehip", max_context_tokens=CONTEXT,
                             prefill_chunk_size=128, max_num_seqs=1)
     counts = _count_requests(engine)
-    engine.add_request(_ids(650, seed=22), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    engine.add_request(random_ids(650, seed=22), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     while engine.has_work:
         engine.step()
     stats = engine.kv_stats()
@@ -208,30 +208,30 @@ def test_bank_statistics_count_every_distinct_requested_slot(llama3_dir):
     assert engine.kv_stats()["attention"].total_misses == 0
 
 
-def test_offloaded_batched_decode_equals_resident(llama3_dir):
+def test_offloaded_batched_decode_equals_resident(tiny_llama_dir):
     """Two sequences decoding together: one attention-bank call serves both key lists (banks sized for two)."""
     config = InfiniteHiPConfig(**SMALL)
-    prompts = [_ids(700, seed=23), _ids(300, seed=24)]
-    resident = _generate(llama3_dir, config, None, prompts, 6)
-    ours = _generate(llama3_dir, config, _smallest_banks(config, HEADS, seqs=2, mask_bank=FEW_GROUPS), prompts, 6)
+    prompts = [random_ids(700, seed=23), random_ids(300, seed=24)]
+    resident = _generate(tiny_llama_dir, config, None, prompts, 6)
+    ours = _generate(tiny_llama_dir, config, _smallest_banks(config, HEADS, seqs=2, mask_bank=FEW_GROUPS), prompts, 6)
     _assert_same(ours, resident)
     assert not any(ours[2][-1]["attention"].overflows)
 
 
-def test_offloaded_question_time_selection_equals_resident(llama3_dir, monkeypatch):
+def test_offloaded_question_time_selection_equals_resident(tiny_llama_dir, monkeypatch):
     """Question-time selection scans the offloaded store (not the banks) and gives the resident tokens and logits;
     the question's chunks join every decode step's key list inside the smallest attention bank check_offload
     accepts."""
     from infinitehip.kv.offload.paged import OffloadedPagedCache as Cache
 
     config = InfiniteHiPConfig(**{**SMALL, "question_tokens": 24, "question_keep_tokens": 32, "question_window": 3})
-    prompt, steps = _ids(700, seed=25), 8
-    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    prompt, steps = random_ids(700, seed=25), 8
+    resident = _generate(tiny_llama_dir, config, None, [prompt], steps)
     scans, inner = [], Cache.scan_k
     monkeypatch.setattr(Cache, "scan_k", lambda self, *a: scans.append(a[3] - a[2]) or inner(self, *a))
     offload = _smallest_banks(config, HEADS, mask_bank=FEW_GROUPS)
     assert offload.attention_bank_tokens == _smallest_banks(InfiniteHiPConfig(**SMALL), HEADS).attention_bank_tokens + 32
-    ours = _generate(llama3_dir, config, offload, [prompt], steps)
+    ours = _generate(tiny_llama_dir, config, offload, [prompt], steps)
     _assert_same(ours, resident)
     # Two passes (one segment each) over the candidates [sink, first question query + 1 - stream) of every layer.
     candidates = (700 - 24 + 1 - SMALL["stream_tokens"]) - SMALL["sink_tokens"]
@@ -240,21 +240,21 @@ def test_offloaded_question_time_selection_equals_resident(llama3_dir, monkeypat
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8_e4m3"])
-def test_staged_prefill_equals_resident_and_resolves_nothing_while_prefilling(llama3_dir, monkeypatch, kv_dtype):
+def test_staged_prefill_equals_resident_and_resolves_nothing_while_prefilling(tiny_llama_dir, monkeypatch, kv_dtype):
     """OffloadConfig.stage_prefill: each prefill chunk reads its layer from one GPU copy of the context (landmark
     saliency, question-time selection, the three stages, block-sparse attention), so the banks are not asked for a
     row until decode; tokens and logits equal the resident engine's (FP8: the resident cache rounded to FP8)."""
     config = InfiniteHiPConfig(**{**SMALL, "question_tokens": 24, "question_keep_tokens": 32, "question_window": 3})
-    prompt, steps = _ids(700, seed=27), 8
+    prompt, steps = random_ids(700, seed=27), 8
     if kv_dtype != "auto":  # the resident reference holds FP8-rounded K/V (as the previous test)
         fp8, write = OffloadConfig(kv_dtype=kv_dtype).torch_kv_dtype(torch.float32), PagedKVCache.write
         monkeypatch.setattr(PagedKVCache, "write", lambda self, layer, slots, k, v: write(
             self, layer, slots, to_storage_dtype(k, fp8).to(k.dtype), to_storage_dtype(v, fp8).to(v.dtype)))
-    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    resident = _generate(tiny_llama_dir, config, None, [prompt], steps)
     monkeypatch.undo()
     offload = dataclasses.replace(_smallest_banks(config, HEADS, stage_prefill=True), kv_dtype=kv_dtype)
     counts: list[dict] = []
-    ours = _generate(llama3_dir, config, offload, [prompt], steps,
+    ours = _generate(tiny_llama_dir, config, offload, [prompt], steps,
                      on_engine=lambda engine: counts.append(_count_requests(engine, per_call=True)))
     _assert_same(ours, resident)
     first_decode = next(i for i, s in enumerate(ours[2]) if s["attention"].total_hits + s["attention"].total_misses)
@@ -262,7 +262,7 @@ def test_staged_prefill_equals_resident_and_resolves_nothing_while_prefilling(ll
     assert counts[0] and not any(any(ours[2][-1][b].overflows) for b in ("mask", "attention"))
 
 
-def test_offloaded_graph_decode_equals_resident_and_does_not_sync(llama3_dir, monkeypatch):
+def test_offloaded_graph_decode_equals_resident_and_does_not_sync(tiny_llama_dir, monkeypatch):
     """The graph decode path (ClosureRecorder: graph semantics on CPU) with offloading on gives the resident eager
     tokens and logits. While a step replays, the offload path (K/V writes, bank resolves, key-access tables)
     never reads a tensor on the host (item / tolist / bool / int / float would sync a CUDA stream). The CPU
@@ -273,8 +273,8 @@ def test_offloaded_graph_decode_equals_resident_and_does_not_sync(llama3_dir, mo
     from infinitehip.kv.offload.offloaded import OffloadedKV
 
     config = InfiniteHiPConfig(**SMALL)
-    prompt, steps = _ids(700, seed=15), 14
-    resident = _generate(llama3_dir, config, None, [prompt], steps)
+    prompt, steps = random_ids(700, seed=15), 14
+    resident = _generate(tiny_llama_dir, config, None, [prompt], steps)
     state = {"replaying": False, "inside": 0, "watched": 0}
 
     def watch(fn):
@@ -323,7 +323,7 @@ def test_offloaded_graph_decode_equals_resident_and_does_not_sync(llama3_dir, mo
     monkeypatch.setattr(ClosureRecorder, "replay", strict_replay)
     groups = _count_decode_groups(monkeypatch)
     # A mask bank of 3 chunks' representatives: the stages' groups (static slices) are part of the captured step.
-    ours = _generate(llama3_dir, config, _smallest_banks(config, HEADS, mask_bank=3 * HEADS), [prompt], steps, graphs=True)
+    ours = _generate(tiny_llama_dir, config, _smallest_banks(config, HEADS, mask_bank=3 * HEADS), [prompt], steps, graphs=True)
     _assert_same(ours, resident)
     decoder = ours[3].runner.graph_decoder
     assert decoder.captures == 3 and decoder.replays == steps - 1 - 1 - 3
@@ -331,14 +331,14 @@ def test_offloaded_graph_decode_equals_resident_and_does_not_sync(llama3_dir, mo
     assert groups and all(g == 3 and n > g for n, g in groups)
 
 
-def test_offloaded_prefill_logits_equal_resident_with_dense_shortcut(llama3_dir):
+def test_offloaded_prefill_logits_equal_resident_with_dense_shortcut(tiny_llama_dir):
     """prompt_logits over several chunks: the dense shortcut while nothing is pruned (its reads go through the
     attention bank in pieces), then pruned chunks in query-block groups; logits of every position match."""
     config = InfiniteHiPConfig(**{**SMALL, "dense_when_unpruned": True})
-    ids = _ids(600, seed=25)
-    resident = engine_for_dir(llama3_dir, None, config, method="infinitehip", max_context_tokens=CONTEXT,
+    ids = random_ids(600, seed=25)
+    resident = engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", max_context_tokens=CONTEXT,
                               prefill_chunk_size=96, max_num_seqs=1).prompt_logits(ids)
-    engine = engine_for_dir(llama3_dir, None, config, _smallest_banks(config, HEADS), method="infinitehip",
+    engine = engine_for_dir(tiny_llama_dir, None, config, _smallest_banks(config, HEADS), method="infinitehip",
                             max_context_tokens=CONTEXT, prefill_chunk_size=96, max_num_seqs=1)
     from infinitehip.attention.infinitehip import offload_access
 
@@ -375,19 +375,19 @@ def test_offloaded_prefill_logits_equal_resident_with_dense_shortcut(llama3_dir)
     assert calls["groups"] > calls["stages"] > 0 and calls["block_groups"] > calls["attend"] > 0
 
 
-def test_dense_offloaded_equals_resident(llama3_dir):
+def test_dense_offloaded_equals_resident(tiny_llama_dir):
     offload = OffloadConfig(offload_enabled=True, mask_bank_tokens=8, attention_bank_tokens=64)
-    prompt = _ids(300, seed=26)
-    resident = _generate(llama3_dir, None, None, [prompt], 5, method="dense")
-    ours = _generate(llama3_dir, None, offload, [prompt], 5, method="dense")
+    prompt = random_ids(300, seed=26)
+    resident = _generate(tiny_llama_dir, None, None, [prompt], 5, method="dense")
+    ours = _generate(tiny_llama_dir, None, offload, [prompt], 5, method="dense")
     _assert_same(ours, resident)
     assert ours[2][-1]["attention"].total_misses > 300
 
 
-def test_request_beyond_the_planned_capacity_is_refused_before_allocation(llama3_dir, monkeypatch):
+def test_request_beyond_the_planned_capacity_is_refused_before_allocation(tiny_llama_dir, monkeypatch):
     config, context = InfiniteHiPConfig(**SMALL), 1100
     offload = OffloadConfig(**{**_smallest_banks(config, HEADS, context=context).__dict__, "host_memory_fraction": 1.0})
-    build = lambda kv_tokens: engine_for_dir(llama3_dir, None, config, offload, method="infinitehip",  # noqa: E731
+    build = lambda kv_tokens: engine_for_dir(tiny_llama_dir, None, config, offload, method="infinitehip",  # noqa: E731
                                              max_context_tokens=context, max_num_seqs=1, kv_cache_tokens=kv_tokens)
     per_token = build(None).kv_plan.host_bytes_per_token
     # Host memory for 1000 tokens: 960 in pages of 64. A KV of 900 tokens (15 pages) fits.
@@ -396,7 +396,7 @@ def test_request_beyond_the_planned_capacity_is_refused_before_allocation(llama3
     assert engine.kv_plan.max_tokens == 960 and engine.kv_plan.limited_by == "host"
     with pytest.raises(CapacityError, match=r"request \(prompt 900 \+ max_tokens 124\) needs 1,024 KV tokens but the "
                                             r"offloaded KV capacity is 960 tokens"):
-        engine.add_request(_ids(900, seed=1), SamplingParams(max_tokens=124))
+        engine.add_request(random_ids(900, seed=1), SamplingParams(max_tokens=124))
     assert not engine.has_work and engine.scheduler.allocator.num_in_use == 0
     # A KV cache larger than the plan: refused when the engine is built, before the store is allocated.
     allocated = []
@@ -406,20 +406,20 @@ def test_request_beyond_the_planned_capacity_is_refused_before_allocation(llama3
     assert not allocated
 
 
-def test_configurations_that_cannot_run_offloaded_are_refused(llama3_dir):
+def test_configurations_that_cannot_run_offloaded_are_refused(tiny_llama_dir):
     on = OffloadConfig(offload_enabled=True, mask_bank_tokens=4096, attention_bank_tokens=4096)
     with pytest.raises(ValueError, match="method 'streaming' does not support KV offloading"):
-        engine_for_dir(llama3_dir, None, None, on, method="streaming", max_context_tokens=CONTEXT)
+        engine_for_dir(tiny_llama_dir, None, None, on, method="streaming", max_context_tokens=CONTEXT)
     with pytest.raises(ValueError, match="representative='landmark'"):
-        engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL, representative="bisection"), on,
+        engine_for_dir(tiny_llama_dir, None, InfiniteHiPConfig(**SMALL, representative="bisection"), on,
                        method="infinitehip", max_context_tokens=CONTEXT)
     with pytest.raises(CapacityError, match="attention_bank_tokens=100 .* max_num_seqs=1"):
-        engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL), OffloadConfig(offload_enabled=True, attention_bank_tokens=100),
+        engine_for_dir(tiny_llama_dir, None, InfiniteHiPConfig(**SMALL), OffloadConfig(offload_enabled=True, attention_bank_tokens=100),
                        method="infinitehip", max_context_tokens=CONTEXT, max_num_seqs=1)
     with pytest.raises(ValueError, match="kv_dtype='fp8_e4m3' needs offload_enabled"):
-        engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL), OffloadConfig(offload_enabled=False, kv_dtype="fp8_e4m3"),
+        engine_for_dir(tiny_llama_dir, None, InfiniteHiPConfig(**SMALL), OffloadConfig(offload_enabled=False, kv_dtype="fp8_e4m3"),
                        method="infinitehip", max_context_tokens=CONTEXT)
-    engine = engine_for_dir(llama3_dir, None, InfiniteHiPConfig(**SMALL), _smallest_banks(InfiniteHiPConfig(**SMALL), HEADS),
+    engine = engine_for_dir(tiny_llama_dir, None, InfiniteHiPConfig(**SMALL), _smallest_banks(InfiniteHiPConfig(**SMALL), HEADS),
                             method="infinitehip", max_context_tokens=CONTEXT, max_num_seqs=1)
     with pytest.raises(OffloadedAccessError, match="offloaded"):
         engine.cache.flat_k(0)

@@ -14,8 +14,8 @@ from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.resolve import resolve
-from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
-from tests.conftest import after_each_decode_step
+from tests.attention.test_infinitehip_method import SMALL
+from tests.conftest import after_each_decode_step, random_ids
 from tests.engine.test_offload_engine import FEW_GROUPS, HEADS, _assert_same, _generate, _smallest_banks
 
 REFRESH = (6, 3, 2)  # steps 1, 5, 7, 11, 13 refresh no stage
@@ -61,18 +61,19 @@ def _run(path, config, steps, graphs, on_step=None, prompt_seed=31):
         if on_step is not None:
             after_each_decode_step(engine, on_step)
 
-    return _generate(path, config, offload, [_ids(700, seed=prompt_seed)], steps, on_engine=setup)
+    return _generate(path, config, offload, [random_ids(700, seed=prompt_seed)], steps, on_engine=setup)
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_steps_between_refreshes_resolve_nothing_and_equal_resident(llama3_dir, monkeypatch, graphs):
+def test_steps_between_refreshes_resolve_nothing_and_equal_resident(tiny_llama_dir, monkeypatch, graphs):
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": REFRESH})
     steps = 16
-    resident = _generate(llama3_dir, config, None, [_ids(700, seed=31)], steps)
+    resident = _generate(tiny_llama_dir, config, None, [random_ids(700, seed=31)], steps)
     calls, per_step, keys = _count_calls(monkeypatch), [], []
     inner_step = GraphDecoder.step
     monkeypatch.setattr(GraphDecoder, "step", lambda self, *args: keys.append(args[-1]) or inner_step(self, *args))
-    ours = _run(llama3_dir, config, steps, graphs, on_step=lambda engine, done: per_step.append((done, list(calls))))
+    ours = _run(tiny_llama_dir, config, steps, graphs,
+                on_step=lambda engine, done: per_step.append((done, list(calls))))
     _assert_same(ours, resident)
     layers = ours[3].model_config.num_layers
     # Decode step s: from the entry with s steps done to the one with s + 1.
@@ -103,12 +104,12 @@ def _evict_everything(engine):
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_a_resolve_between_two_steps_makes_the_next_one_resolve_again(llama3_dir, monkeypatch, graphs):
+def test_a_resolve_between_two_steps_makes_the_next_one_resolve_again(tiny_llama_dir, monkeypatch, graphs):
     """After a foreign resolve evicted the kept rows, the next step resolves its whole list: tokens equal resident.
     Control: if the holder survived that resolve (the kept rows trusted), the output would differ."""
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": REFRESH})
     steps = 10
-    resident = _generate(llama3_dir, config, None, [_ids(700, seed=31)], steps)
+    resident = _generate(tiny_llama_dir, config, None, [random_ids(700, seed=31)], steps)
 
     keys = []
     inner_step = GraphDecoder.step
@@ -120,7 +121,7 @@ def test_a_resolve_between_two_steps_makes_the_next_one_resolve_again(llama3_dir
         if done in (1, 4):
             _evict_everything(engine)
 
-    ours = _run(llama3_dir, config, steps, graphs, on_step=evict_before_reuse)
+    ours = _run(tiny_llama_dir, config, steps, graphs, on_step=evict_before_reuse)
     _assert_same(ours, resident)
     if graphs:  # decode steps 1 .. steps - 2 from graphs; the steps after an eviction hold nothing
         kept = [s not in (1, 4) for s in range(1, steps - 1)]
@@ -129,5 +130,5 @@ def test_a_resolve_between_two_steps_makes_the_next_one_resolve_again(llama3_dir
     monkeypatch.setattr(OffloadedKV, "resolve_attention",
                         lambda self, layer, slots: resolve(self.attention_bank, self.store, layer, slots,
                                                                           impl=self.impl))
-    stale = _run(llama3_dir, config, steps, graphs, on_step=evict_before_reuse)
+    stale = _run(tiny_llama_dir, config, steps, graphs, on_step=evict_before_reuse)
     assert stale[0] != resident[0] or any(not torch.equal(a, b) for a, b in zip(stale[1], resident[1]))

@@ -14,8 +14,8 @@ from infinitehip.attention.infinitehip import mask_rows, method
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.resolve import resolve
-from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
-from tests.conftest import after_each_decode_step
+from tests.attention.test_infinitehip_method import SMALL
+from tests.conftest import after_each_decode_step, random_ids
 from tests.engine.test_offload_engine import FEW_GROUPS, HEADS, _assert_same, _generate, _smallest_banks
 from tests.kv.test_offload_decode_rows import HostFreeReplay
 from tests.kv.test_offload_saliency_window import _sums
@@ -52,7 +52,7 @@ def _run(path, steps, graphs, mask_bank=ONE_GROUP, on_step=None, keys=None):
         if on_step is not None:
             after_each_decode_step(engine, on_step)
 
-    return _generate(path, CONFIG, offload, [_ids(700, seed=31)], steps, on_engine=setup)
+    return _generate(path, CONFIG, offload, [random_ids(700, seed=31)], steps, on_engine=setup)
 
 
 def _former(path, steps, graphs, on_step=None):
@@ -99,13 +99,13 @@ def _per_step(calls):
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_last_stage_refresh_reuses_the_mask_rows_and_equals_the_former_path(llama3_dir, monkeypatch, graphs):
+def test_last_stage_refresh_reuses_the_mask_rows_and_equals_the_former_path(tiny_llama_dir, monkeypatch, graphs):
     steps = 17
-    resident = _generate(llama3_dir, CONFIG, None, [_ids(700, seed=31)], steps)
-    former = _former(llama3_dir, steps, graphs)
+    resident = _generate(tiny_llama_dir, CONFIG, None, [random_ids(700, seed=31)], steps)
+    former = _former(tiny_llama_dir, steps, graphs)
     calls, keys = _mask_calls(monkeypatch), []
     on_step, delta = _per_step(calls)
-    ours = _run(llama3_dir, steps, graphs, on_step=on_step, keys=keys)
+    ours = _run(tiny_llama_dir, steps, graphs, on_step=on_step, keys=keys)
     _assert_same(ours, resident)
     _assert_exact(ours, former)
     layers = ours[3].model_config.num_layers
@@ -131,7 +131,7 @@ def _evict_mask(engine):
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_a_foreign_mask_resolve_makes_the_last_stage_resolve_again(llama3_dir, monkeypatch, graphs):
+def test_a_foreign_mask_resolve_makes_the_last_stage_resolve_again(tiny_llama_dir, monkeypatch, graphs):
     """Evict before decode step 8 (the last stage alone, rows kept at 6): it resolves, the output equals the former
     path. Control: with the holder surviving the foreign resolve, the stale rows are read and the output differs."""
     steps = 12
@@ -140,25 +140,25 @@ def test_a_foreign_mask_resolve_makes_the_last_stage_resolve_again(llama3_dir, m
         if done == 8:
             _evict_mask(engine)
 
-    former = _former(llama3_dir, steps, graphs, on_step=evict)
-    ours = _run(llama3_dir, steps, graphs, on_step=evict)
+    former = _former(tiny_llama_dir, steps, graphs, on_step=evict)
+    ours = _run(tiny_llama_dir, steps, graphs, on_step=evict)
     _assert_exact(ours, former)
 
     monkeypatch.setattr(OffloadedKV, "resolve_mask",
                         lambda self, layer, slots: resolve(self.mask_bank, self.store, layer, slots, impl=self.impl))
-    stale = _run(llama3_dir, steps, graphs, on_step=evict)
+    stale = _run(tiny_llama_dir, steps, graphs, on_step=evict)
     assert stale[0] != former[0] or any(not torch.equal(a, b) for a, b in zip(stale[1], former[1]))
 
 
-def test_several_groups_keep_nothing(llama3_dir, monkeypatch):
+def test_several_groups_keep_nothing(tiny_llama_dir, monkeypatch):
     """A mask bank of 5 chunks' representatives: the last stage in 7 groups, every refresh resolves; exact."""
     steps = 10
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(method, "stage_keys", lambda kept, rep_keys, *args: [rep_keys] * len(args[-2]))
-        former = _run(llama3_dir, steps, False, mask_bank=FEW_GROUPS)
+        former = _run(tiny_llama_dir, steps, False, mask_bank=FEW_GROUPS)
     calls, kept = _mask_calls(monkeypatch), []
     monkeypatch.setattr(mask_rows.MaskRows, "keep", lambda self, *args: kept.append(args))
     on_step, delta = _per_step(calls)
-    ours = _run(llama3_dir, steps, False, mask_bank=FEW_GROUPS, on_step=on_step)
+    ours = _run(tiny_llama_dir, steps, False, mask_bank=FEW_GROUPS, on_step=on_step)
     _assert_exact(ours, former)
     assert delta[2] == delta[4] == 7 * ours[3].model_config.num_layers and not kept

@@ -17,7 +17,8 @@ from infinitehip.attention.infinitehip import decode_rows, method
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.resolve import resolve
-from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
+from tests.attention.test_infinitehip_method import SMALL
+from tests.conftest import random_ids
 from tests.kv.test_offload_decode_rows import REFRESH, _evict_everything, _run
 from tests.engine.test_offload_engine import _assert_same, _generate
 
@@ -81,15 +82,15 @@ def _spy_readers(monkeypatch):
 
 
 @pytest.mark.parametrize("window,refresh,from_rows", [(48, REFRESH, True), (64, REFRESH, True), (64, (6, 3, 3), False)])
-def test_refresh_reads_the_window_without_a_resolve(llama3_dir, monkeypatch, window, refresh, from_rows):
+def test_refresh_reads_the_window_without_a_resolve(tiny_llama_dir, monkeypatch, window, refresh, from_rows):
     """stream 64 >= window + P - 2: kept rows from the second step on (64, P = 2: the boundary); 64 < 64 + 3 - 2:
     the store. Keys equal the store's, sums and tokens equal resident."""
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": refresh, "landmark_window": window})
     steps = 12
-    resident = _generate(llama3_dir, config, None, [_ids(700, seed=31)], steps)
-    former = _former_path(llama3_dir, config, steps)
+    resident = _generate(tiny_llama_dir, config, None, [random_ids(700, seed=31)], steps)
+    former = _former_path(tiny_llama_dir, config, steps)
     calls = _spy_readers(monkeypatch)
-    ours = _run(llama3_dir, config, steps, graphs=False)
+    ours = _run(tiny_llama_dir, config, steps, graphs=False)
     _assert_same(ours, resident)
     _assert_exact(ours, former)
     layers = ours[3].model_config.num_layers
@@ -100,31 +101,31 @@ def test_refresh_reads_the_window_without_a_resolve(llama3_dir, monkeypatch, win
         assert calls == [0, refreshes * layers]
 
 
-def test_graphs_give_the_same_saliency(llama3_dir):
+def test_graphs_give_the_same_saliency(tiny_llama_dir):
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": REFRESH})
     steps = 12
-    resident = _generate(llama3_dir, config, None, [_ids(700, seed=31)], steps)
-    former = _former_path(llama3_dir, config, steps, graphs=True)
-    ours = _run(llama3_dir, config, steps, graphs=True)
+    resident = _generate(tiny_llama_dir, config, None, [random_ids(700, seed=31)], steps)
+    former = _former_path(tiny_llama_dir, config, steps, graphs=True)
+    ours = _run(tiny_llama_dir, config, steps, graphs=True)
     assert ours[3].runner.graph_decoder.replays > 0
     _assert_same(ours, resident)
     _assert_exact(ours, former)
 
 
-def test_an_eviction_before_a_refresh_reads_the_store(llama3_dir, monkeypatch):
+def test_an_eviction_before_a_refresh_reads_the_store(tiny_llama_dir, monkeypatch):
     """Evict every row before decode step 4 (refreshes the last stage): it reads the store; sums equal resident.
     Control: with the holder surviving that resolve, the kept rows are trusted and the sums differ."""
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": REFRESH})
     steps = 8
-    resident = _generate(llama3_dir, config, None, [_ids(700, seed=31)], steps)
+    resident = _generate(tiny_llama_dir, config, None, [random_ids(700, seed=31)], steps)
 
     def evict(engine, done):
         if done == 4:
             _evict_everything(engine)
 
-    former = _former_path(llama3_dir, config, steps, on_step=evict)
+    former = _former_path(tiny_llama_dir, config, steps, on_step=evict)
     calls = _spy_readers(monkeypatch)
-    ours = _run(llama3_dir, config, steps, graphs=False, on_step=evict)
+    ours = _run(tiny_llama_dir, config, steps, graphs=False, on_step=evict)
     _assert_same(ours, resident)
     _assert_exact(ours, former)
     layers = ours[3].model_config.num_layers
@@ -134,6 +135,6 @@ def test_an_eviction_before_a_refresh_reads_the_store(llama3_dir, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(OffloadedKV, "resolve_attention",
                         lambda self, layer, slots: resolve(self.attention_bank, self.store, layer, slots, impl=self.impl))
-    stale = _run(llama3_dir, config, steps, graphs=False, on_step=evict)
+    stale = _run(tiny_llama_dir, config, steps, graphs=False, on_step=evict)
     sums, want = _sums(stale[3]), _sums(former[3])
     assert any(not torch.equal(x, y) for layer in want for x, y in zip(sums[layer], want[layer]))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from infinitehip import SamplingParams
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from tests.conftest import engine_for_dir
-from tests.attention.test_infinitehip_method import SMALL, _ids, llama3_dir  # noqa: F401
+from tests.conftest import engine_for_dir, random_ids
+from tests.attention.test_infinitehip_method import SMALL
 from tests.engine.test_offload_engine import FEW_GROUPS, HEADS, _smallest_banks
 
 CONFIG = InfiniteHiPConfig(**{**SMALL, "question_tokens": 8, "question_keep_tokens": 32, "question_window": 3})
@@ -19,10 +19,10 @@ def _run(engine, prompt):
     return seq
 
 
-def test_offloaded_prefix_hit_equals_a_resident_run_without_caching(llama3_dir):
-    doc = _ids(384, seed=31)
-    q1, q2 = doc + _ids(40, seed=32), doc + _ids(50, seed=33)
-    make = lambda offload, **kw: engine_for_dir(llama3_dir, None, CONFIG, offload, method="infinitehip",
+def test_offloaded_prefix_hit_equals_a_resident_run_without_caching(tiny_llama_dir):
+    doc = random_ids(384, seed=31)
+    q1, q2 = doc + random_ids(40, seed=32), doc + random_ids(50, seed=33)
+    make = lambda offload, **kw: engine_for_dir(tiny_llama_dir, None, CONFIG, offload, method="infinitehip",
                                                 max_context_tokens=800, prefill_chunk_size=128, page_size=16, max_num_seqs=1, **kw)
     expected = _run(make(None, enable_prefix_caching=False), q2).output_ids
     engine = make(_smallest_banks(CONFIG, HEADS, mask_bank=FEW_GROUPS))  # (the mask bank is not the subject)

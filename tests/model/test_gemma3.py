@@ -13,7 +13,7 @@ from infinitehip.attention.infinipot.config import InfiniPotConfig
 from infinitehip.attention.registry import METHODS, create_method, method_spec
 from infinitehip.attention.streaming.config import StreamingConfig
 from infinitehip.config.model import ModelConfig
-from tests.conftest import TINY_CONFIGS, closure_graph_decoder, engine_for_dir, record_step_logits
+from tests.conftest import TINY_CONFIGS, closure_graph_decoder, engine_for_dir, random_ids, record_step_logits
 from tests.attention.test_infinitehip_method import SMALL as SMALL_IH
 
 # Settings whose budgets a 600-token prompt exceeds, so each method really selects / evicts / distils.
@@ -41,10 +41,6 @@ def gemma_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("gemma3")
     model.save_pretrained(path)
     return path
-
-
-def _ids(n, seed=0):
-    return torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def _generate(engine, prompts, max_tokens):
@@ -88,7 +84,7 @@ def test_kv_cache_holds_only_full_layers_and_ring_memory_is_fixed(gemma_dir):
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_short_input_equals_dense_and_frees_rows(gemma_dir, tokenizer, method):
     """Within every method's budgets a hybrid model's greedy output is dense's; pages and ring rows are freed."""
-    ids = _ids(120, seed=6)
+    ids = random_ids(120, seed=6)
     (dense,) = _generate(engine_for_dir(gemma_dir, method="dense", max_context_tokens=2048), [ids], 8)
     engine = engine_for_dir(gemma_dir, tokenizer, method=method, max_context_tokens=2048)
     assert _generate(engine, [ids], 8) == [dense]
@@ -101,7 +97,7 @@ def test_every_method_past_its_budget_batched_equals_alone(gemma_dir, tokenizer,
     """Prompts past the budgets (the method selects on the full layers): sequences sharing steps get what each
     gets alone, so the ring rows of different sequences never mix. Both prompts fit one step's prefill budget, so
     each is prefilled in one chunk, together or alone (block-wise selection depends on chunk boundaries)."""
-    prompts = [_ids(600, seed=7), _ids(350, seed=8)]
+    prompts = [random_ids(600, seed=7), random_ids(350, seed=8)]
     make = lambda: engine_for_dir(gemma_dir, tokenizer, SMALL[method], method=method, max_context_tokens=2048,
                                   prefill_chunk_size=1024, page_size=16)
     alone = [_generate(make(), [ids], 6)[0] for ids in prompts]
@@ -124,7 +120,7 @@ def test_extra_forward_tokens_never_enter_the_ring(gemma_dir, tokenizer):
         return out
 
     runner._extra_forward = checked
-    _generate(engine, [_ids(500, seed=9)], 4)
+    _generate(engine, [random_ids(500, seed=9)], 4)
     assert calls, "the pot must have been distilled at least once"
 
 
@@ -137,7 +133,7 @@ def test_graph_decode_equals_eager(gemma_dir):
         engine = engine_for_dir(gemma_dir, None, config, method=method, max_context_tokens=2048, prefill_chunk_size=128)
         decoder = closure_graph_decoder(engine) if graphs else None
         logits = record_step_logits(engine)
-        out = _generate(engine, [_ids(300, seed=10)], 24)
+        out = _generate(engine, [random_ids(300, seed=10)], 24)
         return out, logits, decoder
 
     eager, eager_logits, _ = run(False)
@@ -162,7 +158,7 @@ def test_offloaded_kv_holds_the_full_layers_and_equals_resident(gemma_dir):
         engine = engine_for_dir(gemma_dir, None, config, offload, method="infinitehip",
                                 max_context_tokens=CONTEXT, prefill_chunk_size=128, max_num_seqs=1)
         logits = record_step_logits(engine)
-        return _generate(engine, [_ids(700, seed=11)], 8), logits, engine
+        return _generate(engine, [random_ids(700, seed=11)], 8), logits, engine
 
     resident, resident_logits, _ = run(None)
     ours, logits, engine = run(offload)
