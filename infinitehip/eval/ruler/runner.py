@@ -36,7 +36,7 @@ __all__ = ["RulerConfig", "context_tokens_needed", "run_metadata", "run_ruler", 
 @dataclass(frozen=True)
 class RulerConfig:
     tasks: tuple[str, ...] = tuple(TASKS)  # RULER-style tasks to run
-    haystacks: tuple[str, ...] = tuple(HAYSTACKS)  # real-prose haystacks: essays, pydoc
+    haystacks: tuple[str, ...] = tuple(HAYSTACKS)  # real-prose haystacks: essays, sotu, pydoc
     lengths: tuple[int, ...] = (4096,)  # templated prompt lengths in tokens of the model's tokenizer
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # target needle depth, 0..1
     seeds: tuple[int, ...] = (0, 1, 2)  # needle/value seeds per depth
