@@ -251,11 +251,17 @@ def test_cli_flags_build_the_config():
 
 
 def test_pot_sizes_follow_the_model_unless_given(llama3, tokenizer):
-    """pot_tokens 0 = half the trained length, at most 16K; compressed_tokens 0 = a quarter of the pot."""
-    for trained, pot in [(4096, 2048), (8192, 4096), (32768, 16384), (131072, 16384)]:
+    """pot_tokens 0 = half the trained length, at most 16K; compressed_tokens 0 = a quarter of the pot; NuC share
+    None = none in pots of 8K or more, half of |C| below."""
+    for trained, pot, novelty in [(4096, 2048, 0.5), (8192, 4096, 0.5), (16384, 8192, 0.0), (32768, 16384, 0.0),
+                                  (131072, 16384, 0.0)]:
         sized = InfiniPotConfig().for_model(trained)
-        assert (sized.pot_tokens, sized.compressed_tokens) == (pot, pot // 4)
+        assert (sized.pot_tokens, sized.compressed_tokens, sized.novelty_fraction) == (pot, pot // 4, novelty)
+        assert sized.sized and not InfiniPotConfig().sized
     assert InfiniPotConfig(pot_tokens=1000).for_model(131072).compressed_tokens == 250
+    assert InfiniPotConfig(novelty_fraction=0.25).for_model(131072).novelty_fraction == 0.25
+    with pytest.raises(ValueError, match="for_model"):
+        InfiniPotConfig().novelty_tokens
     assert PRESETS["4k"].for_model(131072) == PRESETS["4k"]  # the paper's sizes are kept as given
     _, path = llama3  # the tiny model is trained to 4096 positions: the method runs a 2048-slot pot
     method = create_method("infinipot", engine_for_dir(path, tokenizer).model_config, InfiniPotConfig())

@@ -5,11 +5,12 @@ pot up to |M| - |P| slots (|P| = catalyst prompt tokens), the catalyst runs in t
 the pot is distilled to `compressed_tokens` (|C|) slots, of which novelty_fraction * |C| go first to the
 highest-NLL tokens (NuC) and the rest, per KV head, to the tokens the catalyst attends most (CaP).
 
-Sizes: 0 means "from the model". `pot_tokens` 0 = half the model's trained length, at most 16,384 (16K for
-Gemma 3 and Llama 3.1, 4K for the embedded SmolLM2): CR-RoPE positions stay well inside the trained range and,
-on the real-text suite, a 16K pot keeps a code word through 128K of prose where the paper's 4K pot keeps none
-(docs/real-text.md). `compressed_tokens` 0 = |M| / 4: the paper only requires |M| >> |C|; a quarter keeps a
-distillation to once per 3|M|/4 input tokens (their cost stays a few percent of prefill, App. C.2).
+Sizes: 0 means "from the model", and the NuC share None "from the pot's size". `pot_tokens` 0 = half the model's
+trained length, at most 16,384 (16K for Gemma 3 and Llama 3.1, 4K for the embedded SmolLM2): CR-RoPE positions
+stay well inside the trained range and, on the real-text suite, a 16K pot keeps a code word through 128K of prose
+where the paper's 4K pot keeps none (docs/real-text.md). `compressed_tokens` 0 = |M| / 4: the paper only requires
+|M| >> |C|; a quarter keeps a distillation to once per 3|M|/4 input tokens (their cost stays a few percent of
+prefill, App. C.2).
 """
 
 from __future__ import annotations
@@ -21,15 +22,19 @@ from typing import ClassVar
 # CaP-G, the paper's general (query-agnostic) catalyst (Table 2); the blank line separates it from the context.
 GENERAL_CATALYST = "\n\nSummarize the critical points highlighted in this section."
 AUTO_POT_TOKENS = 16384  # the largest pot `pot_tokens=0` picks (half the trained length below 32K)
+NO_NOVELTY_POT_TOKENS = 8192  # `novelty_fraction=None`: no NuC in pots this large or larger, half of |C| below
 
 
 @dataclass(frozen=True)
 class InfiniPotConfig:
-    pot_tokens: int = 0  # |M|: KV slots per sequence, catalyst prompt included; also the largest RoPE position. 0: auto
+    # |M|: KV slots per sequence, catalyst prompt included; also the largest RoPE position. 0: half the model's
+    # trained length, at most 16384
+    pot_tokens: int = 0
     compressed_tokens: int = 0  # |C|: slots kept by each distillation (new tokens continue at position |C|). 0: |M| / 4
-    # alpha: share of |C| filled first by the highest-NLL tokens (NuC; 0.5 is Table 3's best). 0 by default: with the
-    # question in the catalyst, NuC's slots go to surprising prose words and cost the code word its digits.
-    novelty_fraction: float = 0.0
+    # alpha: share of |C| filled first by the highest-NLL tokens (NuC; 0.5 is Table 3's best). None: 0 for pots of
+    # 8K slots or more (with the question in the catalyst, NuC's slots go to surprising prose words and cost the
+    # code word its digits), 0.5 below (in a 4K pot the question's picks alone kept less; docs/real-text.md).
+    novelty_fraction: float | None = None
     # First tokens of the sequence every layer/KV head keeps at every distillation, before NuC and CaP (attention
     # sinks, as StreamingLLM keeps them). Not in the paper: 0 = its CCD, where the catalyst's attention decides
     # per head (the embedded model keeps its first token in 79 of 90 rows that way, and with NuC alone in none).
@@ -57,8 +62,9 @@ class InfiniPotConfig:
         if self.compressed_tokens < 0 or (self.pot_tokens and self.compressed_tokens >= self.pot_tokens):
             raise ValueError(f"compressed_tokens must be in [1, pot_tokens={self.pot_tokens}) (or 0: pot_tokens / 4), "
                              f"got {self.compressed_tokens}")
-        if not 0.0 <= self.novelty_fraction <= 1.0:
-            raise ValueError(f"novelty_fraction must be in [0, 1], got {self.novelty_fraction}")
+        if self.novelty_fraction is not None and not 0.0 <= self.novelty_fraction <= 1.0:
+            raise ValueError(f"novelty_fraction must be in [0, 1] (or None: from the pot's size), "
+                             f"got {self.novelty_fraction}")
         if self.sized and not 0 <= self.sink_tokens <= self.compressed_tokens - self.novelty_tokens:
             raise ValueError(f"sink_tokens must be in [0, compressed_tokens - NuC tokens = "
                              f"{self.compressed_tokens - self.novelty_tokens}], got {self.sink_tokens}")
@@ -73,17 +79,23 @@ class InfiniPotConfig:
 
     @property
     def sized(self) -> bool:
-        """Both sizes given (not 0): what `for_model` returns and the method runs with."""
-        return self.pot_tokens > 0 and self.compressed_tokens > 0
+        """Sizes and NuC share given (none left to the model): what `for_model` returns and the method runs with."""
+        return self.pot_tokens > 0 and self.compressed_tokens > 0 and self.novelty_fraction is not None
 
     def for_model(self, trained_length: int) -> "InfiniPotConfig":
-        """The sizes left at 0 filled in for a model trained to `trained_length` positions."""
+        """The fields left to the model (sizes 0, NuC share None) filled in for one trained to `trained_length`."""
         pot = self.pot_tokens or min(AUTO_POT_TOKENS, trained_length // 2)
-        return dataclasses.replace(self, pot_tokens=pot, compressed_tokens=self.compressed_tokens or pot // 4)
+        novelty = self.novelty_fraction
+        if novelty is None:
+            novelty = 0.0 if pot >= NO_NOVELTY_POT_TOKENS else 0.5
+        return dataclasses.replace(self, pot_tokens=pot, compressed_tokens=self.compressed_tokens or pot // 4,
+                                   novelty_fraction=novelty)
 
     @property
     def novelty_tokens(self) -> int:
-        """Slots of |C| given to NuC tokens first."""
+        """Slots of |C| given to NuC tokens first (of a sized config: `for_model`'s)."""
+        if not self.sized:
+            raise ValueError("novelty_tokens of an InfiniPotConfig whose sizes come from the model: call for_model()")
         return round(self.novelty_fraction * self.compressed_tokens)
 
     @property
