@@ -25,7 +25,8 @@ def tok(tokenizer):
     return tokenizer
 
 
-@pytest.mark.parametrize("haystack", sorted(HAYSTACKS))
+# sotu builds samples through the same code; tokenizing its 12 MB takes ~20 s of this machine (its text: below)
+@pytest.mark.parametrize("haystack", sorted(set(HAYSTACKS) - {"sotu"}))
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_sample_length_values_and_needles(tok, task, haystack):
     for n, depth in ((1024, 0.0), (3000, 0.7)):
