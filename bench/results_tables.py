@@ -123,7 +123,8 @@ TABLES = [
                 f"{FIXED} --method tokenselect --tasks niah_single_word --lengths 4096 7000 32000 131072 524288 1048576",
                 "half of 32K/128K and 5 of 512K from the runs' logs; 512K (30 of 35) and 1M seed 1 on 2026-11-26"),
             Row("infinipot (4K pot, the default before 2026-11-26)", [D26 + "gpu_b/gemma_infinipot_heldout.json", D26 + "gpu_b/gemma_infinipot_1m.json"],
-                f"{FIXED} --method infinipot --tasks niah_single_word --seeds 2 --lengths 32000 131072 1048576",
+                f"{FIXED} --method infinipot --method-config '{{\"pot_tokens\":4096,\"compressed_tokens\":1024,"
+                "\"novelty_fraction\":0.5}' --tasks niah_single_word --seeds 2 --lengths 32000 131072 1048576",
                 "held-out seed 2 only (seeds 0-1 chose the setting)"),
             Row("streaming", [D26 + "gpu_a/gemma_streaming.json"], f"{FIXED} --method streaming --lengths 32000"),
             Row("truncate", [D26 + "gpu_a/gemma_truncate.json"], f"{FIXED} --method truncate --lengths 32000"),
