@@ -58,8 +58,9 @@ def speed_markdown() -> str:
                              "on one H100, both rows one machine, one plan, 2026-11-26 later")
         lines += _pair_table(D26 + "offload_1m", (("offload_default_fast_prefill.json", "after `--fast-prefill`"),
                                                   ("offload_default_real_prefill.json", "after a real 1M prefill")),
-                             "Decode after a real 1M-token prefill (124.4 s, the process's first request: kernels compiled in it) against the `--fast-prefill` figure: the "
-                             "same command with and without `--fast-prefill`, one H100, one plan, 2026-11-26 (last)")
+                             "Decode after a real 1M-token prefill (124.4 s, the process's first request: kernels "
+                             "compiled in it) against the `--fast-prefill` figure: the same command with and without "
+                             "`--fast-prefill`, one H100, one plan, 2026-11-26 (last)")
     return "\n".join(lines) + "\n"
 
 

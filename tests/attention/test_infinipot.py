@@ -214,7 +214,7 @@ def test_config_and_binding_errors_name_the_field(llama3, tokenizer):
     with pytest.raises(ValueError, match="novelty_fraction"):
         InfiniPotConfig(novelty_fraction=1.5)
     with pytest.raises(ValueError, match="sink_tokens"):
-        InfiniPotConfig(pot_tokens=4096, compressed_tokens=1024, novelty_fraction=1.0, sink_tokens=4)  # no room beside NuC
+        InfiniPotConfig(pot_tokens=4096, compressed_tokens=1024, novelty_fraction=1.0, sink_tokens=4)  # no room: NuC
     with pytest.raises(ValueError, match="catalyst_question"):
         InfiniPotConfig(catalyst_question=" ")
     with pytest.raises(ValueError, match="pool_tokens"):
@@ -247,7 +247,8 @@ def test_cli_flags_build_the_config():
     args = parser.parse_args(["--preset", "2k"])
     assert method_config_from_args(EngineConfig(method="infinipot"), args).pot_tokens == 2048
     args = parser.parse_args(["--preset", "4k-retrieval", "--sink-tokens", "2"])  # a flag overrides its preset
-    assert method_config_from_args(EngineConfig(method="infinipot"), args) == dataclasses.replace(PRESETS["4k-retrieval"], sink_tokens=2)
+    expected = dataclasses.replace(PRESETS["4k-retrieval"], sink_tokens=2)
+    assert method_config_from_args(EngineConfig(method="infinipot"), args) == expected
 
 
 def test_pot_sizes_follow_the_model_unless_given(llama3, tokenizer):
