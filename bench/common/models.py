@@ -61,3 +61,8 @@ def load(name: str, device: torch.device, dtype: torch.dtype, cache_dir: str | N
 
 def weights_gb(loaded: LoadedModel) -> float:
     return sum(t.numel() * t.element_size() for t in loaded.model.parameters()) / 1e9
+
+
+def random_ids(vocab_size: int, n: int, seed: int) -> list[int]:
+    """n token ids drawn uniformly from the vocabulary with a seeded generator (the same ids on every run)."""
+    return torch.randint(0, vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()

@@ -60,7 +60,7 @@ def run_method(loaded: LoadedModel, method: str, preset: str | None, context: in
                      show_progress=False, cuda_graphs=cuda_graphs and not cpu, method_config=config),
         loaded,
     )
-    ids = torch.randint(0, loaded.config.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    ids = models.random_ids(loaded.config.vocab_size, context, seed=0)
     seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=steps + warmup_steps + 1, ignore_eos=True))
     sync(device)
     t0 = time.perf_counter()

@@ -68,7 +68,7 @@ def run(args, out) -> dict:
         engine = LLMEngine(EngineConfig(method="infinipot", device=args.device, dtype=str(dtype).removeprefix("torch."),
                                         show_progress=False, max_context_tokens=length + args.decode_steps + 8,
                                         prefill_chunk_size=args.prefill_chunk_size, method_config=config), loaded)
-        ids = torch.randint(0, loaded.config.vocab_size, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+        ids = models.random_ids(loaded.config.vocab_size, length, seed=length)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         distill_seconds.clear()

@@ -48,8 +48,7 @@ def prompt_for(engine: LLMEngine, args, context: int) -> tuple[list[int], object
 
         sample = make_passkey_sample(engine.tokenizer, context, args.depth, seed=context)
         return engine.encode_chat(sample.messages), sample
-    ids = torch.randint(0, engine.model_config.vocab_size, (context,), generator=torch.Generator().manual_seed(0))
-    return ids.tolist(), None
+    return models.random_ids(engine.model_config.vocab_size, context, seed=0), None
 
 
 def resolve_calls(engine) -> dict[str, int]:

@@ -39,8 +39,7 @@ from infinitehip.model.loading import LoadedModel
 
 def ttft(engine: LLMEngine, length: int, seed: int) -> float:
     """Seconds from add_request to the first sampled token of a random prompt of `length` tokens."""
-    ids = torch.randint(0, engine.model_config.vocab_size, (length,), generator=torch.Generator().manual_seed(seed))
-    return first_token_s(engine, ids.tolist(), 1)[0]
+    return first_token_s(engine, models.random_ids(engine.model_config.vocab_size, length, seed), 1)[0]
 
 
 def run_cell(loaded: LoadedModel, method_name: str, mode: str, context: int, args, device: torch.device) -> dict:

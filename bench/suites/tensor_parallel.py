@@ -43,10 +43,6 @@ def sync(args) -> None:
         torch.cuda.synchronize()
 
 
-def random_ids(model, n: int, seed: int) -> list[int]:
-    return torch.randint(0, model.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
 def run_size(args, tp: int, context: int) -> dict:
     model = models.TINY if args.smoke else models.LLAMA_31_8B
     method = models.TINY_METHOD if args.smoke else method_config(args)
@@ -68,15 +64,15 @@ def run_size(args, tp: int, context: int) -> dict:
         cold_s = None
         if cold_len:
             t0 = time.perf_counter()
-            cold = engine.add_request(random_ids(model, cold_len, seed=1), SamplingParams(temperature=0.0, max_tokens=2,
-                                                                                          ignore_eos=True))
+            cold = engine.add_request(models.random_ids(model.vocab_size, cold_len, seed=1),
+                                      SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
             while not cold.is_finished:
                 engine.step()
             sync(args)
             cold_s = time.perf_counter() - t0
         sync(args)
         t0 = time.perf_counter()
-        seq = engine.add_request(random_ids(model, context, seed=0),
+        seq = engine.add_request(models.random_ids(model.vocab_size, context, seed=0),
                                  SamplingParams(temperature=0.0, max_tokens=args.warmup_steps + args.steps + 1,
                                                 ignore_eos=True))
         while not seq.output_ids:
