@@ -128,8 +128,9 @@ def reading_markdown() -> str:
 
 
 def _rows(folder: str, name: str, seeds: tuple[int, ...] = (0, 1), length: int | None = None) -> list[dict]:
-    rows = json.loads((RESULTS / folder / name).read_text())["samples"]
-    return [r for r in rows if r["seed"] // 100_000 in seeds and (length is None or r["length"] == length)]
+    """The code-word samples of one file with these --seeds values (and this length)."""
+    return [r for r in samples(Row(name, [folder + name], "")) if r["seed"] // 100_000 in seeds
+            and (length is None or r["length"] == length)]
 
 
 def repetition_markdown() -> str:
