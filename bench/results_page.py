@@ -220,6 +220,45 @@ def precision_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def tokenselect_pool_markdown() -> str:
+    """tokenselect's vote pool width screened at sotu 1M (seeds 0-1), and the passkey check of the pick (same run)."""
+    ts = D26 + "gpu_ts_pool/"
+    if not (RESULTS / ts / "ts_pool15.json").exists():
+        return ""
+    variants = [("pool 5 (the default before)", D26 + "gpu_sotu/", "sotu_ts_1m.json"),
+                ("**pool 15 (the pick)**", ts, "ts_pool15.json"), ("pool 31", ts, "ts_pool31.json"),
+                ("pool 5, select_tokens 512", ts, "ts_sel512.json")]
+    sotu = GEMMA.replace("--haystacks essays", "--haystacks sotu")
+    lines = ["## TokenSelect: vote pool width, screened at 1M", "",
+             "Device: NVIDIA H100 80GB, bf16. Date: 2026-11-26. Gemma 3 270M, the sotu haystack, 1M, seeds 0-1 (20 "
+             f"prompts, each in its own text): `{sotu} --method tokenselect --lengths 1048576 --seeds 0 1 "
+             "--method-config '{\"vote_pool_size\": W}'`. The vote's max-pool of width W turns each peak into a span "
+             "of W tokens, so the k = 2,048 selected tokens come as ~2,048 / W passages instead of ~400 fragments.", "",
+             "| setting | seeds 0-1 | s/prompt |", "| --- | :-: | :-: |"]
+    for label, folder, name in variants:
+        rows = _rows(folder, name, length=1048576)
+        lines.append(f"| {label} | {cell(rows)} | {sum(r['seconds'] for r in rows) / len(rows):.1f} |")
+    lines += ["", "Pool 31 scored one prompt more than 15 on the screen; 15 was checked on held-out prompts first "
+              "(the accuracy tables above) and kept: a wider span halves the number of places one selection can hold.",
+              "", "Passkey on the embedded SmolLM2-135M (one H100, one machine, the same session; depths 10-90%, one "
+              "pass key each; `python -m bench accuracy --model smol.gguf --method tokenselect --lengths 65536 131072 "
+              "262144 524288 1048576 [--seed 1] [--method-config '{\"vote_pool_size\": 5}']`):", ""]
+    files = [("pool 15 (default)", "passkey_tokenselect_pool15.json", "passkey_tokenselect_pool15_seed1.json"),
+             ("pool 5", "passkey_tokenselect_pool5.json", "passkey_tokenselect_pool5_seed1.json")]
+    loaded = {label: [r for f in names for r in json.loads((RESULTS / ts / f).read_text())["results"]]
+              for label, *names in files if all((RESULTS / ts / f).exists() for f in names)}
+    lengths = sorted({r["length"] for rows in loaded.values() for r in rows})
+    lines += ["| vote pool | " + " | ".join(length_label(n) for n in lengths) + " | all |",
+              "| --- |" + " :-: |" * (len(lengths) + 1)]
+    for label, rows in loaded.items():
+        lines.append(f"| {label} | " + " | ".join(cell([r for r in rows if r["length"] == n]) for n in lengths)
+                     + f" | {cell(rows)} |")
+    lines += ["", "Both rows fall short of the sweeps of 2026-11-25 (24/25 and 25/25, `2026-11-25/passkey_tokenselect_"
+              "pool5.json`, `..._seed1.json`), which ran before question-time selection became the default "
+              "(`--preset paper` has none)."]
+    return "\n".join(lines) + "\n"
+
+
 def passkey_markdown() -> str:
     """The SmolLM2 passkey sweep with the default (the regression check of speed work)."""
     path = RESULTS / D26 / "gpu_d" / "passkey_default.json"
@@ -271,6 +310,7 @@ def main() -> None:
             parts.append("![accuracy vs context](results/accuracy_vs_context.png)\n")
     parts.append(repetition_markdown())
     parts.append(reading_markdown())
+    parts.append(tokenselect_pool_markdown())
     parts.append(infinipot_screen_markdown())
     parts.append(screen_markdown())
     parts.append(precision_markdown())

@@ -25,9 +25,11 @@ class TokenSelectConfig:
     query_block_size: int = 512
     # Width of a max-pool over the votes before top-k (not in the paper; an option of the authors' code): a token
     # scores the best vote within vote_pool_size // 2 of it, so the selection comes as short spans around the
-    # peaks instead of isolated tokens. 1 = off. Default 5: on the embedded model's passkey sweep it removed
-    # misses where the needle was selected but its digits came isolated among filler (docs/devlog.md, "TokenSelect").
-    vote_pool_size: int = 5
+    # peaks instead of isolated tokens. 1 = off. Spans matter twice: on passkey filler they give a needle's digits
+    # their neighbours back; on real prose a selection of a few-token fragments from all over a long document is what
+    # the model reads instead of the needle's sentence (docs/devlog.md, "TokenSelect"; docs/real-text.md). Default 15:
+    # the best of widths 5, 15 and 31 on the real-text suite's 1M screen, with passkey unchanged.
+    vote_pool_size: int = 15
     # Logits of the vote's per-head softmax: "scaled" = q . k / sqrt(d) (the attention's own scale), "raw" = q . k
     # (the paper's eq. 10 and the authors' code): sharper per-head distributions, so a token a few heads like
     # strongly is not outvoted by tokens every head likes a little (delimiters, function words in real prose).
