@@ -242,7 +242,8 @@ def tokenselect_pool_markdown() -> str:
               "(the accuracy tables above) and kept: a wider span halves the number of places one selection can hold.",
               "", "Passkey on the embedded SmolLM2-135M (one H100, one machine, the same session; depths 10-90%, one "
               "pass key each; `python -m bench accuracy --model smol.gguf --method tokenselect --lengths 65536 131072 "
-              "262144 524288 1048576 [--seed 1] [--method-config '{\"vote_pool_size\": 5}']`):", ""]
+              "262144 524288 1048576`, with `--seed 1` for the second seed and `--method-config "
+              "'{\"vote_pool_size\": 5}'` for pool 5):", ""]
     files = [("pool 15 (default)", "passkey_tokenselect_pool15.json", "passkey_tokenselect_pool15_seed1.json"),
              ("pool 5", "passkey_tokenselect_pool5.json", "passkey_tokenselect_pool5_seed1.json")]
     loaded = {label: [r for f in names for r in json.loads((RESULTS / ts / f).read_text())["results"]]
