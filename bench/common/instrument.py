@@ -1,9 +1,9 @@
 """Benchmark-only instrumentation of the engine, in one place: each wraps or replaces a product function for the
-length of a run (the product has no hook for these; nothing in the package calls this module).
+length of a run (the product has no hook for these; nothing in the package calls this module). Per-phase prefill
+times are the product's own (`infinitehip.profiling.record_phases`), not a patch.
 
 - use_fast_prefill: the prefill's sparse attention output replaced by zeros, K/V and saliency written as usual
   (decode timing at contexts whose real prefill would take most of a device session; random weights only);
-- time_phases: synchronised wall time per prefill phase into PHASES;
 - time_graph_replays: CUDA events around every CUDA-graph replay;
 - time_calls: the synchronised wall time of each call of a function;
 - record_calls: the arguments of a module function's calls (to time a kernel alone with its real inputs).
@@ -30,42 +30,6 @@ def use_fast_prefill() -> None:
         return torch.zeros_like(q)
 
     InfiniteHiPAttention.prefill = prefill
-
-
-PHASES: dict[str, float] = {}
-
-
-def time_phases(device: torch.device) -> None:
-    """Wrap the prefill's phases with synchronised timers (PHASES: name -> seconds; nested phases overlap)."""
-    from infinitehip.attention.infinitehip import method, offload_access, saliency
-    from infinitehip.kv.offload import offloaded
-    from infinitehip.kv.offload.paged import OffloadedPagedCache
-
-    def timed(owner, name, label):
-        inner = getattr(owner, name)
-
-        def wrapper(*a, **kw):
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                return inner(*a, **kw)  # no syncs inside a graph capture
-            sync(device)
-            t = time.perf_counter()
-            out = inner(*a, **kw)
-            sync(device)
-            PHASES[label] = PHASES.get(label, 0.0) + time.perf_counter() - t
-            return out
-
-        setattr(owner, name, wrapper)
-
-    timed(method.InfiniteHiPAttention, "prefill", "prefill attention (all)")
-    timed(method.InfiniteHiPAttention, "_stage", "pruning stages")
-    timed(method.InfiniteHiPAttention, "_attend_prefill", "block-sparse attention")
-    timed(method.InfiniteHiPAttention, "_question_prefill", "question-time selection")
-    timed(saliency.KeySaliency, "update", "landmark saliency")
-    timed(offload_access.RepresentativeKeys, "__call__", "mask-bank resolve + table")
-    timed(offloaded.OffloadedKV, "resolve_attention", "attention-bank resolve")
-    timed(offloaded.OffloadedKV, "write", "KV write (offloaded)")
-    timed(OffloadedPagedCache, "token_table", "token tables")
-    timed(OffloadedPagedCache, "stage", "staged layer copy (store -> GPU)")
 
 
 def time_graph_replays() -> list:

@@ -32,7 +32,7 @@ import torch
 from bench.common import models
 from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
 from bench.common.dense import decode_layerwise
-from bench.common.instrument import PHASES, time_graph_replays, time_phases, untime_graph_replays, use_fast_prefill
+from bench.common.instrument import time_graph_replays, untime_graph_replays, use_fast_prefill
 from bench.common.timing import sync
 from infinitehip import EngineConfig, SamplingParams
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
@@ -40,7 +40,10 @@ from infinitehip.cli.options import parse_int
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel
+from infinitehip.profiling import record_phases
 
+
+PHASES: dict[str, float] = {}  # --phase-times: seconds per marked product phase (infinitehip/profiling.py)
 
 def prompt_for(engine: LLMEngine, args, context: int) -> tuple[list[int], object | None]:
     if args.passkey:
@@ -214,7 +217,7 @@ def run(args, out) -> dict:
     if args.fast_prefill:
         use_fast_prefill()
     if args.phase_times:
-        time_phases(torch.device("cpu" if args.smoke else "cuda"))
+        record_phases(torch.device("cpu" if args.smoke else "cuda"), PHASES)
     if args.smoke:
         args.contexts, args.steps, args.warmup_steps, args.chunk = [700], 8, 2, 128
         args.dtype, args.compare_resident, args.no_graphs = "float32", True, True

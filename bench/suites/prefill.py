@@ -29,13 +29,15 @@ import torch
 from bench.common import models
 from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
 from bench.common.dense import prefill_layerwise
-from bench.common.instrument import PHASES, time_phases
 from bench.common.timing import first_token_s
 from infinitehip import EngineConfig
 from infinitehip.cli.options import parse_int
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel
+from infinitehip.profiling import record_phases
 
+
+PHASES: dict[str, float] = {}  # --phase-times: seconds per marked product phase (infinitehip/profiling.py)
 
 def ttft(engine: LLMEngine, length: int, seed: int) -> float:
     """Seconds from add_request to the first sampled token of a random prompt of `length` tokens."""
@@ -108,7 +110,7 @@ def run(args, out) -> dict:
         out.meta["device"] = "cpu"
     loaded = models.load("tiny" if args.smoke else "random8b", device, getattr(torch, args.dtype))
     if args.phase_times:
-        time_phases(device)
+        record_phases(device, PHASES)
     meta = out.meta
     meta.update(model=loaded.source, preset=args.preset,
                 method_config=None if args.smoke else dataclasses.asdict(method_config(args)))

@@ -23,13 +23,16 @@ import torch
 
 from bench.common import models
 from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
-from bench.common.instrument import PHASES, time_phases, use_fast_prefill
+from bench.common.instrument import use_fast_prefill
 from bench.common.timing import first_token_s
 from infinitehip import EngineConfig
 from infinitehip.cli.options import parse_int
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel
+from infinitehip.profiling import record_phases
 
+
+PHASES: dict[str, float] = {}  # --phase-times: seconds per marked product phase (infinitehip/profiling.py)
 
 def run_cell(loaded: LoadedModel, method, context: int, offloaded: bool, args) -> dict:
     device = next(loaded.model.parameters()).device
@@ -104,7 +107,6 @@ def run(args, out) -> dict:
         raise ValueError(f"--question must be >= the preset's question_tokens ({method.question_tokens})")
     args.dtype = "float32" if args.smoke else "bfloat16"
     loaded = models.load("tiny" if args.smoke else "random8b", device, getattr(torch, args.dtype))
-    config = loaded.config
     warm = args.warmup_tokens // args.chunk * args.chunk
     if warm:  # both requests of a smaller cell first, per KV mode timed: every kernel of a hit compiled before timing
         for mode, contexts in ((False, args.resident), (True, args.offloaded)):
@@ -112,7 +114,7 @@ def run(args, out) -> dict:
                 print(f"warm-up ({'offloaded' if mode else 'resident'}, {warm} tokens):", flush=True)
                 run_cell(loaded, method, warm, mode, args)
     if args.phase_times:
-        time_phases(device)
+        record_phases(device, PHASES)
     rows = []
     for context in args.resident:
         rows.append(run_cell(loaded, method, context // args.chunk * args.chunk, False, args))

@@ -39,6 +39,7 @@ from infinitehip.attention.sparse import sparse_attention_decode, sparse_attenti
 from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.prefix_reuse import PrefixReuse
+from infinitehip.profiling import phase
 
 
 @dataclass
@@ -142,6 +143,7 @@ class InfiniteHiPAttention(AttentionMethod):
             for i in range(c.num_stages)
         ]
 
+    @phase("pruning stages")
     def _stage(self, spec, blocks, parent, layer, seq: SequenceSlice, batch: ForwardBatch,
                staged: StagedLayer | None = None) -> StageOutput:
         c = self.config
@@ -166,6 +168,7 @@ class InfiniteHiPAttention(AttentionMethod):
         return original_positions and candidates <= c.keep_tokens_for(layer, c.num_stages - 1)
 
     # ---- prefill ----------------------------------------------------------------------------------------
+    @phase("prefill attention (all)")
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
         staged = stage_prefill_layer(seq.cache, layer, seq.page_table, seq.context_len)  # offloaded: one GPU copy
@@ -199,6 +202,7 @@ class InfiniteHiPAttention(AttentionMethod):
             parent = StageOutput(starts, lens, parent.chunk_size, parent.query_block_size, parent.limit)
         return self._attend_prefill(layer, q, seq, batch, parent, blocks, window_start, staged)
 
+    @phase("question-time selection")
     def _question_prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch,
                           staged: StagedLayer | None = None):
         """Keep the last question_tokens queries; in the chunk that ends the prompt, make the question-time selection
@@ -231,6 +235,7 @@ class InfiniteHiPAttention(AttentionMethod):
                                      seq.probe.share_of_chunks(*chunks, c.sink_tokens, limit))
         return first, chunks
 
+    @phase("block-sparse attention")
     def _attend_prefill(self, layer, q, seq, batch, final: StageOutput, blocks: QueryBlocks, window_start,
                         staged: StagedLayer | None = None) -> torch.Tensor:
         key_tokens, key_counts = assemble_keys(final, blocks.last_position, window_start, self.config.sink_tokens)

@@ -34,6 +34,7 @@ from infinitehip.kv.offload.compose import decode_tables, list_slots
 from infinitehip.kv.offload.paged import safe_rows
 from infinitehip.kv.offload.planner import CapacityError
 from infinitehip.kv.paged_cache import token_slots
+from infinitehip.profiling import phase
 
 # score(keys, rows, cols) -> the scores of query blocks `rows` and chunks `cols` (a slice each) with their
 # representatives' keys read through keys = (k_flat, page_table, page_size).
@@ -51,6 +52,7 @@ class RepresentativeKeys:
         self.cache, self.layer, self.page_table = cache, layer, page_table
         self.bank = cache.kv.mask_bank
 
+    @phase("mask-bank resolve + table")
     def __call__(self, reps: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         """reps [M, N, H] token positions, lens [M, N] (0: padding chunk, not read) -> (k_flat, table, 1). Sync-free."""
         listed = (lens > 0)[..., None].expand_as(reps)

@@ -15,11 +15,11 @@ next chunk's queries.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from infinitehip.attention.infinitehip.representatives import salient_tokens
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary, apply_rotary_fused
+from infinitehip.profiling import phase
 
 
 class KeySaliency:
@@ -39,6 +39,7 @@ class KeySaliency:
             self._count[layer] = torch.zeros(rows, dtype=torch.float32, device=cache.device)
         return self._sum[layer], self._count[layer]
 
+    @phase("landmark saliency")
     def update(self, layer: int, q: torch.Tensor, start_pos: int, page_table: torch.Tensor, cache: PagedKVCache,
                rope: RotaryEmbedding, block: int = 512, impl: str = "reference", keys=None) -> None:
         """Add the logits of queries q [n, H, d] (pre-RoPE, positions start_pos..) to the keys in their window.

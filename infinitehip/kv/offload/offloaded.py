@@ -27,6 +27,7 @@ from infinitehip.kv.offload.bank import BankStats, KVBank
 from infinitehip.kv.offload.copy_rows import copy_rows
 from infinitehip.kv.offload.store import KVStore
 from infinitehip.kv.offload.resolve import invalidate, resolve
+from infinitehip.profiling import phase
 
 
 class OffloadedKV:
@@ -73,6 +74,7 @@ class OffloadedKV:
         """The host store's dtype (kv_dtype)."""
         return self.store.dtype
 
+    @phase("KV write (offloaded)")
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k/v [T, Hkv, d] of new tokens into store slots [T]; bank copies of those slots are dropped."""
         self.store.write(layer, slots, k, v, impl=self.impl)
@@ -83,6 +85,7 @@ class OffloadedKV:
         self.mask_holders[layer] = None  # this call may evict rows the layer's holder kept
         return resolve(self.mask_bank, self.store, layer, slots, impl=self.impl)
 
+    @phase("attention-bank resolve")
     def resolve_attention(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
         self.attention_holder = None  # this call may evict rows a holder kept
         return resolve(self.attention_bank, self.store, layer, slots, impl=self.impl)

@@ -27,6 +27,7 @@ from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload.bank import BankStats, KVBank
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.paged_cache import token_slots
+from infinitehip.profiling import phase
 
 
 class OffloadedAccessError(RuntimeError):
@@ -117,6 +118,7 @@ class OffloadedPagedCache:
         context (question-time selection) would evict every row the banks cache."""
         return self.read_k_store(layer, self.slots(page_table, start, end))
 
+    @phase("staged layer copy (store -> GPU)")
     def stage(self, layer: int, page_table: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V [tokens', Hkv, d] (the banks' dtype, on the device; tokens' = tokens rounded up to a page) of the
         sequence's positions [0, tokens), in position order, copied from the store into one reused GPU buffer pair:
@@ -145,6 +147,7 @@ class OffloadedPagedCache:
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         raise OffloadedAccessError("cache compaction is not supported with KV offloading")
 
+    @phase("token tables")
     def token_table(self, tokens: torch.Tensor, bank_index: torch.Tensor, bank: KVBank,
                     listed: torch.Tensor | None = None) -> torch.Tensor:
         """The token -> bank-row table (page_size 1) after writing bank_index at tokens (entries not `listed` skipped)."""
