@@ -42,8 +42,8 @@ from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel
 from infinitehip.profiling import record_phases
 
-
 PHASES: dict[str, float] = {}  # --phase-times: seconds per marked product phase (infinitehip/profiling.py)
+
 
 def prompt_for(engine: LLMEngine, args, context: int) -> tuple[list[int], object | None]:
     if args.passkey:

@@ -36,8 +36,8 @@ from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel
 from infinitehip.profiling import record_phases
 
-
 PHASES: dict[str, float] = {}  # --phase-times: seconds per marked product phase (infinitehip/profiling.py)
+
 
 def ttft(engine: LLMEngine, length: int, seed: int) -> float:
     """Seconds from add_request to the first sampled token of a random prompt of `length` tokens."""

@@ -31,8 +31,8 @@ from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel
 from infinitehip.profiling import record_phases
 
-
 PHASES: dict[str, float] = {}  # --phase-times: seconds per marked product phase (infinitehip/profiling.py)
+
 
 def run_cell(loaded: LoadedModel, method, context: int, offloaded: bool, args) -> dict:
     device = next(loaded.model.parameters()).device
