@@ -28,7 +28,8 @@ class TokenSelectConfig:
     # peaks instead of isolated tokens. 1 = off. Spans matter twice: on passkey filler they give a needle's digits
     # their neighbours back; on real prose a selection of a few-token fragments from all over a long document is what
     # the model reads instead of the needle's sentence (docs/devlog.md, "TokenSelect"; docs/real-text.md). Default 15:
-    # the best of widths 5, 15 and 31 on the real-text suite's 1M screen, with passkey unchanged.
+    # chosen on the real-text suite's 1M screen over 5 (fragments) and 31 (about as good, half as many places); it
+    # reads more pass keys than 5 as well (docs/results.md, "TokenSelect: vote pool width").
     vote_pool_size: int = 15
     # Logits of the vote's per-head softmax: "scaled" = q . k / sqrt(d) (the attention's own scale), "raw" = q . k
     # (the paper's eq. 10 and the authors' code): sharper per-head distributions, so a token a few heads like
