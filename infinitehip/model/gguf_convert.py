@@ -330,10 +330,13 @@ def _is_complete(directory: Path) -> bool:
     return all((directory / name).is_file() for name in _REQUIRED_FILES)
 
 
-def convert_gguf(gguf_path: str | Path, cache_root: str | Path, dtype: torch.dtype | None = None) -> Path:
+def convert_gguf(gguf_path: str | Path, cache_root: str | Path, dtype: torch.dtype | None = None,
+                 tokenizer_dir: str | Path | None = None) -> Path:
     """Convert `gguf_path` once into `cache_root/<stem>-<key>/` and return that directory.
 
     dtype: of the cached weight matrices; None: the architecture's (bfloat16).
+    tokenizer_dir: a tokenizer saved by `save_pretrained` for this GGUF (e.g. on a machine whose transformers builds
+    it correctly), loaded and checked against the GGUF's metadata instead of built from it; None: built here.
     The directory is built under a temporary name and renamed into place, so it either holds a
     complete conversion or does not exist; an existing complete one is returned without work."""
     src = Path(gguf_path).expanduser().resolve()
@@ -354,7 +357,14 @@ def convert_gguf(gguf_path: str | Path, cache_root: str | Path, dtype: torch.dty
         from transformers import AutoTokenizer  # heavy import, only needed on a cache miss
 
         # transformers builds the tokenizer (and chat template) from GGUF metadata; saving it keeps both.
-        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        if tokenizer_dir is None:
+            tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+            tokens = reader.get_field("tokenizer.ggml.tokens")
+            if tokens is not None and len(tokenizer) != len(tokens.data):  # one entry per vocabulary token
+                raise ValueError(f"tokenizer in {tokenizer_dir} has {len(tokenizer)} tokens, {src.name} "
+                                 f"{len(tokens.data)}: not this GGUF's tokenizer")
         _check_tokenizer(tokenizer, reader, src)
         tokenizer.save_pretrained(str(tmp))
         if target.exists():  # an incomplete leftover (e.g. files deleted by hand)

@@ -171,6 +171,20 @@ def _llama3_rope_factors(theta: float, head_dim: int, factor: float, low: float,
     return np.array(out, dtype=np.float32)
 
 
+def test_convert_with_a_tokenizer_saved_elsewhere(tmp_path: Path, converted: Path, embedded: Path) -> None:
+    """tokenizer_dir: the tokenizer another machine saved for this GGUF is used (and checked), not rebuilt."""
+    from transformers import AutoTokenizer
+
+    out = convert_gguf(embedded, tmp_path / "cache", tokenizer_dir=converted)
+    text = "The pass key is 47024. Remember it."
+    ids = [AutoTokenizer.from_pretrained(d)(text)["input_ids"] for d in (out, converted)]
+    assert ids[0] == ids[1]
+    _write_tiny(tmp_path / "tiny.gguf", "llama", tied=True)  # 64 tokens: the embedded tokenizer is not its own
+    with pytest.raises(ValueError, match="not this GGUF's tokenizer"):
+        convert_gguf(tmp_path / "tiny.gguf", tmp_path / "other", tokenizer_dir=converted)
+    assert not any((tmp_path / "other").iterdir())  # nothing half-converted is left
+
+
 def _write_tiny(path: Path, arch: str, *, tied: bool, rope_factors: np.ndarray | None = None,
                 head_dim: int = 8) -> tuple[dict, dict[str, np.ndarray]]:
     """Write a 2-layer F32 GGUF the way llama.cpp lays it out; return (hparams, HF-layout weights)."""
