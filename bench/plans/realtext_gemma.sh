@@ -4,8 +4,9 @@
 # at 1M) and the essays (154K tokens: a 1M prompt repeats them ~7 times). Makes docs/results.md's accuracy tables
 # (several sessions: the long lengths take most of a device session each; rerun the plan, `ruler` resumes its files).
 # MODEL_DIR holds gemma.gguf (carried in parts; `python3 -m bench.device_models join MODEL_DIR gemma` joins and
-# converts them and touches gemma_ready) and the conversion cache. EXTRA: flags added to every run (e.g. EXTRA="--dtype float32", the precision check of
-# docs/real-text.md; results go to the same file names, so give such a run its own OUT_DIR).
+# converts them and touches gemma_ready) and the conversion cache. EXTRA: flags added to every run (e.g.
+# EXTRA="--dtype float32", the precision check of docs/real-text.md; results go to the same file names, so give
+# such a run its own OUT_DIR).
 MODEL_DIR=${MODEL_DIR:-/root}
 EXTRA=${EXTRA:-}
 HAYSTACKS=${HAYSTACKS:-sotu essays}
