@@ -256,7 +256,8 @@ def tokenselect_pool_markdown() -> str:
                      + f" | {cell(rows)} |")
     lines += ["", "Both rows fall short of the sweeps of 2026-11-25 (24/25 and 25/25, `2026-11-25/passkey_tokenselect_"
               "pool5.json`, `..._seed1.json`), which ran before question-time selection became the default "
-              "(`--preset paper` has none)."]
+              "(`--preset paper` has none); a CPU trace ties a miss to the 2,048 question-selected tokens "
+              "(docs/real-text.md, Not done)."]
     return "\n".join(lines) + "\n"
 
 
