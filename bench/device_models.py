@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import tarfile
-import tempfile
 from pathlib import Path
 
 MODELS = ("smol", "gemma")
@@ -26,19 +25,18 @@ PART_BYTES = 45 << 20
 
 def pack(out: Path) -> None:
     from infinitehip.model.builtin import embedded_model_path, gemma3_270m_path
-    from infinitehip.model.gguf_convert import convert_gguf
+    from infinitehip.model.gguf_convert import convert_gguf, default_cache_root
 
     out.mkdir(parents=True, exist_ok=True)
     for name, path in (("gemma", gemma3_270m_path()), ("smol", embedded_model_path())):
         data = path.read_bytes()
         for i in range(0, len(data), PART_BYTES):
             (out / f"{name}.part{i // PART_BYTES:02d}").write_bytes(data[i : i + PART_BYTES])
-    with tempfile.TemporaryDirectory() as tmp:
-        converted = convert_gguf(gemma3_270m_path(), tmp)
-        with tarfile.open(out / "gemma_tok.tgz", "w:gz") as tar:
-            for f in converted.iterdir():
-                if f.name.startswith("tokenizer"):
-                    tar.add(f, arcname=f.name)
+    converted = convert_gguf(gemma3_270m_path(), default_cache_root())  # the user cache: no work once converted
+    with tarfile.open(out / "gemma_tok.tgz", "w:gz") as tar:
+        for f in converted.iterdir():
+            if f.name.startswith("tokenizer"):
+                tar.add(f, arcname=f.name)
     for part in sorted(out.glob("*.part*")):
         print(f"carry {part} -> cp {part} MODEL_DIR/")
     print(f"with the last Gemma part carry {out}/gemma_tok.tgz; after a model's last part: "
