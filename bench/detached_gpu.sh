@@ -18,7 +18,7 @@ if [ "$cmd" = start ]; then
   tar --exclude=./.gguf --exclude=./.venv -cf - . | tar -xf - -C "$dir/tree"
   cd "$dir/tree"
   setsid bash -c "export PYTHONPATH=/tmp/site:$dir/tree PYTHONUNBUFFERED=1 OUT_DIR=$dir
-    run() { name=\$1; shift; echo \"\$(date +%T) \$name\" >> $dir/progress; \"\$@\" > $dir/\$name.log 2>&1; }
+    run() { local name=\$1; shift; echo \"\$(date +%T) \$name\" >> $dir/progress; \"\$@\" > $dir/\$name.log 2>&1; }
     wait_file() { while [ ! -e \"\$1\" ]; do sleep 2; done; }
     source $plan
     touch $dir/done" < /dev/null > /dev/null 2>&1 &

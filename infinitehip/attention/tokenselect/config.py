@@ -42,9 +42,11 @@ class TokenSelectConfig:
     # and spread over the same width; the question_select_tokens best tokens are kept for the question's own
     # queries and every decode step of the answer, beside each step's own k. 0 = off (the paper, preset `paper`).
     # Defaults 32 / 9: on real-prose captures of the embedded model they put 3-4x more of a needle's value tokens
-    # in the selection than one query's vote (docs/real-text.md).
+    # in the selection than one query's vote (docs/real-text.md). Budget 512, chosen over 2,048 and 1,024 on the
+    # real-text suite's 1M screen (as good or better) and the passkey: 2,048 question-picked tokens of near-identical
+    # filler are what the small model misread (docs/results.md, "TokenSelect: question-time budget").
     question_tokens: int = 32
-    question_select_tokens: int = 2048  # tokens the question's vote selects for the answer
+    question_select_tokens: int = 512  # tokens the question's vote selects for the answer
     question_window: int = 9  # odd width over which the question's votes are averaged and spread
     selection_cache: bool = True  # decode: reuse the last selection while queries stay similar (App. C, Alg. 1)
     selection_cache_threshold: float = 0.9  # theta: reuse when cos(query, query of the last selection) >= theta
