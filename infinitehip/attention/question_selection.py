@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.needle_probe import FORCE_BONUS
-from infinitehip.attention.tokenselect import soft_vote
+from infinitehip.attention.question_vote import summed_soft_vote
 from infinitehip.model.rope import apply_rotary
 
 
@@ -43,7 +43,7 @@ def streamed_votes(q_rot: torch.Tensor, read_keys: KeyReader, start: int, count:
                    segment_logits: int = SEGMENT_LOGITS) -> torch.Tensor:
     """q_rot [n, H, d] rotated queries; candidates [start, start + count) read a segment at a time -> votes [count]
     fp32, the sum over queries and heads of each (query, head)'s softmax over all candidates (raw q . k), as
-    `soft_vote(...).sum(0)`. Two passes over the keys: the softmax of a (query, head) needs its log-sum-exp over
+    `summed_soft_vote`. Two passes over the keys: the softmax of a (query, head) needs its log-sum-exp over
     every candidate before any vote is known, and the [n, H, count] logits do not fit at a million tokens."""
     n, H, d = q_rot.shape
     q = q_rot.float()
@@ -74,17 +74,13 @@ def question_scores(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: to
     captures put more of the needle in the selection than the attention's 1/sqrt(d) scale (docs/real-text.md).
     Keys come from the paged cache (k_flat, page_table) or, for an offloaded cache, from `read_keys`.
     reduce(votes, "sum"): tensor parallelism, the votes of every rank's heads (`AttentionMethod.reduce_heads`)."""
-    n = q.shape[0]
     count = limit - sink
     rope.ensure(distance + 1)
     q_rot = apply_rotary(q.float(), rope.cos[distance], rope.sin[distance]).contiguous()
     reduce = reduce or (lambda votes, op: votes)
     if read_keys is not None:
         return window_scores(reduce(streamed_votes(q_rot, read_keys, sink, count), "sum"), window)
-    starts = torch.full((n,), sink, dtype=torch.int64, device=q.device)
-    counts = torch.full((n,), count, dtype=torch.int64, device=q.device)
-    votes = soft_vote(q_rot, k_flat, page_table[None].expand(n, -1), page_size, starts, counts, count, 1.0,
-                      impl=impl).sum(0)  # [count]
+    votes = summed_soft_vote(q_rot, k_flat, page_table, page_size, sink, count, 1.0, impl=impl)  # [count]
     return window_scores(reduce(votes, "sum"), window)
 
 

@@ -256,7 +256,7 @@ class InfiniteHiPAttention(AttentionMethod):
                 impl=self._impl(q),
             )
 
-        if staged is not None:
+        if staged is not None and staged.stages_values(key_counts):
             return attend(staged.k, staged.v, staged.page_table, staged.page_size, slice(0, key_tokens.shape[0]),
                           slice(0, q.shape[0]))
         return prefill_attention_in_groups(seq.cache, layer, seq.page_table, key_tokens, key_counts, blocks.size,

@@ -116,16 +116,31 @@ class RepresentativeKeys:
 
 
 class StagedLayer:
-    """An offloaded prefill's layer read as if resident: the sequence's K/V of positions [0, context_len) copied
-    from the store into one GPU buffer pair (`OffloadedPagedCache.stage`), row = token position, so the kernels
-    read it with an identity page table. Stands in for `RepresentativeKeys` (every representative in one call) and
-    for the attention bank (every query block in one call)."""
+    """An offloaded prefill's layer read as if resident: the sequence's keys of positions [0, context_len) copied
+    from the store into one GPU buffer (`OffloadedPagedCache.stage`), row = token position, so the kernels read it
+    with an identity page table. Stands in for `RepresentativeKeys` (every representative in one call). The values
+    are staged on first use (`v`), only where the attention reads more keys than the context holds
+    (`stages_values`); a short chunk (a question after a cached document) reads its few keys through the attention
+    bank instead of copying a whole layer of values."""
 
     def __init__(self, cache, layer: int, page_table: torch.Tensor, context_len: int):
-        self.k, self.v = cache.stage(layer, page_table, context_len)
+        self.cache, self.layer, self.context_len, self.source_table = cache, layer, context_len, page_table
+        self.k = cache.stage(layer, page_table, context_len, "k")
+        self._v: torch.Tensor | None = None
         self.page_size = cache.page_size
         self.page_table = torch.arange(self.k.shape[0] // self.page_size, dtype=page_table.dtype,
                                        device=page_table.device)
+
+    @property
+    def v(self) -> torch.Tensor:
+        if self._v is None:
+            self._v = self.cache.stage(self.layer, self.source_table, self.context_len, "v")
+        return self._v
+
+    def stages_values(self, key_counts: torch.Tensor) -> bool:
+        """Whether the attention of query blocks with these key-list lengths [M] reads its values from a staged copy
+        (one copy of the context) rather than through the attention bank (at most sum(key_counts) rows). Syncs."""
+        return self._v is not None or int(key_counts.sum()) >= self.context_len
 
     def keys(self, start: int, end: int) -> torch.Tensor:
         """Keys [end - start, Hkv, d] of positions [start, end)."""

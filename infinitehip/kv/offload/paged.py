@@ -51,7 +51,7 @@ class OffloadedPagedCache:
         # One token table per bank: an entry left by one bank's call must be a valid row of the bank read next.
         self._tables = {b.name: torch.zeros(self.num_slots + 1, dtype=torch.int32, device=self.device)
                         for b in self.kv.banks}
-        self._staged: tuple[torch.Tensor, torch.Tensor] | None = None  # `stage`'s buffers, grown on demand
+        self._staged: dict[str, torch.Tensor] = {}  # `stage`'s buffers by part ("k", "v"), grown on demand
 
     @property
     def device(self) -> torch.device:
@@ -119,24 +119,23 @@ class OffloadedPagedCache:
         return self.read_k_store(layer, self.slots(page_table, start, end))
 
     @phase("staged layer copy (store -> GPU)")
-    def stage(self, layer: int, page_table: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V [tokens', Hkv, d] (the banks' dtype, on the device; tokens' = tokens rounded up to a page) of the
-        sequence's positions [0, tokens), in position order, copied from the store into one reused GPU buffer pair:
-        a prefill chunk reads every key of its context at least once (stage 1 scores every chunk), which through
-        the banks costs more in resolves than one streaming copy. Rows past `tokens` are stale. Valid until the
-        next call."""
+    def stage(self, layer: int, page_table: torch.Tensor, tokens: int, part: str) -> torch.Tensor:
+        """Keys (part "k") or values ("v") [tokens', Hkv, d] (the banks' dtype, on the device; tokens' = tokens
+        rounded up to a page) of the sequence's positions [0, tokens), in position order, copied from the store into
+        one reused GPU buffer per part: a prefill chunk reads every key of its context at least once (stage 1 scores
+        every chunk), which through the banks costs more in resolves than one streaming copy. Rows past `tokens`
+        are stale. Valid until the next call for the same part."""
         ps = self.page_size
         need = -(-tokens // ps) * ps
-        if self._staged is None or self._staged[0].shape[0] < need:
-            grown = max(need, 2 * self._staged[0].shape[0]) if self._staged is not None else need
-            self._staged = None  # free the old pair before allocating the larger one
-            shape = (min(grown, self.num_slots), *self.kv.store.row_shape)
-            self._staged = (self.kv.mask_bank.k.new_empty(shape), self.kv.mask_bank.k.new_empty(shape))
-        k, v = self._staged[0][:need], self._staged[1][:need]
-        slots = self.slots(page_table, 0, tokens)
-        self.kv.store.gather_k(layer, slots, k[:tokens], self.kv.impl)
-        self.kv.store.gather_v(layer, slots, v[:tokens], self.kv.impl)
-        return k, v
+        held = self._staged.get(part)
+        if held is None or held.shape[0] < need:
+            grown = max(need, 2 * held.shape[0]) if held is not None else need
+            self._staged[part] = held = None  # free the old buffer before allocating the larger one
+            held = self._staged[part] = self.kv.mask_bank.k.new_empty((min(grown, self.num_slots), *self.kv.store.row_shape))
+        out = held[:need]
+        gather = self.kv.store.gather_k if part == "k" else self.kv.store.gather_v
+        gather(layer, self.slots(page_table, 0, tokens), out[:tokens], self.kv.impl)
+        return out
 
     def flat_k(self, layer: int) -> torch.Tensor:
         raise OffloadedAccessError("the KV cache is offloaded (offload-enabled): read keys through the banks, "
