@@ -18,18 +18,9 @@ from pathlib import Path
 from results_common import D26, RESULTS, ROOT, cell, length_label
 from results_plots import memory_markdown
 from results_speed import speed_markdown, tensor_parallel_markdown, ttft_markdown
-from results_tables import FIXED_POSITIONS, GEMMA, POT, TABLES, VARY, AccuracyTable, Row
+from results_tables import FIXED_POSITIONS, GEMMA, POT, TABLES, VARY, AccuracyTable, file_rows, samples
+from results_tokenselect import tokenselect_pool_markdown, tokenselect_question_markdown
 
-
-
-def samples(row: Row) -> list[dict]:
-    out = []
-    for f in row.files:
-        path = RESULTS / f
-        if path.exists():
-            out += [s for s in json.loads(path.read_text())["samples"] if s["task"] == row.task
-                    and (row.seed is None or s["seed"] // 100_000 == row.seed)]
-    return out
 
 
 def accuracy_markdown(table: AccuracyTable) -> tuple[str, dict[str, dict[int, float]]]:
@@ -127,12 +118,6 @@ def reading_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _rows(folder: str, name: str, seeds: tuple[int, ...] = (0, 1), length: int | None = None) -> list[dict]:
-    """The code-word samples of one file with these --seeds values (and this length)."""
-    return [r for r in samples(Row(name, [folder + name], "")) if r["seed"] // 100_000 in seeds
-            and (length is None or r["length"] == length)]
-
-
 def repetition_markdown() -> str:
     """Is 1M on the essays hard because it is long or because it repeats the corpus ~7 times?"""
     span, sotu = D26 + "gpu_span/", D26 + "gpu_sotu/"
@@ -147,8 +132,8 @@ def repetition_markdown() -> str:
              "| method | essays 128K (no repetition) | essays 128K, a stretch 7 times | essays 1M (the corpus ~7 times) | "
              "sotu 1M (no repetition) |", "| --- | :-: | :-: | :-: | :-: |"]
     for label, short, vary in (("infinitehip", "ih", "ih"), ("tokenselect", "ts", "ts")):
-        cells = [_rows(VARY, f"{vary}_vary_128k.json"), _rows(span, f"{short}_128k_span18724.json"),
-                 _rows(VARY, f"{vary}_vary_1m.json"), _rows(sotu, f"sotu_{short}_1m.json")]
+        cells = [file_rows(VARY, f"{vary}_vary_128k.json"), file_rows(span, f"{short}_128k_span18724.json"),
+                 file_rows(VARY, f"{vary}_vary_1m.json"), file_rows(sotu, f"sotu_{short}_1m.json")]
         lines.append(f"| {label} (default) | " + " | ".join(cell(c) for c in cells) + " |")
     trace = json.loads((RESULTS / span / "ts_trace_1m.json").read_text())["samples"]
     misses = [r for r in trace if not r["correct"]]
@@ -183,8 +168,8 @@ def infinipot_screen_markdown() -> str:
         path = RESULTS / folder / name
         if not path.exists():
             continue
-        rows = _rows(folder, name, length=131072)
-        held = _rows(folder, name, seeds=(2,), length=131072)
+        rows = file_rows(folder, name, length=131072)
+        held = file_rows(folder, name, seeds=(2,), length=131072)
         sec = sum(r["seconds"] for r in rows) / len(rows)
         lines.append(f"| {label} | {cell(rows)} | {cell(held)} | {sec:.1f} |")
     lines += ["", "The pot is InfiniPot's whole KV memory: a 16K pot is 48 MiB for Gemma 3 (3 global layers) and 2 GiB "
@@ -217,47 +202,6 @@ def precision_markdown() -> str:
         sec = [sum(d[k]["seconds"] for k in keys) / len(keys) for d in (bf16, fp32)]
         lines.append(f"| {length_label(n)} | {cell([bf16[k] for k in keys])} | {cell([fp32[k] for k in keys])} | {up} | "
                      f"{down} | {sec[0]:.1f} | {sec[1]:.1f} |")
-    return "\n".join(lines) + "\n"
-
-
-def tokenselect_pool_markdown() -> str:
-    """tokenselect's vote pool width screened at sotu 1M (seeds 0-1), and the passkey check of the pick (same run)."""
-    ts = D26 + "gpu_ts_pool/"
-    if not (RESULTS / ts / "ts_pool15.json").exists():
-        return ""
-    variants = [("pool 5 (the default before)", D26 + "gpu_sotu/", "sotu_ts_1m.json"),
-                ("**pool 15 (the pick)**", ts, "ts_pool15.json"), ("pool 31", ts, "ts_pool31.json"),
-                ("pool 5, select_tokens 512", ts, "ts_sel512.json")]
-    sotu = GEMMA.replace("--haystacks essays", "--haystacks sotu")
-    lines = ["## TokenSelect: vote pool width, screened at 1M", "",
-             "Device: NVIDIA H100 80GB, bf16. Date: 2026-11-26. Gemma 3 270M, the sotu haystack, 1M, seeds 0-1 (20 "
-             f"prompts, each in its own text): `{sotu} --method tokenselect --lengths 1048576 --seeds 0 1 "
-             "--method-config '{\"vote_pool_size\": W}'`. The vote's max-pool of width W turns each peak into a span "
-             "of W tokens, so the k = 2,048 selected tokens come as ~2,048 / W passages instead of ~400 fragments.", "",
-             "| setting | seeds 0-1 | s/prompt |", "| --- | :-: | :-: |"]
-    for label, folder, name in variants:
-        rows = _rows(folder, name, length=1048576)
-        lines.append(f"| {label} | {cell(rows)} | {sum(r['seconds'] for r in rows) / len(rows):.1f} |")
-    lines += ["", "Pool 31 scored one prompt more than 15 on the screen; 15 was checked on held-out prompts first "
-              "(the accuracy tables above) and kept: a wider span halves the number of places one selection can hold.",
-              "", "Passkey on the embedded SmolLM2-135M (one H100, one machine, the same session; depths 10-90%, one "
-              "pass key each; `python -m bench accuracy --model smol.gguf --method tokenselect --lengths 65536 131072 "
-              "262144 524288 1048576`, with `--seed 1` for the second seed and `--method-config "
-              "'{\"vote_pool_size\": 5}'` for pool 5):", ""]
-    files = [("pool 15 (default)", "passkey_tokenselect_pool15.json", "passkey_tokenselect_pool15_seed1.json"),
-             ("pool 5", "passkey_tokenselect_pool5.json", "passkey_tokenselect_pool5_seed1.json")]
-    loaded = {label: [r for f in names for r in json.loads((RESULTS / ts / f).read_text())["results"]]
-              for label, *names in files if all((RESULTS / ts / f).exists() for f in names)}
-    lengths = sorted({r["length"] for rows in loaded.values() for r in rows})
-    lines += ["| vote pool | " + " | ".join(length_label(n) for n in lengths) + " | all |",
-              "| --- |" + " :-: |" * (len(lengths) + 1)]
-    for label, rows in loaded.items():
-        lines.append(f"| {label} | " + " | ".join(cell([r for r in rows if r["length"] == n]) for n in lengths)
-                     + f" | {cell(rows)} |")
-    lines += ["", "Both rows fall short of the sweeps of 2026-11-25 (24/25 and 25/25, `2026-11-25/passkey_tokenselect_"
-              "pool5.json`, `..._seed1.json`), which ran before question-time selection became the default "
-              "(`--preset paper` has none); a CPU trace ties a miss to the 2,048 question-selected tokens "
-              "(docs/real-text.md, Not done)."]
     return "\n".join(lines) + "\n"
 
 
@@ -313,6 +257,7 @@ def main() -> None:
     parts.append(repetition_markdown())
     parts.append(reading_markdown())
     parts.append(tokenselect_pool_markdown())
+    parts.append(tokenselect_question_markdown())
     parts.append(infinipot_screen_markdown())
     parts.append(screen_markdown())
     parts.append(precision_markdown())

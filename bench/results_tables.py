@@ -3,9 +3,10 @@ pools every sample of its files at that length), the command, the device and the
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
-from results_common import D25, D26
+from results_common import D25, D26, RESULTS
 
 GEMMA = "infinitehip eval ruler --model gemma3-270m --haystacks essays --prefill-chunk-size 32768"
 # the tables before 2026-11-26 put every seed's needle at one length and depth in the same text
@@ -186,3 +187,19 @@ TABLES = [
 ]
 FIXED_POSITIONS = next(t for t in TABLES if t.title.startswith("Fixed positions"))  # the precision check and the
 # KV memory table were run on its prompts
+
+
+def samples(row: Row) -> list[dict]:
+    out = []
+    for f in row.files:
+        path = RESULTS / f
+        if path.exists():
+            out += [s for s in json.loads(path.read_text())["samples"] if s["task"] == row.task
+                    and (row.seed is None or s["seed"] // 100_000 == row.seed)]
+    return out
+
+
+def file_rows(folder: str, name: str, seeds: tuple[int, ...] = (0, 1), length: int | None = None) -> list[dict]:
+    """The code-word samples of one file with these --seeds values (and this length)."""
+    return [r for r in samples(Row(name, [folder + name], "")) if r["seed"] // 100_000 in seeds
+            and (length is None or r["length"] == length)]
