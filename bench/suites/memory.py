@@ -23,13 +23,14 @@ import torch
 
 from bench.common import models
 from bench.common.cli import add_method_flags, add_smoke_flag, method_config
-from bench.common.instrument import time_calls
 from bench.common.timing import sync as _sync
 from infinitehip import EngineConfig, SamplingParams
-from infinitehip.attention.infinipot import method as infinipot_method
 from infinitehip.cli.options import parse_int
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel
+from infinitehip.profiling import record_phases, stop_recording
+
+DISTILL = "InfiniPot distillation"  # the product's phase name (attention/infinipot/method.py)
 
 
 def add_arguments(parser) -> None:
@@ -61,8 +62,9 @@ def run(args, out) -> dict:
     else:
         loaded = embedded
 
-    distill_seconds: list[float] = []
-    time_calls(infinipot_method.InfiniPotAttention, "_distill", device, distill_seconds)
+    seconds: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    record_phases(device, seconds, calls)  # the product's phase timers: InfiniPot's distillations
     rows = []
     for length in args.lengths:
         engine = LLMEngine(EngineConfig(method="infinipot", device=args.device, dtype=str(dtype).removeprefix("torch."),
@@ -71,7 +73,8 @@ def run(args, out) -> dict:
         ids = models.random_ids(loaded.config.vocab_size, length, seed=length)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        distill_seconds.clear()
+        seconds.clear()
+        calls.clear()
         engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=args.decode_steps, ignore_eos=True))
         _sync(device)
         start = time.perf_counter()
@@ -80,19 +83,20 @@ def run(args, out) -> dict:
             engine.step()
         _sync(device)
         ttft = time.perf_counter() - start
-        prefill_distill = sum(distill_seconds)
+        prefill_distill = seconds.get(DISTILL, 0.0)
         start = time.perf_counter()
         while engine.has_work:
             engine.step()
         _sync(device)
         decode = time.perf_counter() - start
         row = dict(length=length, ttft_s=round(ttft, 3), distill_s=round(prefill_distill, 3),
-                   distill_share=round(prefill_distill / ttft, 4), distillations=len(distill_seconds),
+                   distill_share=round(prefill_distill / ttft, 4), distillations=calls.get(DISTILL, 0),
                    kv_cache_mib=round(engine.cache.num_pages * engine.cache.page_size * engine.cache.bytes_per_token / 2**20, 1),
                    peak_mem_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
                    decode_tok_s=round(args.decode_steps / decode, 1))
         rows.append(row)
         print(json.dumps(row), flush=True)
         del engine
+    stop_recording()
     return dict(config=dataclasses.asdict(config), preset=args.preset, prefill_chunk_size=args.prefill_chunk_size,
                 rows=rows)

@@ -32,7 +32,7 @@ import torch
 from bench.common import models
 from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
 from bench.common.dense import decode_layerwise
-from bench.common.instrument import time_graph_replays, untime_graph_replays, use_fast_prefill
+from bench.common.instrument import use_fast_prefill
 from bench.common.timing import sync
 from infinitehip import EngineConfig, SamplingParams
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
@@ -40,7 +40,7 @@ from infinitehip.cli.options import parse_int
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel
-from infinitehip.profiling import record_phases
+from infinitehip.profiling import record_graph_replays, record_phases, stop_recording_graph_replays
 
 PHASES: dict[str, float] = {}  # --phase-times: seconds per marked product phase (infinitehip/profiling.py)
 
@@ -101,7 +101,7 @@ def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadCon
             graphs = engine.runner.graph_decoder
             captures_before = graphs.captures if graphs else 0
         if len(step_s) == args.warmup_steps and (args.host_profile or args.graph_times):
-            replay_events = time_graph_replays()
+            replay_events = record_graph_replays()
         if len(step_s) == args.warmup_steps and args.host_profile:
             host_prof = cProfile.Profile()
             host_prof.enable()
@@ -115,15 +115,15 @@ def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadCon
         step_s.append(time.perf_counter() - t)
     graph_ms, by_key = [], {}
     if replay_events:
-        untime_graph_replays()
+        stop_recording_graph_replays()
         sync(device)
         timed_events = replay_events[: args.steps - args.profile_steps]
-        graph_ms = [a.elapsed_time(b) for a, b, _ in timed_events]
+        graph_ms = [r.ms for r in timed_events]
         print(f"{len(graph_ms)} of the timed decode steps replayed a graph: GPU time per replay "
               f"{statistics.fmean(graph_ms):.2f} ms (min {min(graph_ms):.2f}, max {max(graph_ms):.2f})")
         # per method key (refresh pattern, group, kept rows): what each kind of step costs
-        for ms, (_, _, key) in zip(graph_ms, timed_events):
-            by_key.setdefault(str(key[1] if key else None), []).append(ms)
+        for ms, r in zip(graph_ms, timed_events):
+            by_key.setdefault(str(r.key[1] if r.key else None), []).append(ms)
         for key, times in sorted(by_key.items()):
             print(f"  method key {key}: {len(times)} replays, {statistics.fmean(times):.2f} ms each")
     if host_prof is not None:

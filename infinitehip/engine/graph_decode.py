@@ -23,6 +23,7 @@ from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSl
 from infinitehip.kv.paged_cache import PagedKVCache
 from infinitehip.model.loading import Decoder
 from infinitehip.model.rope import RotaryEmbedding
+from infinitehip.profiling import graph_replay
 
 
 def capacity_bucket(context_len: int, min_bucket: int, max_bucket: int) -> int:
@@ -134,7 +135,8 @@ class GraphDecoder:
         if captured is not None:
             now = self.method.host_counters(state)
             self.method.set_host_counters(state, captured.counters)
-            logits = captured.recorder.replay()
+            with graph_replay(key, self.cache.device):
+                logits = captured.recorder.replay()
             self.method.set_host_counters(state, now)
             self.method.advance_host_counters(state, method_key)
             self.replays += 1

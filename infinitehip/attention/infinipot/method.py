@@ -25,6 +25,7 @@ from infinitehip.attention.dense.method import causal_sdpa
 from infinitehip.attention.infinipot.config import PRESETS, InfiniPotConfig
 from infinitehip.attention.infinipot.distill import compact_cache, novelty_tokens, pool_scores, select_slots
 from infinitehip.config.model import ModelConfig
+from infinitehip.profiling import phase
 
 
 @dataclass
@@ -145,6 +146,7 @@ class InfiniPotAttention(AttentionMethod):
             return None
         return self._distill(seq, hooks)
 
+    @phase("InfiniPot distillation")
     def _distill(self, seq: SequenceSlice, hooks: ChunkHooks) -> int:
         state: InfiniPotState = seq.state
         S, C = seq.context_len, self.config.compressed_tokens
