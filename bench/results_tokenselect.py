@@ -78,8 +78,8 @@ def tokenselect_question_markdown() -> str:
              f"Gemma 3 270M, sotu, 1M, `{SOTU} --method tokenselect --lengths 1048576 --seeds 0 1 --method-config "
              "'{\"question_select_tokens\": B}'` (seed 2: `--seeds 2`, held out, not used to choose), and the passkey on "
              f"the embedded SmolLM2-135M (64K-1M x 5 depths, seeds 0-1: `{PASSKEY} --method-config "
-             "'{\"question_select_tokens\": 512}'`, again with `--seed 1`, and with 1024). Each budget's rows: one machine, one run; "
-             "the 2,048 row is the vote pool screen's (same day, same code of the method).", "",
+             "'{\"question_select_tokens\": 512}'`, again with `--seed 1`, and with 1024). Each budget's rows: one "
+             "machine, one run; the 2,048 row is the vote pool screen's (same day, same code of the method).", "",
              "| question budget | sotu 1M, seeds 0-1 | held out: seed 2 | passkey 64K-1M, seeds 0-1 |",
              "| --- | :-: | :-: | :-: |"]
     for label, folder, (screen, held), keys in variants:

@@ -131,7 +131,8 @@ class OffloadedPagedCache:
         if held is None or held.shape[0] < need:
             grown = max(need, 2 * held.shape[0]) if held is not None else need
             self._staged[part] = held = None  # free the old buffer before allocating the larger one
-            held = self._staged[part] = self.kv.mask_bank.k.new_empty((min(grown, self.num_slots), *self.kv.store.row_shape))
+            shape = (min(grown, self.num_slots), *self.kv.store.row_shape)
+            held = self._staged[part] = self.kv.mask_bank.k.new_empty(shape)
         out = held[:need]
         gather = self.kv.store.gather_k if part == "k" else self.kv.store.gather_v
         gather(layer, self.slots(page_table, 0, tokens), out[:tokens], self.kv.impl)
