@@ -118,8 +118,9 @@ def ttft_markdown() -> str:
         meta = p["meta"]
         warm = meta.get("warmup_tokens", 0)
         lines += ["", f"Prefix caching, a second question on the same document (64 new tokens; {meta['device']}, "
-                  f"{meta['date'][:10]}, code of commit 8ed076a (the JSON's git_commit names the device's stale checkout); a whole {warm:,}-token cell (first request "
-                  "and hit) ran first per KV mode, so both requests are warm; target: the second <= 2% of the first):",
+                  f"{meta['date'][:10]}, code of commit 8ed076a (the JSON's git_commit names the device's stale "
+                  f"checkout); a whole {warm:,}-token cell (first request and hit) ran first per KV mode, so both "
+                  "requests are warm; target: the second <= 2% of the first):",
                   "",
                   "| document | KV | first TTFT s | second TTFT s | second / first | cached tokens | command |",
                   "| ---: | --- | ---: | ---: | ---: | ---: | --- |"]

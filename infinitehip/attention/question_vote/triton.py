@@ -24,25 +24,32 @@ fix_interpreter_if_active()
 
 
 @triton.jit
-def _tile_logits(Q, K, PageTable, start, count, page_size, g, rb, kv_group, rows, sm_scale, t,
-                 stride_qn, stride_qh, stride_ks, stride_kh,
-                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, ROW_BLOCK: tl.constexpr,
-                 OP_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """-> (logits [ROW_BLOCK, BLOCK_N] fp32, -inf outside, row ids [ROW_BLOCK], row mask) of kv head g, rows rb.."""
+def _key_tile(K, PageTable, start, count, page_size, g, t, stride_ks, stride_kh,
+              BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """-> (keys [BLOCK_N, BLOCK_D] of kv head g, candidate mask [BLOCK_N]) of tile t."""
     offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < count
     tok = start + offs_n.to(tl.int64)
     page = tl.load(PageTable + tok // page_size, mask=n_ok, other=0).to(tl.int64)
     slot = page * page_size + tok % page_size
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    k = tl.load(K + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :],
-                other=0.0)  # [BLOCK_N, BLOCK_D]
+    k = tl.load(K + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :],
+                mask=n_ok[:, None] & (offs_d < D)[None, :], other=0.0)
+    return k, n_ok
+
+
+@triton.jit
+def _row_logits(Q, k, n_ok, g, rb, kv_group, rows, sm_scale, stride_qn, stride_qh,
+                D: tl.constexpr, BLOCK_D: tl.constexpr, ROW_BLOCK: tl.constexpr, OP_DTYPE: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """-> (logits [ROW_BLOCK, BLOCK_N] fp32, -inf outside, row ids [ROW_BLOCK], row mask) of rows rb.. of kv head g
+    against the key tile k."""
+    offs_d = tl.arange(0, BLOCK_D)
     row = rb + tl.arange(0, ROW_BLOCK)  # row = query * kv_group + head within the group
     r_ok = row < rows
     h = g * kv_group + row % kv_group
     q = tl.load(Q + (row // kv_group)[:, None] * stride_qn + h[:, None] * stride_qh + offs_d[None, :],
-                mask=r_ok[:, None] & d_ok[None, :], other=0.0)  # [ROW_BLOCK, BLOCK_D]
+                mask=r_ok[:, None] & (offs_d < D)[None, :], other=0.0)  # [ROW_BLOCK, BLOCK_D]
     s = tl.dot(q.to(OP_DTYPE), tl.trans(k.to(OP_DTYPE)), input_precision=DOT_PRECISION) * sm_scale
     return tl.where(r_ok[:, None] & n_ok[None, :], s, float("-inf")), row, r_ok
 
@@ -54,10 +61,10 @@ def _tile_stats_kernel(Q, K, PageTable, TileMax, TileSum, start, count, page_siz
                        OP_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     t = tl.program_id(0)
     for g in range(num_kv_heads):
+        k, n_ok = _key_tile(K, PageTable, start, count, page_size, g, t, stride_ks, stride_kh, BLOCK_D, BLOCK_N, D)
         for rb in range(0, rows, ROW_BLOCK):
-            s, row, r_ok = _tile_logits(Q, K, PageTable, start, count, page_size, g, rb, kv_group, rows, sm_scale, t,
-                                        stride_qn, stride_qh, stride_ks, stride_kh, D, BLOCK_D, BLOCK_N, ROW_BLOCK,
-                                        OP_DTYPE, DOT_PRECISION)
+            s, row, r_ok = _row_logits(Q, k, n_ok, g, rb, kv_group, rows, sm_scale, stride_qn, stride_qh, D, BLOCK_D,
+                                       ROW_BLOCK, OP_DTYPE, DOT_PRECISION)
             m = tl.max(s, axis=1)  # -inf only for padded rows: every tile holds a candidate
             m_safe = tl.where(r_ok, m, 0.0)
             l = tl.sum(tl.exp(s - m_safe[:, None]), axis=1)
@@ -74,10 +81,10 @@ def _votes_kernel(Q, K, PageTable, Lse, Votes, start, count, page_size, kv_group
     t = tl.program_id(0)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     for g in range(num_kv_heads):
+        k, n_ok = _key_tile(K, PageTable, start, count, page_size, g, t, stride_ks, stride_kh, BLOCK_D, BLOCK_N, D)
         for rb in range(0, rows, ROW_BLOCK):
-            s, row, r_ok = _tile_logits(Q, K, PageTable, start, count, page_size, g, rb, kv_group, rows, sm_scale, t,
-                                        stride_qn, stride_qh, stride_ks, stride_kh, D, BLOCK_D, BLOCK_N, ROW_BLOCK,
-                                        OP_DTYPE, DOT_PRECISION)
+            s, row, r_ok = _row_logits(Q, k, n_ok, g, rb, kv_group, rows, sm_scale, stride_qn, stride_qh, D, BLOCK_D,
+                                       ROW_BLOCK, OP_DTYPE, DOT_PRECISION)
             lse = tl.load(Lse + g * rows + row, mask=r_ok, other=0.0)
             acc += tl.sum(tl.exp(s - lse[:, None]), axis=0)  # padded rows and candidates: exp(-inf) = 0
     offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
