@@ -17,6 +17,7 @@ from pathlib import Path
 
 from results_common import D26, RESULTS, ROOT, cell, length_label
 from results_plots import memory_markdown
+from results_infinitehip import infinitehip_question_markdown
 from results_speed import speed_markdown, tensor_parallel_markdown, ttft_markdown
 from results_tables import FIXED_POSITIONS, GEMMA, POT, TABLES, VARY, AccuracyTable, file_rows, samples
 from results_tokenselect import tokenselect_pool_markdown, tokenselect_question_markdown
@@ -261,6 +262,7 @@ def main() -> None:
     parts.append(infinipot_screen_markdown())
     parts.append(screen_markdown())
     parts.append(precision_markdown())
+    parts.append(infinitehip_question_markdown())
     parts.append(passkey_markdown())
     parts.append(speed_markdown())
     parts.append(ttft_markdown())

@@ -61,6 +61,21 @@ def speed_markdown() -> str:
                              "Decode after a real 1M-token prefill (124.4 s, the process's first request: kernels "
                              "compiled in it) against the `--fast-prefill` figure: the same command with and without "
                              "`--fast-prefill`, one H100, one plan, 2026-11-26 (last)")
+        lines += _pair_table(D26 + "gpu_store", (("decode_store0.json", "every store layer in host memory "
+                                                  "(`--gpu-store-fraction 0`)"),
+                                                 ("decode_store05.json", "GPU-first store layers (the default 0.5: 8 of "
+                                                  "32 layers in GPU memory)")),
+                             "GPU-first store layers (`gpu_store_fraction`: half the GPU budget a 1M KV leaves free "
+                             "holds whole store layers, whose bank misses are device copies instead of PCIe reads): "
+                             "the same command with `--gpu-store-fraction 0` and with the default, one H100, one plan, "
+                             "2026-11-26 (evening); the fast prefill fell from 55.0 s to 45.4 s, peak GPU memory rose "
+                             "from 43.8 to 61.0 GB")
+        lines += ["", "Row reuse, mask-bank rows and GPU-first layers each took a little; the target of 100 tokens/s "
+                  "is not met. A kernel profile of 24 steps (`bench/plans/profile_hot_paths.sh`, "
+                  "`2026-11-26/gpu_profile/decode_profile.log`) puts 5.5 of the 12.2 GPU ms of a step in the linear "
+                  "layers (the weights' read), 1.45 ms in row copies into the banks, 0.6 ms in the sparse attention "
+                  "itself and the rest in ~2,300 short kernels a step (~72 per layer: norms, RoPE, key lists, sorts, "
+                  "bank bookkeeping); fewer, fused kernels per layer are the next step."]
     return "\n".join(lines) + "\n"
 
 
@@ -141,6 +156,28 @@ def ttft_markdown() -> str:
                           row["phases_second"].items(), key=lambda kv: -kv[1])) + ". 64 queries over 128K keys: "
                       "per layer a few milliseconds of short kernels and host syncs (three pruning stages, the "
                       "question's vote, the sparse attention), not their arithmetic."]
+        profiled = RESULTS / D26 / "gpu_profile" / "prefix_profile.json"
+        if profiled.exists():
+            row = json.loads(profiled.read_text())["rows"][-1]
+            lines += ["", "The same hit under the profiler (`python -m bench prefix-ttft --preset default --warmup-tokens "
+                      "65536 --resident 131072 --kv-dtype fp8_e4m3 --profile`, one H100, 2026-11-26 evening; the "
+                      "profiled region runs on to the request's end, so it holds the first decode steps' CUDA-graph "
+                      f"capture too; `2026-11-26/gpu_profile/prefix_profile.log`): {row['host_syncs_second']} host syncs "
+                      "(~21 per layer: the stages' `int(tensor.max())` widths and RoPE extents, the saliency update), "
+                      "~19,000 kernel launches and 114 ms of GPU time in 851 ms of wall time. The hit waits on the "
+                      "host, not the GPU: the path to 2% is fewer launches and no syncs for a short chunk (static "
+                      "widths, graph capture as decode does)."]
+    gpu_first = RESULTS / D26 / "gpu_store" / "ttft_512k_1m_gpu_first.json"
+    if gpu_first.exists():
+        rows = {r["context"]: r for r in json.loads(gpu_first.read_text())["rows"] if r["method"] == "infinitehip"}
+        if 1048576 in rows:
+            r = rows[1048576]
+            lines += ["", "GPU-first store layers (offload's `gpu_store_fraction`, default 0.5 since 2026-11-26 evening): "
+                      "the 1M offloaded row's command re-run on one H100 with them: warm TTFT "
+                      f"{r['warm_ttft_s']:.1f} s (the table's {97.7} s ran without them, another machine the same day); "
+                      f"staged layer copy {r['phases']['staged layer copy (store -> GPU)']:.1f} s against 23.0 s; 512K "
+                      f"{rows[524288]['warm_ttft_s']:.1f} s against 43.0 s "
+                      "(`2026-11-26/gpu_store/ttft_512k_1m_gpu_first.json`)."]
     return "\n".join(lines) + "\n"
 
 

@@ -18,7 +18,7 @@ from unittest import mock
 import torch
 
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.triton_interpreter import fix_interpreter
+from infinitehip.triton_interpreter import fix_interpreter
 
 NEVER_STUB = ("torch", "triton", "numpy", "hip_attn")  # hip-attn's attention path needs these for real
 HIP_MODULES = ("attention_extend", "attention_metadata", "hip_config", "mask_refresh_interval")  # in hip_attn.v1_2

@@ -16,6 +16,7 @@ requests use it, which shortens the first TTFT and so overstates the ratio. Repo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 
@@ -23,6 +24,7 @@ import torch
 
 from bench.common import models
 from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
+from bench.common.gpu_profile import print_report, profile_region
 from bench.common.instrument import use_fast_prefill
 from bench.common.timing import first_token_s
 from infinitehip import EngineConfig
@@ -56,14 +58,18 @@ def run_cell(loaded: LoadedModel, method, context: int, offloaded: bool, args) -
     e = engine(True)
     first_s, first = first_token_s(e, doc + q1, args.steps)
     PHASES.clear()  # --phase-times: the second request's phases only
-    second_s, second = first_token_s(e, doc + q2, args.steps)
+    with profile_region(device, args.profile_rows) if args.profile else contextlib.nullcontext() as report:
+        second_s, second = first_token_s(e, doc + q2, args.steps)
+    if report is not None:  # profiled: its time is not the table's
+        print_report(report, f"second request, {'offloaded' if offloaded else 'resident'} {context}")
     phases = {k: v for k, v in PHASES.items() if v > 0}
     stats = e.prefix_cache_stats()
     out = dict(mode="offloaded" if offloaded else "resident", context=context, question_tokens=args.question,
                ttft_first_s=first_s, ttft_second_s=second_s, ratio=second_s / first_s,
                cached_tokens=second.cached_prompt_tokens, prefilled_second=len(doc + q2) - second.cached_prompt_tokens,
                evictions=stats.evictions, fast_prefill=bool(offloaded and args.fast_prefill_offloaded),
-               tokens_second=list(second.output_ids), phases_second=phases, plan=e.kv_plan.summary if e.kv_plan is not None else "")
+               tokens_second=list(second.output_ids), phases_second=phases, profiled=bool(args.profile),
+               host_syncs_second=report["sync_count"] if report else None, plan=e.kv_plan.summary if e.kv_plan is not None else "")
     del e, first
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -84,6 +90,9 @@ def add_arguments(p) -> None:
     p.add_argument("--fast-prefill-offloaded", action="store_true", help="offloaded runs: zeros for prefill attention")
     p.add_argument("--phase-times", action="store_true",
                    help="synchronised wall time per prefill phase of the second request (adds syncs of its own)")
+    p.add_argument("--profile", action="store_true",
+                   help="profile the second request: kernel and host-op tables, host sync sites (its time is slowed)")
+    p.add_argument("--profile-rows", type=int, default=30)
     p.add_argument("--verify", action="store_true", help="compare the second answer with a caching-off run")
     p.add_argument("--warmup-tokens", type=parse_int, default=0,
                    help="first a cell of a document this long (both questions) per KV mode timed, untimed: the Triton "

@@ -3,7 +3,7 @@
 A config's choice (`InfiniteHiPConfig.impl`, `TokenSelectConfig.impl`, `OffloadConfig.offload_impl`) is one of IMPLS:
 - "auto": the Triton kernels on CUDA; elsewhere each op's CPU formulation (below), an op without one its reference;
 - "reference": the eager PyTorch oracles, on any device (what the tests compare the kernels with);
-- "triton": the Triton kernels (on CPU only under TRITON_INTERPRET=1: attention/triton_interpreter.py).
+- "triton": the Triton kernels (on CPU only under TRITON_INTERPRET=1: triton_interpreter.py).
 An op (`impl=` of the dispatch functions: sparse attention, chunk scoring, soft vote, host<->bank row copy, ...)
 takes the choice resolved for its device, one of KERNEL_IMPLS: "auto" becomes "triton" or "cpu" (`resolve_impl`).
 "cpu" is the op's CPU formulation where it has one, with the same results up to fp32 rounding, tested against the

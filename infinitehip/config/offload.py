@@ -36,6 +36,9 @@ class OffloadConfig:
     host_memory_fraction: float = 0.9  # share of the available host memory the store may take
     gpu_memory_fraction: float = 0.9  # share of the free GPU memory the banks and their tables may take
     spill_store_to_gpu: bool = True  # CUDA: store layers the host budget cannot hold live in GPU memory
+    # CUDA: share of the GPU budget left after the banks, tables and spilled layers that holds further whole store
+    # layers (their bank misses are read from GPU memory, not across PCIe); 0: only what the host cannot hold
+    gpu_store_fraction: float = 0.5
     # Prefill reads each layer's context from one GPU copy made per chunk and layer (a streaming copy of the
     # context's K/V from the store) instead of resolving the keys it needs through the banks; costs a buffer of
     # the longest prompt's K/V of one layer in the model's dtype on the GPU.
@@ -61,6 +64,9 @@ class OffloadConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+        value = self.gpu_store_fraction
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"gpu_store_fraction must be in [0, 1], got {value!r}")
         check_impl("offload_impl", self.offload_impl)
 
     def torch_kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:

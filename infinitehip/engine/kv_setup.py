@@ -40,6 +40,7 @@ def plan_offload(offload: OffloadConfig, method: AttentionMethod, mc: ModelConfi
     gpu = planner.gpu_free_bytes(device) if cuda else host
     plan = planner.plan_capacity(mc.num_layers, mc.num_kv_heads, mc.head_dim, kv_dtype, offload, gpu, host, page_size,
                                  bank_dtype=dtype, spill=offload.spill_store_to_gpu and cuda,
+                                 gpu_store_fraction=offload.gpu_store_fraction if cuda else 0.0,
                                  method_bytes_per_token=method.device_bytes_per_slot())
     plan.check(kv_tokens, f"the KV cache (kv-cache-tokens / max-context-tokens: {kv_tokens:,} tokens)")
     return plan
@@ -62,6 +63,6 @@ def build_kv(offload: OffloadConfig | None, method: AttentionMethod, mc: ModelCo
         if show:
             print(line, file=sys.stderr)
     cache = OffloadedPagedCache(offload, mc.num_layers, num_pages, page_size, mc.num_kv_heads, mc.head_dim, dtype,
-                                device, store_device_layers=plan.store_device_layers(kv_tokens),
+                                device, store_device_layers=plan.device_store_layers(kv_tokens),
                                 attention_spare_rows=method.offload_spare_rows())
     return cache, plan

@@ -72,7 +72,7 @@ def _commands() -> list[list[str]]:
             if "-m bench " in line and not line.lstrip().startswith("#"):
                 texts.append(line.split("-m bench ", 1)[1].rstrip().rstrip("\""))  # G="python3 -m bench ..."
     fill = {"OUT_DIR": "/tmp/x", "MODEL_DIR": "/root", "m": "dense", "h": "essays", "S": "", "W": "", "EXTRA": "",
-            "METHOD": "tokenselect", "HAYSTACK": "sotu", "LENGTH": "1048576", "SEEDS": "0 1", "seed": "0", "name": "x",
+            "METHOD": "tokenselect", "HAYSTACK": "sotu", "haystack": "sotu", "LENGTH": "1048576", "SEEDS": "0 1", "seed": "0", "name": "x",
             "json": "{}"}
     return [shlex.split(re.sub(r"\$\{?(\w+)\}?", lambda m: fill.get(m.group(1), "x"), t)) for t in set(texts)]
 

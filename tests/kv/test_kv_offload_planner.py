@@ -67,7 +67,7 @@ def test_llama8b_fp8_2m_tokens_spill_four_layers_on_a_128_gib_host():
                 gpu_free=64 * GIB, host_available=125 * GIB, page_size=64, bank_dtype=torch.bfloat16)
     host_only = plan_capacity(**args, spill=False)
     assert host_only.max_tokens == 1_843_200 and host_only.limited_by == "host"
-    plan = plan_capacity(**args)  # spill_store_to_gpu defaults to on
+    plan = plan_capacity(**args, gpu_store_fraction=0.0)  # spill_store_to_gpu defaults to on
     assert plan.store_device_layers(2 * 1024 * 1024) == 4 and plan.fits(2 * 1024 * 1024)
     assert plan.max_tokens > 2 * 1024 * 1024 and plan.limited_by == "host + gpu"
     assert ", GPU store " in plan.summary and plan.summary.endswith("FP8 e4m3")
@@ -75,6 +75,27 @@ def test_llama8b_fp8_2m_tokens_spill_four_layers_on_a_128_gib_host():
                                             "4 in GPU memory (16.0 GiB)")
     with pytest.raises(CapacityError, match=r"limited by host \+ gpu memory: host 112.5 GiB \+ layers spilled"):
         plan.check(plan.max_tokens + 64)
+
+
+def test_gpu_first_layers_take_a_share_of_the_budget_a_kv_leaves_free():
+    # SMALL: 32 B/token per layer; GPU 100,000 B: banks 784 + 16 B/token of tables (+ 32 B/token per spilled layer).
+    plan = plan_capacity(2, 1, 4, torch.float32, dataclasses.replace(SMALL, gpu_store_fraction=0.5), gpu_free=100_000,
+                         host_available=64_000, page_size=64, bank_dtype=torch.float32, spill=True)
+    # 500 tokens: 91,216 B left, half of it holds 2 layers of 16,000 B; 960: 83,856 left, half holds one of 30,720
+    assert [plan.device_store_layers(t) for t in (500, 960)] == [2, 1]
+    # 1,984 tokens: one layer spilled (the host holds one), 3,984 B left: no GPU-first layer
+    assert plan.store_device_layers(1984) == plan.device_store_layers(1984) == 1
+    assert plan.max_tokens == 1984  # the capacity is the same as without GPU-first layers
+    assert plan.layout(960) == ("KV store: 960 tokens: 1 layers in host memory (0.0 GiB), 1 in GPU memory "
+                                "(0.0 GiB, 1 of them GPU-first)")
+    # an 8B-shaped 1M FP8 KV on an H100 (64 GiB free after the weights): all of it fits the host; the budget (57.6 GiB)
+    # less the banks (12 GiB), tables (0.25 GiB) and staging buffer (4 GiB) leaves ~41 GiB: half holds 10 layers of 2 GiB
+    big = plan_capacity(32, 8, 128, torch.float8_e4m3fn, OffloadConfig(kv_dtype="fp8_e4m3"), gpu_free=64 * GIB,
+                        host_available=125 * GIB, page_size=64, bank_dtype=torch.bfloat16)
+    assert big.store_device_layers(1 << 20) == 0 and big.device_store_layers(1 << 20) == 10
+    off = plan_capacity(32, 8, 128, torch.float8_e4m3fn, OffloadConfig(kv_dtype="fp8_e4m3", gpu_store_fraction=0.0),
+                        gpu_free=64 * GIB, host_available=125 * GIB, page_size=64, bank_dtype=torch.bfloat16)
+    assert off.device_store_layers(1 << 20) == 0 and off.max_tokens == big.max_tokens
 
 
 def test_bank_bytes_match_a_real_allocation():

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infinitehip.attention.triton_interpreter import fix_interpreter_if_active
+from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 _OP_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 BLOCK_N = 64  # candidates per program

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infinitehip.attention.triton_interpreter import fix_interpreter_if_active
+from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 _LOG2E = 1.4426950408889634
 

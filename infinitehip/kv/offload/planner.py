@@ -10,6 +10,10 @@ Spill (`spill_store_to_gpu`, CUDA only): when the host budget cannot hold every 
 whole layers that make it fit live in GPU memory instead (`store_device_layers(tokens)`), if the GPU budget
 left after the banks and tables holds them. A 2M-token FP8 store of an 8B model (128 GiB) needs it on a host
 of 128 GiB; the banks and kernels treat spilled layers like the others.
+GPU-first layers (`gpu_store_fraction`, CUDA only): of the GPU budget a KV of `tokens` leaves unused, that share holds
+further whole store layers (`device_store_layers(tokens)` counts them with the spilled ones): a bank miss of such a
+layer is a device copy instead of a read across PCIe, and the host keeps the rest. The capacity is unchanged: they
+only take memory a KV of that size leaves free.
 
 Memory is passed in (`host_available_bytes()` / `gpu_free_bytes()` read the machine) so plans are
 reproducible and testable with fixed numbers. `CapacityPlan.check(tokens)` refuses a request that does
@@ -70,6 +74,7 @@ class CapacityPlan:
     host_budget_bytes: int
     gpu_budget_bytes: int
     spill: bool  # layers the host cannot hold may live in GPU memory
+    gpu_store_fraction: float  # share of the GPU budget left unused that holds further store layers (0 with CPU)
     limited_by: str  # "host", "gpu" or "host + gpu" (with spill: both full)
 
     @property
@@ -91,12 +96,21 @@ class CapacityPlan:
         spilled = min(self.store_device_layers(tokens), self.num_layers)
         return self.gpu_bank_bytes + tokens * (self.gpu_bytes_per_token + spilled * self.layer_bytes_per_token)
 
+    def device_store_layers(self, tokens: int) -> int:
+        """Store layers in GPU memory for a KV of `tokens` that fits: the spilled ones, then as many more whole layers
+        as gpu_store_fraction of the GPU budget left after them holds."""
+        spilled = min(self.store_device_layers(tokens), self.num_layers)
+        left = max(0, self.gpu_budget_bytes - self.gpu_bytes_for(tokens))
+        more = int(left * self.gpu_store_fraction) // max(1, tokens * self.layer_bytes_per_token)
+        return min(self.num_layers, spilled + more)
+
     def fits(self, tokens: int) -> bool:
         return (self.store_device_layers(tokens) <= self.num_layers
                 and self.gpu_bytes_for(tokens) <= self.gpu_budget_bytes)
 
     @property
     def host_bytes(self) -> int:
+        """Host bytes of a KV of max_tokens (whose spilled layers take the GPU budget: no GPU-first layers)."""
         host_layers = self.num_layers - self.store_device_layers(self.max_tokens)
         return self.max_tokens * host_layers * self.layer_bytes_per_token
 
@@ -119,9 +133,12 @@ class CapacityPlan:
     def layout(self, tokens: int) -> str:
         """Where a store of `tokens` tokens lives (the engine allocates kv-cache-tokens, not max_tokens)."""
         spilled = min(self.store_device_layers(tokens), self.num_layers)
+        device = self.device_store_layers(tokens)
         per_layer = tokens * self.layer_bytes_per_token / GIB
-        return (f"KV store: {tokens:,} tokens: {self.num_layers - spilled} layers in host memory "
-                f"({(self.num_layers - spilled) * per_layer:.1f} GiB), {spilled} in GPU memory ({spilled * per_layer:.1f} GiB)")
+        first = f", {device - spilled} of them GPU-first" if device > spilled else ""
+        return (f"KV store: {tokens:,} tokens: {self.num_layers - device} layers in host memory "
+                f"({(self.num_layers - device) * per_layer:.1f} GiB), {device} in GPU memory ({device * per_layer:.1f} GiB"
+                f"{first})")
 
     def check(self, tokens: int, what: str = "the request") -> None:
         """Refuse `tokens` KV tokens when they exceed max_tokens (call before allocating anything)."""
@@ -146,12 +163,14 @@ def plan_capacity(
     *,
     bank_dtype: torch.dtype,
     spill: bool | None = None,
+    gpu_store_fraction: float | None = None,
     method_bytes_per_token: int = 0,
 ) -> CapacityPlan:
     """The largest KV (in tokens, a multiple of page_size) that host memory and the GPU allow.
 
     spill: whether layers may be spilled to GPU memory (default config.spill_store_to_gpu; the engine passes
-    False on CPU, where the "GPU" budget is the same host memory). method_bytes_per_token: device memory the
+    False on CPU, where the "GPU" budget is the same host memory); gpu_store_fraction likewise (default the config's,
+    the engine passes 0 on CPU). method_bytes_per_token: device memory the
     attention method keeps per slot (`AttentionMethod.device_bytes_per_slot`)."""
     for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                         ("page_size", page_size)):
@@ -184,7 +203,8 @@ def plan_capacity(
         gpu_bytes_per_token=2 * num_layers * 4 + method_bytes_per_token
         + (2 * num_kv_heads * head_dim * heads[2] if config.stage_prefill else 0),
         gpu_bank_bytes=bank_bytes, host_budget_bytes=host_budget, gpu_budget_bytes=gpu_budget,
-        spill=config.spill_store_to_gpu if spill is None else spill, limited_by="",
+        spill=config.spill_store_to_gpu if spill is None else spill,
+        gpu_store_fraction=config.gpu_store_fraction if gpu_store_fraction is None else gpu_store_fraction, limited_by="",
     )
     # fits() is monotone in tokens: binary search over whole pages
     lo, hi = 0, (host_budget + gpu_budget) // plan.layer_bytes_per_token // page_size + 1  # hi pages never fit

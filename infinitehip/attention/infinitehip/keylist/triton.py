@@ -20,7 +20,7 @@ import triton.language as tl
 
 from infinitehip.attention.infinitehip.keylist.reference import key_list_width
 from infinitehip.attention.infinitehip.positions import ATTENTION_ROPE_STYLES_DECODE
-from infinitehip.attention.triton_interpreter import fix_interpreter_if_active
+from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 fix_interpreter_if_active()
 

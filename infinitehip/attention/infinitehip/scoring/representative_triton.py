@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from infinitehip.attention.infinitehip.scoring.triton import _FP32_MIN, _OP_DTYPES, FP32_DOT_PRECISION, MAX_BLOCK_Q, _load_q, _max_qk
-from infinitehip.attention.triton_interpreter import fix_interpreter_if_active
+from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 fix_interpreter_if_active()
 

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infinitehip.attention.triton_interpreter import fix_interpreter_if_active
+from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 _FP32_MIN = tl.constexpr(-3.4028234663852886e38)  # torch.finfo(torch.float32).min, the reference's query mask
 MAX_BLOCK_Q = 64  # query tile held for the whole program; larger blocks are streamed in tiles of this size

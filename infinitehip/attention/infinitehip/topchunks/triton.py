@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infinitehip.attention.triton_interpreter import fix_interpreter_if_active
+from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 fix_interpreter_if_active()
 
