@@ -10,7 +10,7 @@ from results_tokenselect import passkey_rows, passkey_table
 
 FOLDER = D26 + "gpu_ih_question/"
 PASSKEY = "python -m bench accuracy --model smol.gguf --method infinitehip --lengths 65536 131072 262144 524288 1048576"
-# (label, file stem, --method-config); question_first_layer was a study knob, removed after this screen (git history)
+# (label, file stem, --method-config); question_first_layer was a study knob, removed after this screen (commit de0c360)
 VARIANTS = (("default (question budget 2,048)", "default", "{}"),
             ("question budget 512", "q512", '{"question_keep_tokens": 512}'),
             ("no question-time selection in the first 3 method layers", "qfl3", '{"question_first_layer": 3}'))
@@ -29,7 +29,8 @@ def infinitehip_question_markdown() -> str:
              "`--haystacks essays`; each row's --method-config); the passkey on the embedded SmolLM2-135M (64K-1M x 5 "
              f"depths, seeds 0-1: `{PASSKEY} --seed 1 --method-config '{{\"question_keep_tokens\": 512}}'`, and "
              "`--seed 0`). The first two rows: one machine, one run (`bench/plans/realtext_screen.sh`); the third: a "
-             "second machine later the same day, same code of the method.", "",
+             "second machine later the same day, same code of the method (`question_first_layer`, a study knob removed after "
+             "this screen: commit de0c360).", "",
              "| setting | essays 1M | sotu 1M | passkey 64K-1M | --method-config |", "| --- | :-: | :-: | :-: | --- |"]
     for label, stem, config, passkey in rows:
         essays = file_rows(FOLDER, f"ruler_{stem}_essays.json", (0, 1), 1048576)

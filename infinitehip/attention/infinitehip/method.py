@@ -209,7 +209,7 @@ class InfiniteHiPAttention(AttentionMethod):
         (attention/question_selection.py) and keep it in the state -> (first question position, (starts, lens)) or
         None."""
         c = self.config
-        if c.question_tokens == 0 or layer < c.question_first_layer:
+        if c.question_tokens == 0:
             return None
         state: InfiniteHiPState = seq.state
         previous = state.recent_q[layer]
