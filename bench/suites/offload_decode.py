@@ -21,6 +21,7 @@ attention bank at least --min-attention-bank tokens; the planner's summary line 
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import dataclasses
 import pstats
@@ -32,6 +33,7 @@ import torch
 from bench.common import models
 from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
 from bench.common.dense import decode_layerwise
+from bench.common.gpu_profile import print_report, profile_region
 from bench.common.instrument import use_fast_prefill
 from bench.common.timing import sync
 from infinitehip import EngineConfig, SamplingParams
@@ -74,25 +76,20 @@ def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadCon
                                                  ignore_eos=True))
     sync(device)
     PHASES.clear()
-    prof = None
-    if args.profile_prefill:
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
-        prof.__enter__()
-    t0 = time.perf_counter()
-    while seq.in_prefill or not seq.output_ids:
-        engine.step()
-    sync(device)
-    prefill_s = time.perf_counter() - t0
+    mode = "offloaded" if offload else "resident"
+    region = profile_region(device, args.profile_rows, syncs=False) if args.profile_prefill else contextlib.nullcontext()
+    with region as report:
+        t0 = time.perf_counter()
+        while seq.in_prefill or not seq.output_ids:
+            engine.step()
+        sync(device)
+        prefill_s = time.perf_counter() - t0
+    if report is not None:
+        print_report(report, f"profile of the prefill ({mode})")
     phases = {k: v for k, v in PHASES.items() if v > 0}
-    if prof is not None:
-        prof.__exit__(None, None, None)
-        mode = "offloaded" if offload else "resident"
-        for key in ("cuda_time_total", "cpu_time_total"):
-            print(f"profile of the prefill ({mode}), by {key}:")
-            print(prof.key_averages().table(sort_by=key, row_limit=args.profile_rows, max_name_column_width=60))
-        prof = None
     prefill_stats = engine.kv_stats()
     step_s, replay_events, host_prof, captures_before, clocks = [], [], None, 0, None
+    profiled, step_report = contextlib.ExitStack(), None  # --profile-steps: the last steps, after the timed ones
     while not seq.is_finished:
         if len(step_s) == args.warmup_steps and offload is not None:
             engine.cache.reset_stats()  # decode hit ratios over the timed steps (graph replays included)
@@ -106,10 +103,7 @@ def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadCon
             host_prof = cProfile.Profile()
             host_prof.enable()
         if args.profile_steps and len(step_s) == args.warmup_steps + args.steps - args.profile_steps:
-            sync(device)
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                      torch.profiler.ProfilerActivity.CUDA])
-            prof.__enter__()
+            step_report = profiled.enter_context(profile_region(device, args.profile_rows, syncs=False))
         t = time.perf_counter()
         engine.step()
         step_s.append(time.perf_counter() - t)
@@ -130,11 +124,9 @@ def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadCon
         host_prof.disable()
         print("host profile of the timed decode steps (cProfile slows the host: their times are not the table's):")
         pstats.Stats(host_prof).sort_stats("tottime").print_stats(args.profile_rows)
-    if prof is not None:
-        sync(device)
-        prof.__exit__(None, None, None)
-        print(f"profile of the last {args.profile_steps} decode steps ({'offloaded' if offload else 'resident'}):")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.profile_rows, max_name_column_width=60))
+    profiled.close()
+    if step_report is not None:
+        print_report(step_report, f"profile of the last {args.profile_steps} decode steps ({mode})")
     # the profiled steps (the last profile_steps) are slowed by the profiler: not timed
     timed = step_s[args.warmup_steps : len(step_s) - args.profile_steps] or step_s
     decode_stats = engine.kv_stats()
