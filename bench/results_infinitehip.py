@@ -29,8 +29,8 @@ def infinitehip_question_markdown() -> str:
              "`--haystacks essays`; each row's --method-config); the passkey on the embedded SmolLM2-135M (64K-1M x 5 "
              f"depths, seeds 0-1: `{PASSKEY} --seed 1 --method-config '{{\"question_keep_tokens\": 512}}'`, and "
              "`--seed 0`). The first two rows: one machine, one run (`bench/plans/realtext_screen.sh`); the third: a "
-             "second machine later the same day, same code of the method (`question_first_layer`, a study knob removed after "
-             "this screen: commit de0c360).", "",
+             "second machine later the same day, same code of the method (`question_first_layer`, a study knob "
+             "removed after this screen: commit de0c360).", "",
              "| setting | essays 1M | sotu 1M | passkey 64K-1M | --method-config |", "| --- | :-: | :-: | :-: | --- |"]
     for label, stem, config, passkey in rows:
         essays = file_rows(FOLDER, f"ruler_{stem}_essays.json", (0, 1), 1048576)
@@ -38,12 +38,12 @@ def infinitehip_question_markdown() -> str:
         lines.append(f"| {label} | {cell(essays)} | {cell(sotu)} | {cell(passkey)} | `{config}` |")
     lines += ["", "Passkey by length:", ""] + passkey_table("setting", {label: p for label, _, _, p in rows})
     lines += ["", "Neither setting is taken. A 512-token question budget, which closed tokenselect's passkey gap, "
-              "scores the same on real text (other prompts missed) and one passkey prompt more. The passkey misses are reading misses: on the "
-              "CPU the 64K depth-50% miss attends all 25 needle tokens in 29 of 30 layers (13 of 25 in layer 0) and "
+              "scores the same on real text (other prompts missed) and one passkey prompt more. The passkey misses are "
+              "reading misses: on the CPU the 64K depth-50% miss attends all 25 needle tokens in 29 of 30 layers (13 of 25 in layer 0) and "
               "still answers \"99999\"; with `question_tokens` 0 it reads the key. Switching question-time selection "
               "off in the first three layers leaves the passkey as it is, and on Gemma 3 270M, whose three "
               "global-attention layers are all the method's layers, it switches the selection off everywhere: 0/40 at "
-              "1M. Question-time selection is what reads real text at 1M; the passkey's remaining misses (6 of 50; the `3k` "
-              "preset read seed 0's 25/25 on 2026-11-24, before the selection existed) are its cost on near-identical "
+              "1M. Question-time selection is what reads real text at 1M; the passkey's remaining misses (6 of 50; the "
+              "`3k` preset read seed 0's 25/25 on 2026-11-24, before the selection existed) are its cost on near-identical "
               "filler. CPU trace: `2026-11-26/cpu/passkey_ih_64k_d50_trace.json`."]
     return "\n".join(lines) + "\n"

@@ -168,16 +168,16 @@ def ttft_markdown() -> str:
                       "host, not the GPU: the path to 2% is fewer launches and no syncs for a short chunk (static "
                       "widths, graph capture as decode does)."]
     gpu_first = RESULTS / D26 / "gpu_store" / "ttft_512k_1m_gpu_first.json"
-    if gpu_first.exists():
-        rows = {r["context"]: r for r in json.loads(gpu_first.read_text())["rows"] if r["method"] == "infinitehip"}
-        if 1048576 in rows:
-            r = rows[1048576]
-            lines += ["", "GPU-first store layers (offload's `gpu_store_fraction`, default 0.5 since 2026-11-26 evening): "
-                      "the 1M offloaded row's command re-run on one H100 with them: warm TTFT "
-                      f"{r['warm_ttft_s']:.1f} s (the table's {97.7} s ran without them, another machine the same day); "
-                      f"staged layer copy {r['phases']['staged layer copy (store -> GPU)']:.1f} s against 23.0 s; 512K "
-                      f"{rows[524288]['warm_ttft_s']:.1f} s against 43.0 s "
-                      "(`2026-11-26/gpu_store/ttft_512k_1m_gpu_first.json`)."]
+    if gpu_first.exists():  # the same command as the table's 512K / 1M run (files[2]), GPU-first layers on
+        after, before = ({r["context"]: r for r in run["rows"] if r["method"] == "infinitehip"}
+                         for run in (json.loads(gpu_first.read_text()), runs[2]))
+        copy = "staged layer copy (store -> GPU)"
+        lines += ["", "GPU-first store layers (offload's `gpu_store_fraction`, default 0.5 since 2026-11-26 evening): "
+                  "the 512K / 1M row's command re-run on one H100 with them: 1M warm TTFT "
+                  f"{after[1048576]['warm_ttft_s']:.1f} s (the table's {before[1048576]['warm_ttft_s']:.1f} s ran "
+                  f"without them, another machine the same day); staged layer copy {after[1048576]['phases'][copy]:.1f} s "
+                  f"against {before[1048576]['phases'][copy]:.1f} s; 512K {after[524288]['warm_ttft_s']:.1f} s against "
+                  f"{before[524288]['warm_ttft_s']:.1f} s (`2026-11-26/gpu_store/ttft_512k_1m_gpu_first.json`)."]
     return "\n".join(lines) + "\n"
 
 

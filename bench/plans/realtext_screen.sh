@@ -1,11 +1,12 @@
 # Screens settings of one method against its default in the same run, on the two checks a default must pass: the
 # real-text suite's choosing prompts (Gemma 3 270M, each of HAYSTACKS at LENGTH, seeds SEEDS; report the other seeds
-# as held out) and the embedded model's passkey (SmolLM2, 64K-1M x 5 depths, seeds 0 and 1; passkey results must not drop).
+# as held out) and the embedded model's passkey (SmolLM2, 64K-1M x 5 depths, seeds 0 and 1; passkey results must not
+# drop).
 # SETTINGS: a file of lines "NAME JSON" (the method's fields, --method-config), e.g.
 #   default {}
 #   q512 {"question_select_tokens": 512}
-# (METHOD=infinitehip: its fields, e.g. q512 {"question_keep_tokens": 512}; the run of 2026-11-26 that chose tokenselect's
-# question budget: docs/results.md, "TokenSelect: question-time budget").
+# (METHOD=infinitehip: its fields, e.g. q512 {"question_keep_tokens": 512}; the run of 2026-11-26 that chose
+# tokenselect's question budget: docs/results.md, "TokenSelect: question-time budget").
 # MODEL_DIR holds smol.gguf and gemma.gguf with its conversion cache, carried by bench/device_models.py (which touches
 # smol_ready / gemma_ready). Passkey first: the SmolLM2 parts are the first to arrive.
 MODEL_DIR=${MODEL_DIR:-/root}

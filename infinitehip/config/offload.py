@@ -60,13 +60,12 @@ class OffloadConfig:
                 raise ValueError(f"{name} must be a positive int (tokens per layer), got {value!r}")
         if self.kv_dtype != "auto" and self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be 'auto' or one of {sorted(KV_DTYPES)}, got {self.kv_dtype!r}")
-        for name in ("host_memory_fraction", "gpu_memory_fraction"):
+        for name, zero_ok in (("host_memory_fraction", False), ("gpu_memory_fraction", False),
+                              ("gpu_store_fraction", True)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-                raise ValueError(f"{name} must be in (0, 1], got {value!r}")
-        value = self.gpu_store_fraction
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-            raise ValueError(f"gpu_store_fraction must be in [0, 1], got {value!r}")
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value <= 1.0
+                    or not (value >= 0.0 if zero_ok else value > 0.0)):
+                raise ValueError(f"{name} must be in {'[' if zero_ok else '('}0, 1], got {value!r}")
         check_impl("offload_impl", self.offload_impl)
 
     def torch_kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
