@@ -25,6 +25,8 @@ if [ "$cmd" = start ]; then
   echo started
 else
   dir=$2; end=$((SECONDS + ${3:-500}))
+  # A fresh machine (the last one was given back) has no plan: say so at once instead of polling nothing.
+  [ -e "$dir/progress" ] || [ -d "$dir/tree" ] || { echo "no plan in $dir: this is a fresh machine"; exit 3; }
   # Results go to $OUT as one archive (a device call brings back at most 8 files), rewritten on every pass: a poll
   # killed at the call's limit (which shrinks to the session's last device seconds) still brings back what was
   # written so far.

@@ -8,6 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 D25 = "2026-11-25/realtext/gemma3/"
 D26 = "2026-11-26/"
+D27 = "2026-11-27/"
 
 
 def cell(rows: list[dict]) -> str:

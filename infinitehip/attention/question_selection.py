@@ -107,12 +107,10 @@ def question_tokens(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Ten
 def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: torch.Tensor, page_size: int, sink: int,
                     limit: int, num_chunks: int, chunk_size: int, window: int, distance: int, rope, impl: str,
                     forced: torch.Tensor | None = None,
-                    read_keys: KeyReader | None = None, reduce=None,
-                    min_share: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                    read_keys: KeyReader | None = None, reduce=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The question-time selection as num_chunks chunks of the grid sink + chunk_size * j (InfiniteHiP's final
     stage grid), each scored by its best token -> (starts [num_chunks], lens [num_chunks]) in position order,
-    unused entries last with length 0. min_share > 0: of the best num_chunks, those scoring below min_share x the
-    best chunk's score are left out too (unused; no host sync: the shapes stay fixed)."""
+    unused entries last with length 0."""
     device = q.device
     total = max(0, -(-(limit - sink) // chunk_size))
     if total <= num_chunks:
@@ -122,11 +120,7 @@ def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: to
                                  read_keys, reduce)
         scores = force_scores(scores, forced, sink, limit)
         padded = F.pad(scores, (0, total * chunk_size - scores.numel()), value=float("-inf"))
-        best = torch.topk(padded.view(total, chunk_size).amax(1), num_chunks)  # values in descending order
-        idx = best.indices
-        if min_share > 0:  # a chunk left out takes index `total` (past the limit: length 0) and sorts last
-            idx = torch.where(best.values >= min_share * best.values[0], idx, total)
-        idx = idx.sort().values
+        idx = torch.topk(padded.view(total, chunk_size).amax(1), num_chunks).indices.sort().values
     starts = sink + chunk_size * idx
     lens = (limit - starts).clamp(min=0, max=chunk_size)
     starts = torch.where(lens > 0, starts, 0)

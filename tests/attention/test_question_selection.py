@@ -61,17 +61,6 @@ def test_question_chunks_keep_the_best_window_and_the_forced_tokens():
     assert 296 in f_starts.tolist()  # the grid chunk [296, 304) holds the forced tokens
     few_s, few_l = qs.question_chunks(q, k_flat, table, 16, 8, 30, 4, 8, 3, 32, rope, "reference")
     assert few_s[:3].tolist() == [8, 16, 24] and few_l.tolist() == [8, 8, 6, 0]  # everything fits: all, padded
-    # min_share: of the 4 best chunks, those under that share of the best one's score are left out, unused and last
-    chunk_scores = torch.nn.functional.pad(scores, (0, 49 * 8 - scores.numel()), value=float("-inf")).view(49, 8).amax(1)
-    top = chunk_scores.topk(4).values
-    share = float((top[1] + top[2]) / (2 * top[0]))  # between the 2nd and the 3rd: two chunks stay
-    s_starts, s_lens = qs.question_chunks(*args, 4, 8, 3, 32, rope, "reference", min_share=share)
-    kept = [st for st, ln in zip(s_starts.tolist(), s_lens.tolist()) if ln > 0]
-    assert len(kept) == 2 and s_lens.tolist()[2:] == [0, 0] and s_starts.tolist()[2:] == [0, 0]
-    assert kept == sorted(kept) and set(kept) <= set(starts.tolist())
-    assert {8 + 8 * int(i) for i in chunk_scores.topk(2).indices} == set(kept)
-    same_s, same_l = qs.question_chunks(*args, 4, 8, 3, 32, rope, "reference", min_share=0.0)
-    assert torch.equal(same_s, starts) and torch.equal(same_l, lens)
 
 
 def test_tokenselect_union_below_keeps_sorted_unique_tokens_under_the_window():

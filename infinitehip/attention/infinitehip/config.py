@@ -61,16 +61,12 @@ class InfiniteHiPConfig:
     question_tokens: int = 32
     question_keep_tokens: int = 2048  # tokens (in final-stage chunks) the question's vote adds to the answer's keys
     question_window: int = 9  # odd width over which the question's votes are averaged and spread
-    # of the question_keep_tokens best chunks, those whose vote is below this share of the best chunk's are left out
-    # (0: the fixed budget alone; docs/real-text.md: the passkey's vote is peaked, real text's flatter)
-    question_min_share: float = 0.0
 
     # Knobs of the studies in docs/ (RoPE styles, representatives, head aggregation, kernels): --help-all lists
     # them apart, as settings a user of the method does not need. Allowed values of the choice-like fields.
     STUDY_FIELDS: ClassVar[tuple[str, ...]] = (
         "early_layers", "early_last_keep_tokens", "early_pruning_rope", "late_pruning_rope", "attention_rope", "impl",
-        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window",
-        "question_min_share")
+        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "early_pruning_rope": PRUNING_ROPE_STYLES, "late_pruning_rope": PRUNING_ROPE_STYLES,
         "attention_rope": ATTENTION_ROPE_STYLES, "impl": IMPLS, "representative": REPRESENTATIVES,
@@ -129,8 +125,6 @@ class InfiniteHiPConfig:
         if self.question_keep_tokens < last_c or self.question_keep_tokens % last_c:
             raise ValueError(f"question_keep_tokens = {self.question_keep_tokens} is not a positive multiple of "
                              f"chunk_sizes[-1] = {last_c}")
-        if not 0.0 <= self.question_min_share <= 1.0:
-            raise ValueError(f"question_min_share must be in [0, 1], got {self.question_min_share}")
         if self.question_window < 1 or self.question_window % 2 == 0:
             raise ValueError(f"question_window must be an odd width >= 1, got {self.question_window}")
         if self.head_aggregation not in HEAD_AGGREGATIONS:

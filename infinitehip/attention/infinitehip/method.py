@@ -228,7 +228,7 @@ class InfiniteHiPAttention(AttentionMethod):
         chunks = question_chunks(recent, k_flat, page_table, seq.cache.page_size, c.sink_tokens, limit,
                                  c.question_keep_tokens // cs, cs, c.question_window, c.stream_tokens, batch.rope,
                                  resolve_impl("auto", q.device), _forced(seq.probe, q.device), read_keys,
-                                 reduce=self._reduce, min_share=c.question_min_share)
+                                 reduce=self._reduce)
         state.question[layer] = chunks
         if seq.probe is not None:
             seq.probe.record_prefill("question", layer, self.model_config.num_layers,
