@@ -15,7 +15,6 @@ ring row. Both read positions from host values (prefill) or device tensors (deco
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from infinitehip.attention.base import ForwardBatch, SequenceSlice
 from infinitehip.attention.host_values import device_tensor
