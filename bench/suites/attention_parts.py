@@ -183,7 +183,8 @@ def stage_device_fn(method: InfiniteHiPAttention, spec, blocks, parent, seq: Seq
     rope = batch.rope
     limit = sparse_limit(blocks.last_position, c.sink_tokens, c.stream_tokens)
     if parent is None:
-        starts0, lens0 = initial_chunks(limit, c.sink_tokens, spec.chunk_size)  # host sync: outside the graph
+        starts0, lens0 = initial_chunks(limit, c.sink_tokens, spec.chunk_size,
+                                        max(c.sink_tokens, blocks.last + 1 - c.stream_tokens))
         candidates = lambda: (starts0, lens0)
     else:
         candidates = lambda: subdivide(parent, spec.chunk_size, limit)

@@ -41,7 +41,8 @@ class OracleDecode(InfiniteHiPAttention):
                 parent = caches[layer, s]
             seq.state.decode_steps[layer] += 1
             window_start = torch.stack([caches[layer, s].limit for s in range(c.num_stages)]).amin(0)
-            tokens, count = assemble_keys(parent, blocks.last_position, window_start, c.sink_tokens)
+            width = max(0, int((blocks.last_position + 1 - window_start).max()))  # cached stages: wider than stream
+            tokens, count = assemble_keys(parent, blocks.last_position, window_start, c.sink_tokens, width)
             key_rope, query_rope = attention_positions(c.attention_rope, tokens, count, window_start, blocks.positions[0],
                                                        torch.zeros(1, dtype=torch.long), seq.context_len, self.trained_len)
             batch.rope.ensure(int(key_rope.max()) + 1)

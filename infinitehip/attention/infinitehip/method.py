@@ -28,9 +28,9 @@ from infinitehip.attention.infinitehip.mask_rows import MaskRows, mask_rows_for,
 from infinitehip.attention.infinitehip.offload_access import (StagedLayer, check_offload, prefill_attention_in_groups,
                                                               question_key_reader, scoring_access, stage_prefill_layer)
 from infinitehip.attention.infinitehip.pending import queue_query
-from infinitehip.attention.infinitehip.positions import attention_positions, group_size
+from infinitehip.attention.infinitehip.positions import attention_extent, attention_positions, group_size
 from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,
-                                                      run_stage, sparse_limit)
+                                                      prefill_window_width, run_stage, sparse_limit)
 from infinitehip.attention.chunk_merge import merge_chunks
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.infinitehip.saliency import KeySaliency
@@ -238,7 +238,9 @@ class InfiniteHiPAttention(AttentionMethod):
     @phase("block-sparse attention")
     def _attend_prefill(self, layer, q, seq, batch, final: StageOutput, blocks: QueryBlocks, window_start,
                         staged: StagedLayer | None = None) -> torch.Tensor:
-        key_tokens, key_counts = assemble_keys(final, blocks.last_position, window_start, self.config.sink_tokens)
+        c = self.config
+        key_tokens, key_counts = assemble_keys(final, blocks.last_position, window_start, c.sink_tokens,
+                                               prefill_window_width(blocks.last, c.sink_tokens, c.stream_tokens))
         if seq.probe is not None and seq.probe.is_last_prefill(seq.context_len):
             share = seq.probe.share_of_tokens(key_tokens[-1, : int(key_counts[-1])])
             seq.probe.record_prefill("attended", layer, self.model_config.num_layers, share)
@@ -246,7 +248,8 @@ class InfiniteHiPAttention(AttentionMethod):
         query_block = torch.arange(q.shape[0], device=q.device) // blocks.size
         key_rope, query_rope = attention_positions(self.config.attention_rope, key_tokens, key_counts, window_start,
                                                    query_pos, query_block, seq.context_len, self.trained_len)
-        batch.rope.ensure(max(int(key_rope.max()), int(query_rope.max())) + 1)
+        batch.rope.ensure(attention_extent(c.attention_rope, key_tokens.shape[1], c.stream_tokens, seq.context_len,
+                                           self.trained_len))
         key_tokens, key_counts, query_pos = key_tokens.int(), key_counts.int(), query_pos.int()
 
         def attend(k_flat, v_flat, page_table, page_size, m: slice, rows: slice) -> torch.Tensor:

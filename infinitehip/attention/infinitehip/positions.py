@@ -70,6 +70,30 @@ def scoring_positions(
     raise ValueError(f"unknown pruning RoPE style {style!r}")
 
 
+def scoring_extent(style: str, n_chunks: int, stream_tokens: int, context_len: int, trained_len: int) -> int:
+    """An exclusive bound of every RoPE position `scoring_positions` and the scoring kernels use for n_chunks
+    candidates (queries, and keys at key_pos_base + offsets <= 1 or + token // group), from host values alone: the
+    RoPE table is grown to it without reading the positions back from the device."""
+    g = group_size(context_len, trained_len)
+    query = {"relative": stream_tokens + 2, "chunk_indexed": n_chunks + stream_tokens, "dynamic": (context_len - 1) // g + 1,
+             "infllm": stream_tokens + 1, "none": context_len}
+    key = {"chunk_indexed": n_chunks + 1, "dynamic": context_len // g + 2, "none": context_len + 2}
+    if style not in query:
+        raise ValueError(f"unknown pruning RoPE style {style!r}")
+    return max(query[style], key.get(style, 2))
+
+
+def attention_extent(style: str, n_keys: int, stream_tokens: int, context_len: int, trained_len: int) -> int:
+    """An exclusive bound of the positions `attention_positions` gives for key lists of width n_keys (streaming:
+    ranks <= n_keys; infllm: window offsets <= stream), from host values alone (as `scoring_extent`)."""
+    bound = {"streaming": n_keys + 1, "none": context_len,
+             "dynamic": (context_len - 1) // group_size(context_len, trained_len) + 1,
+             "infllm": min(stream_tokens, context_len) + 1}
+    if style not in bound:
+        raise ValueError(f"unknown attention RoPE style {style!r}")
+    return bound[style]
+
+
 def attention_positions(
     style: str, key_tokens: torch.Tensor, key_counts: torch.Tensor, window_start: torch.Tensor,
     query_pos: torch.Tensor, query_block: torch.Tensor, context_len: int, trained_len: int,

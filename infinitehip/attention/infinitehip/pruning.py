@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from infinitehip.attention.infinitehip.positions import scoring_positions
+from infinitehip.attention.infinitehip.positions import scoring_extent, scoring_positions
 from infinitehip.attention.needle_probe import FORCE_BONUS
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
@@ -30,6 +30,9 @@ class QueryBlocks:
     valid: torch.Tensor  # [M, b] bool
     positions: torch.Tensor  # [M, b] int64 original positions (padding repeats the last one)
     size: int
+    # positions.max() on the host (prefill: start_pos + n - 1), so widths and RoPE extents need no device read;
+    # None in decode, whose positions live in a captured graph's buffers
+    last: int | None = None
 
     @property
     def last_position(self) -> torch.Tensor:  # [M]
@@ -45,12 +48,18 @@ def query_blocks(q: torch.Tensor, start_pos: int, size: int) -> QueryBlocks:
     valid = (rows < n).view(M, size)
     positions = (start_pos + rows.clamp(max=n - 1)).view(M, size)
     q_padded = torch.cat([q, q[-1:].expand(pad, -1, -1)]) if pad else q
-    return QueryBlocks(q_padded.view(M, size, *q.shape[1:]), valid, positions, size)
+    return QueryBlocks(q_padded.view(M, size, *q.shape[1:]), valid, positions, size, start_pos + n - 1)
 
 
 def sparse_limit(last_position: torch.Tensor, sink: int, stream: int) -> torch.Tensor:
     """Exclusive end of a block's sparse candidates: max(sink, e + 1 - stream)."""
     return (last_position + 1 - stream).clamp(min=sink)
+
+
+def prefill_window_width(last: int, sink: int, stream: int) -> int:
+    """The widest streaming window [max(sink, e + 1 - stream), e] of blocks whose last query is at most `last`
+    (the width grows with e), computed on the host."""
+    return max(0, min(stream, last + 1 - sink))
 
 
 @dataclass
@@ -66,9 +75,9 @@ class StageOutput:
                            self.query_block_size, self.limit[parent_index])
 
 
-def initial_chunks(limit: torch.Tensor, sink: int, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """All chunks of [sink, limit) per block: (starts [M, N], lens [M, N])."""
-    n = max(0, -(-(int(limit.max()) - sink) // chunk_size)) if limit.numel() else 0
+def initial_chunks(limit: torch.Tensor, sink: int, chunk_size: int, limit_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """All chunks of [sink, limit) per block: (starts [M, N], lens [M, N]); limit_max: limit.max(), from the host."""
+    n = max(0, -(-(limit_max - sink) // chunk_size)) if limit.numel() else 0
     starts = sink + chunk_size * torch.arange(n, device=limit.device)
     lens = (limit[:, None] - starts[None, :]).clamp(min=0, max=chunk_size)
     return starts.expand(limit.shape[0], n).contiguous(), lens
@@ -163,7 +172,7 @@ def run_stage(
     forced_tokens (oracle diagnostics): chunks holding these tokens are kept first."""
     limit = sparse_limit(blocks.last_position, sink, stream)
     if parent is None:
-        starts, lens = initial_chunks(limit, sink, spec.chunk_size)
+        starts, lens = initial_chunks(limit, sink, spec.chunk_size, max(sink, blocks.last + 1 - stream))
     else:
         starts, lens = subdivide(parent, spec.chunk_size, limit)
     keep = spec.keep_tokens // spec.chunk_size
@@ -171,10 +180,8 @@ def run_stage(
     most_chunks = int((lens > 0).sum(1).max()) if lens.numel() else 0
     if most_chunks > keep:
         pos = scoring_positions(spec.rope_style, blocks.positions, lens, stream, context_len, trained_len)
-        rope.ensure(int(pos.query_pos.max()) + 1)
+        rope.ensure(scoring_extent(spec.rope_style, lens.shape[1], stream, context_len, trained_len))
         q_rot = apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
-        max_key_pos = int(pos.key_pos_base.max()) + (context_len // pos.token_pos_group if pos.token_pos_group else 0) + 2
-        rope.ensure(max_key_pos)
         scores = score_candidates(spec, blocks, q_rot, pos, starts, lens, k_flat, page_table, page_size, rope, impl,
                                   saliency, rep_keys, static_groups=False, reduce=reduce)
         if forced_tokens is not None:
@@ -183,8 +190,10 @@ def run_stage(
     return StageOutput(starts, lens, spec.chunk_size, spec.query_block_size, limit)
 
 
-def assemble_keys(final: StageOutput, last_position: torch.Tensor, window_start: torch.Tensor, sink: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted key tokens of each block: sink + selected (below window_start) + window [window_start, e].
+def assemble_keys(final: StageOutput, last_position: torch.Tensor, window_start: torch.Tensor, sink: int,
+                  width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted key tokens of each block: sink + selected (below window_start) + window [window_start, e]; width: the
+    widest window, max(e + 1 - window_start) (`window_width`).
 
     -> (key_tokens [M, K] int64, padding rows point at token 0; key_counts [M] int64)
     """
@@ -195,7 +204,6 @@ def assemble_keys(final: StageOutput, last_position: torch.Tensor, window_start:
     offsets = torch.arange(final.chunk_size, device=device)
     sel_tok = (final.chunk_starts[:, :, None] + offsets).flatten(1)
     sel_ok = ((offsets < final.chunk_lens[:, :, None]).flatten(1)) & (sel_tok < window_start[:, None])
-    width = max(0, int((last_position + 1 - window_start).max()))
     win_tok = window_start[:, None] + torch.arange(width, device=device)
     win_ok = win_tok <= e
     tokens = torch.cat([sink_tok, sel_tok, win_tok], dim=1)

@@ -53,8 +53,8 @@ class KeySaliency:
         n, H, _ = q.shape
         total, count = self._buffers(layer, cache, H)
         new_slots = token_slots(page_table, torch.arange(start_pos, start_pos + n, device=q.device), cache.page_size)
-        total[new_slots] = 0
-        count[new_slots] = 0
+        total.index_fill_(0, new_slots, 0.0)  # not `total[new_slots] = 0`: its scalar is a host-to-device copy
+        count.index_fill_(0, new_slots, 0.0)
         lo = max(0, start_pos - self.window + 1)
         key_pos = torch.arange(lo, start_pos + n, device=q.device)
         key_slots = token_slots(page_table, key_pos, cache.page_size)
