@@ -20,7 +20,7 @@ from infinitehip.attention.infinitehip import method as method_module
 from infinitehip.attention.infinitehip.config import PRESETS, InfiniteHiPConfig
 from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
 from infinitehip.attention.infinitehip.positions import scoring_positions
-from infinitehip.attention.infinitehip.pruning import initial_chunks, query_blocks, sparse_limit, subdivide
+from infinitehip.attention.infinitehip.pruning import host_limit, initial_chunks, query_blocks, sparse_limit, subdivide
 from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
 from infinitehip.attention.question_selection import question_chunks
 from infinitehip.config.model import ModelConfig
@@ -184,7 +184,7 @@ def stage_device_fn(method: InfiniteHiPAttention, spec, blocks, parent, seq: Seq
     limit = sparse_limit(blocks.last_position, c.sink_tokens, c.stream_tokens)
     if parent is None:
         starts0, lens0 = initial_chunks(limit, c.sink_tokens, spec.chunk_size,
-                                        max(c.sink_tokens, blocks.last + 1 - c.stream_tokens))
+                                        host_limit(blocks.last, c.sink_tokens, c.stream_tokens))
         candidates = lambda: (starts0, lens0)
     else:
         candidates = lambda: subdivide(parent, spec.chunk_size, limit)

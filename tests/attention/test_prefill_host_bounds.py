@@ -7,7 +7,7 @@ import torch
 
 from infinitehip.attention.infinitehip.positions import (ATTENTION_ROPE_STYLES_DECODE, attention_extent,
                                                          attention_positions, scoring_extent, scoring_positions)
-from infinitehip.attention.infinitehip.pruning import (initial_chunks, prefill_window_width, query_blocks,
+from infinitehip.attention.infinitehip.pruning import (host_limit, initial_chunks, prefill_window_width, query_blocks,
                                                        sparse_limit)
 from infinitehip.attention.infinitehip.config import PRUNING_ROPE_STYLES
 
@@ -24,9 +24,11 @@ def test_window_width_and_first_stage_candidates_match_the_tensors(start, n, siz
     blocks = blocks_of(start, n, size)
     assert blocks.last == int(blocks.positions.max())
     window_start = sparse_limit(blocks.last_position, SINK, STREAM)
-    assert prefill_window_width(blocks.last, SINK, STREAM) == max(0, int((blocks.last_position + 1 - window_start).max()))
+    read_back = max(0, int((blocks.last_position + 1 - window_start).max()))
+    assert prefill_window_width(blocks.last, SINK, STREAM) == read_back
     limit = window_start
-    starts, lens = initial_chunks(limit, SINK, 16, max(SINK, blocks.last + 1 - STREAM))
+    assert host_limit(blocks.last, SINK, STREAM) == int(limit.max())
+    starts, lens = initial_chunks(limit, SINK, 16, host_limit(blocks.last, SINK, STREAM))
     n_read = max(0, -(-(int(limit.max()) - SINK) // 16))  # what initial_chunks read from the device before
     assert starts.shape[1] == n_read and (lens.sum(1) == (limit - SINK).clamp(min=0)).all()
 
@@ -60,7 +62,7 @@ def test_attention_extent_bounds_every_position_the_attention_reads(style, conte
     rows = []
     for m in range(M):  # sink + a random selection below the window + the window, sorted, padded with 0
         e, ws = int(blocks.last_position[m]), int(window_start[m])
-        sel = torch.randperm(max(1, ws - SINK), generator=g)[:200] + SINK if ws > SINK else torch.empty(0, dtype=torch.long)
+        sel = torch.randperm(max(0, ws - SINK), generator=g)[:200] + SINK
         toks = torch.cat([torch.arange(min(SINK, e + 1)), sel, torch.arange(ws, e + 1)]).unique().sort().values[:K]
         rows.append(toks)
     counts = torch.tensor([len(r) for r in rows])

@@ -75,8 +75,8 @@ def scoring_extent(style: str, n_chunks: int, stream_tokens: int, context_len: i
     candidates (queries, and keys at key_pos_base + offsets <= 1 or + token // group), from host values alone: the
     RoPE table is grown to it without reading the positions back from the device."""
     g = group_size(context_len, trained_len)
-    query = {"relative": stream_tokens + 2, "chunk_indexed": n_chunks + stream_tokens, "dynamic": (context_len - 1) // g + 1,
-             "infllm": stream_tokens + 1, "none": context_len}
+    query = {"relative": stream_tokens + 2, "chunk_indexed": n_chunks + stream_tokens,
+             "dynamic": (context_len - 1) // g + 1, "infllm": stream_tokens + 1, "none": context_len}
     key = {"chunk_indexed": n_chunks + 1, "dynamic": context_len // g + 2, "none": context_len + 2}
     if style not in query:
         raise ValueError(f"unknown pruning RoPE style {style!r}")

@@ -56,6 +56,11 @@ def sparse_limit(last_position: torch.Tensor, sink: int, stream: int) -> torch.T
     return (last_position + 1 - stream).clamp(min=sink)
 
 
+def host_limit(last: int, sink: int, stream: int) -> int:
+    """`sparse_limit` of the block whose last query is at `last`, on the host (the largest limit of a prefill chunk)."""
+    return max(sink, last + 1 - stream)
+
+
 def prefill_window_width(last: int, sink: int, stream: int) -> int:
     """The widest streaming window [max(sink, e + 1 - stream), e] of blocks whose last query is at most `last`
     (the width grows with e), computed on the host."""
@@ -75,7 +80,8 @@ class StageOutput:
                            self.query_block_size, self.limit[parent_index])
 
 
-def initial_chunks(limit: torch.Tensor, sink: int, chunk_size: int, limit_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+def initial_chunks(limit: torch.Tensor, sink: int, chunk_size: int,
+                   limit_max: int) -> tuple[torch.Tensor, torch.Tensor]:
     """All chunks of [sink, limit) per block: (starts [M, N], lens [M, N]); limit_max: limit.max(), from the host."""
     n = max(0, -(-(limit_max - sink) // chunk_size)) if limit.numel() else 0
     starts = sink + chunk_size * torch.arange(n, device=limit.device)
@@ -172,7 +178,7 @@ def run_stage(
     forced_tokens (oracle diagnostics): chunks holding these tokens are kept first."""
     limit = sparse_limit(blocks.last_position, sink, stream)
     if parent is None:
-        starts, lens = initial_chunks(limit, sink, spec.chunk_size, max(sink, blocks.last + 1 - stream))
+        starts, lens = initial_chunks(limit, sink, spec.chunk_size, host_limit(blocks.last, sink, stream))
     else:
         starts, lens = subdivide(parent, spec.chunk_size, limit)
     keep = spec.keep_tokens // spec.chunk_size
@@ -193,7 +199,7 @@ def run_stage(
 def assemble_keys(final: StageOutput, last_position: torch.Tensor, window_start: torch.Tensor, sink: int,
                   width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sorted key tokens of each block: sink + selected (below window_start) + window [window_start, e]; width: the
-    widest window, max(e + 1 - window_start) (`window_width`).
+    widest window, max(e + 1 - window_start) (`prefill_window_width`).
 
     -> (key_tokens [M, K] int64, padding rows point at token 0; key_counts [M] int64)
     """
