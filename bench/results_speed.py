@@ -186,8 +186,10 @@ def hip_attn_markdown(data: dict) -> str:
     out = ["One Llama-3-8B layer (32 query / 8 KV heads, d 128, bf16): the last 32K-query prefill chunk over the "
            "context, ours (`default`) vs the authors' hip-attn 1.2.9 with its closest configuration (arguments in "
            "the JSON) vs dense SDPA-flash, same run (`python -m bench hip-attn --contexts 131072 262144 "
-           "524288 1048576`). hip-attn's decode did not compile with triton 3.6 (errors in the JSON), so decode "
-           "has no side-by-side row.", "",
+           "524288 1048576`). hip-attn's decode did not compile (errors in the JSON), so decode has no side-by-side "
+           "row. Not a Triton version: its decode scan passes a literal `True` into a function whose extend branch "
+           "calls `.to()` on it, which a 10-line kernel reproduces on the CPU under triton 3.0, 3.2 and 3.6 alike "
+           "(2026-11-27); the suite now retries its decode with `using_extend` off and marks such a row.", "",
            "| context | dense ms | ours ms | hip-attn ms (query stride 4,4,1 / 1,1,1) | ours / hip-attn |",
            "| ---: | ---: | ---: | ---: | ---: |"]
     for r in data["results"]:

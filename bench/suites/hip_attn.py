@@ -47,12 +47,14 @@ from infinitehip.attention.infinitehip.config import PRESETS
 from infinitehip.cli.options import parse_int
 
 
-def hip_call_args(api, m: dict, ctx: parts.Context, rope_tables, positions: torch.Tensor, decode: bool) -> tuple:
-    """(HiPAttentionArgs, the same kwargs with tensors described) for one call over ctx's cache."""
+def hip_call_args(api, m: dict, ctx: parts.Context, rope_tables, positions: torch.Tensor, decode: bool,
+                  extend: bool = True) -> tuple:
+    """(HiPAttentionArgs, the same kwargs with tensors described) for one call over ctx's cache. extend False:
+    using_extend off (see bench_hip_decode)."""
     T = ctx.T
     k, v = (x.view(-1, 1, *x.shape[-2:]) for x in (ctx.cache.flat_k(parts.LAYER), ctx.cache.flat_v(parts.LAYER)))
     kw = {key: val for key, val in m.items() if key != "mask_refresh_interval"}
-    kw.update(using_extend=True, need_apply_rope=True, rope_cos=rope_tables[0], rope_sin=rope_tables[1],
+    kw.update(using_extend=extend, need_apply_rope=True, rope_cos=rope_tables[0], rope_sin=rope_tables[1],
               rope_is_neox_style=True, model_context_length=parts.MC.max_position_embeddings, extend_context_length=T,
               k_cache=k, v_cache=v, block_table=ctx.cache.slots(ctx.page_table, 0, T).to(torch.int32)[None],
               cache_seq_lens=torch.tensor([T], dtype=torch.int32, device=k.device), position_ids=positions[None],
@@ -84,9 +86,14 @@ def output_check(m: dict, out: torch.Tensor, meta) -> dict:
             "selected_tokens_per_block_mean": float(meta.ks.float().mean()) * m["stages"][-1]["stage_chunk_size"]}
 
 
-def bench_hip_decode(api, m, ctx, q, rope_tables, timer, args, errors, what) -> dict:
+def bench_hip_decode(api, m, ctx, q, rope_tables, timer, args, errors, what, extend: bool = True) -> dict:
+    """extend False: hip-attn's decode with using_extend off, the fallback where its extend decode does not compile
+    (its decode scan passes a literal True as mask_tdst into load_keys_with_rope, whose extend branch calls
+    mask_tdst.to(): a Triton compile error, reproduced on the CPU with a 10-line kernel under triton 3.0, 3.2 and
+    3.6 alike, so not a Triton version). Its decode then skips the extend path's RoPE remapping: timings of the
+    same scan and sparse attention, positions as trained, said so in the table."""
     T, n = ctx.T, len(m["stages"])
-    hip_args, described = hip_call_args(api, m, ctx, rope_tables, torch.tensor([T - 1], device=q.device), True)
+    hip_args, described = hip_call_args(api, m, ctx, rope_tables, torch.tensor([T - 1], device=q.device), True, extend)
     scale = q.shape[-1] ** -0.5
     qs = (q * scale)[None].contiguous()  # [1, 1, H, d]
     call = lambda qq, meta: api.attention(q=qq, k=None, v=None, args=hip_args, cached_metadata=meta)  # noqa: E731
@@ -100,7 +107,7 @@ def bench_hip_decode(api, m, ctx, q, rope_tables, timer, args, errors, what) -> 
         return api.Metadata(indices=None, ks=None, ks_count=None, ks_start_end=None, mask_cache_statistics=None,
                             sa_cache_statistics=None, stage_caches=list(last.stage_caches[:restart + 1]))
 
-    res: dict = {"refresh_intervals": m["mask_refresh_interval"], "args": described}
+    res: dict = {"refresh_intervals": m["mask_refresh_interval"], "args": described, "using_extend": extend}
     kept: list = []
     res["cold_ms"] = timer.once(lambda: kept.append(call(qs, None)))
     out, full = kept.pop()  # the full mask every timed pattern restarts from
@@ -169,6 +176,10 @@ def ratios(res: dict, p: str) -> dict:
             **{f"decode_{k}": ratio(od.get(a), hd.get(b)) for k, (a, b) in pairs.items()}}
 
 
+def no_extend(h: dict) -> str:
+    return " (using_extend off)" if h.get("using_extend") is False else ""
+
+
 def print_tables(results: list[dict], presets: list[str]) -> None:
     f = fmt
     log("\n## Prefill (last chunk over T keys), ms; ours/hip < 1: ours faster\n\n| T | preset | dense | ours | ours cold "
@@ -189,7 +200,8 @@ def print_tables(results: list[dict], presets: list[str]) -> None:
             o, rat = res["ours"].get(p) or {}, res["ratios_ours_over_hip"][p]
             od, h = o.get("decode") or {}, (res["hip"].get(p) or {}).get("decode") or {}
             log(f"| {res['T']:,} | {p} | {f(res.get('dense', {}).get('decode_us'))} | {f(od.get('amortized_e2e_us'))} | "
-                f"{'FAILED' if 'error' in h else f(h.get('amortized_e2e_us'))} | {fx(rat['decode_e2e'])} | "
+                f"{'FAILED' if 'error' in h else f(h.get('amortized_e2e_us')) + no_extend(h)} | "
+                f"{fx(rat['decode_e2e'])} | "
                 f"{f(od.get('engine_graph_amortized_us'))} | {f(h.get('graph_amortized_us'))} | {fx(rat['decode_graph'])} | "
                 f"{f(od.get('bsa_us'))} / {f(od.get('ar_us'))} | {f(h.get('bsa_us'))} / {f(h.get('ar_us'))} | "
                 f"{f(o.get('decode_cold_ms'))} / {f(h.get('cold_ms'))} |")
@@ -302,6 +314,10 @@ def run(args, out) -> dict:
                 m = next(iter(maps[p].values()))
                 h["decode"] = attempt(T, f"hip decode {p}", lambda: bench_hip_decode(
                     api, m, ctx, q_decode, hip_rope, timer, args, errors, f"T={T} hip {p}"))
+                if "error" in h["decode"]:  # its extend decode does not compile (bench_hip_decode): without extend
+                    h["decode_extend_error"] = h["decode"]["error"]
+                    h["decode"] = attempt(T, f"hip decode {p} without extend", lambda: bench_hip_decode(
+                        api, m, ctx, q_decode, hip_rope, timer, args, errors, f"T={T} hip {p} no extend", False))
         res["ratios_ours_over_hip"] = {p: ratios(res, p) for p in args.presets}
         res["wall_s"] = time.perf_counter() - t0
         body["results"].append(res)
