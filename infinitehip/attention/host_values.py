@@ -18,3 +18,10 @@ def device_tensor(values: Sequence[int] | Sequence[float], dtype: torch.dtype, d
     if device.type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on device, copied as `device_tensor` copies: staged in pinned memory on CUDA."""
+    if device.type != "cuda":
+        return t.to(device)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)

@@ -13,6 +13,7 @@ import logging
 import torch
 
 from infinitehip.attention.base import AttentionMethod
+from infinitehip.attention.host_values import device_tensor
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.prefix_cache import PrefixCachingAllocator
 from infinitehip.kv.prefix_reuse import PrefixPolicy
@@ -41,7 +42,7 @@ def prefix_policy(enabled: bool, method: AttentionMethod, has_sliding_layers: bo
 
 def _page_slots(pages: list[int], page_size: int, device: torch.device) -> torch.Tensor:
     """Flat slots [len(pages) * page_size] (int64) of whole pages."""
-    p = torch.tensor(pages, dtype=torch.long, device=device)
+    p = device_tensor(pages, torch.long, device)
     return (p[:, None] * page_size + torch.arange(page_size, device=device)).flatten()
 
 

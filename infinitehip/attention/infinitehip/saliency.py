@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from infinitehip.attention.host_values import host_to_device
 from infinitehip.attention.infinitehip.representatives import salient_tokens
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary, apply_rotary_fused
@@ -139,8 +140,8 @@ class KeySaliency:
         """Write a snapshot into slots [N] (a sequence's private copies of those keys)."""
         for layer, (total, count) in snapshot.items():
             t, c = self._buffers(layer, cache, total.shape[1])
-            t[slots] = total.to(t.device)
-            c[slots] = count.to(c.device)
+            t[slots] = host_to_device(total, t.device)  # not .to(device): a pageable copy blocks the host
+            c[slots] = host_to_device(count, c.device)
 
     def representatives(self, layer: int, starts: torch.Tensor, lens: torch.Tensor, page_table: torch.Tensor,
                         page_size: int, chunk_size: int, impl: str = "reference") -> torch.Tensor:
