@@ -58,6 +58,7 @@ def infinitehip_question_markdown() -> str:
               "prompt's vote is peaked (2-6 chunks within 5% of the best) and a real-text prompt's is flat (21-27), so "
               "chunks under 5% of the best would drop the extra filler and keep prose's selection "
               "(`2026-11-26/cpu/passkey_ih_64k_d50_votes.json`, `gemma_sotu_64k_d50_votes.json`). On the GPU it reads "
-              "both 64K passkey misses and loses three other prompts at 256K and 1M (39/45 against the default's 40/45 on "
-              "the same prompts), and on real text it swaps two right answers for two others (essays) or changes none (sotu): no gain, not taken."]
+              "both 64K passkey misses and loses three other prompts at 256K and 1M (39/45 against the default's 40/45 "
+              "on the same prompts), and on real text it swaps two right answers for two others (essays) or changes "
+              "none (sotu): no gain, not taken."]
     return "\n".join(lines) + "\n"

@@ -93,7 +93,8 @@ def bench_hip_decode(api, m, ctx, q, rope_tables, timer, args, errors, what, ext
     3.6 alike, so not a Triton version). Its decode then skips the extend path's RoPE remapping: timings of the
     same scan and sparse attention, positions as trained, said so in the table."""
     T, n = ctx.T, len(m["stages"])
-    hip_args, described = hip_call_args(api, m, ctx, rope_tables, torch.tensor([T - 1], device=q.device), True, extend)
+    position = torch.tensor([T - 1], device=q.device)
+    hip_args, described = hip_call_args(api, m, ctx, rope_tables, position, True, extend)
     scale = q.shape[-1] ** -0.5
     qs = (q * scale)[None].contiguous()  # [1, 1, H, d]
     call = lambda qq, meta: api.attention(q=qq, k=None, v=None, args=hip_args, cached_metadata=meta)  # noqa: E731

@@ -64,7 +64,7 @@ def host_limit(last: int, sink: int, stream: int) -> int:
 def prefill_window_width(last: int, sink: int, stream: int) -> int:
     """The widest streaming window [max(sink, e + 1 - stream), e] of blocks whose last query is at most `last`
     (the width grows with e), computed on the host."""
-    return max(0, min(stream, last + 1 - sink))
+    return max(0, last + 1 - host_limit(last, sink, stream))
 
 
 @dataclass
