@@ -49,6 +49,7 @@ class SequenceSlice:
     ends_prompt: bool = False  # a prefill chunk holding the prompt's last token (its last queries are the question)
     probe: Any = None  # a NeedleProbe (attention/needle_probe.py) when the request is being diagnosed
     scratch: bool = False  # ChunkHooks.extra_forward tokens: their k/v are never kept (later tokens overwrite them)
+    text: Any = None  # the prompt's token ids (attention/repeated_text.py PromptText) in the chunk that ends the prompt
 
     @property
     def context_len(self) -> int:

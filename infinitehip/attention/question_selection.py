@@ -66,22 +66,27 @@ def streamed_votes(q_rot: torch.Tensor, read_keys: KeyReader, start: int, count:
 
 def question_scores(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: torch.Tensor, page_size: int, sink: int,
                     limit: int, window: int, distance: int, rope, impl: str,
-                    read_keys: KeyReader | None = None, reduce=None) -> torch.Tensor:
+                    read_keys: KeyReader | None = None, reduce=None, repeated: torch.Tensor | None = None) -> torch.Tensor:
     """q [n, H, d] pre-RoPE question queries; candidates [sink, limit) of one sequence -> window scores [limit - sink].
 
     Every query is rotated by `distance` and keys are read as cached (TokenSelect's position-free scoring); the
     per-head softmax runs on raw q . k (the TokenSelect paper's eq. 10), which on the embedded model's real-prose
     captures put more of the needle in the selection than the attention's 1/sqrt(d) scale (docs/real-text.md).
     Keys come from the paged cache (k_flat, page_table) or, for an offloaded cache, from `read_keys`.
-    reduce(votes, "sum"): tensor parallelism, the votes of every rank's heads (`AttentionMethod.reduce_heads`)."""
+    reduce(votes, "sum"): tensor parallelism, the votes of every rank's heads (`AttentionMethod.reduce_heads`).
+    repeated [limit - sink] bool (repeated_text.py): candidates whose text repeats earlier text get no vote, so the
+    budget takes the first copy of a repeated passage only (its window scores, spread from the first copy, stay)."""
     count = limit - sink
     rope.ensure(distance + 1)
     q_rot = apply_rotary(q.float(), rope.cos[distance], rope.sin[distance]).contiguous()
     reduce = reduce or (lambda votes, op: votes)
     if read_keys is not None:
-        return window_scores(reduce(streamed_votes(q_rot, read_keys, sink, count), "sum"), window)
-    votes = summed_soft_vote(q_rot, k_flat, page_table, page_size, sink, count, 1.0, impl=impl)  # [count]
-    return window_scores(reduce(votes, "sum"), window)
+        votes = reduce(streamed_votes(q_rot, read_keys, sink, count), "sum")
+    else:
+        votes = reduce(summed_soft_vote(q_rot, k_flat, page_table, page_size, sink, count, 1.0, impl=impl), "sum")
+    if repeated is not None:
+        votes = votes.masked_fill(repeated, 0.0)
+    return window_scores(votes, window)
 
 
 def force_scores(scores: torch.Tensor, forced: torch.Tensor | None, sink: int, limit: int) -> torch.Tensor:
@@ -94,12 +99,13 @@ def force_scores(scores: torch.Tensor, forced: torch.Tensor | None, sink: int, l
 
 def question_tokens(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int,
                     limit: int, budget: int, window: int, distance: int, rope, impl: str,
-                    forced: torch.Tensor | None = None, reduce=None) -> torch.Tensor:
+                    forced: torch.Tensor | None = None, reduce=None,
+                    repeated: torch.Tensor | None = None) -> torch.Tensor:
     """The question-time selection as sorted tokens [<= budget] of [sink, limit) (TokenSelect)."""
     if limit - sink <= budget:
         return torch.arange(sink, max(sink, limit), device=q.device)
     scores = question_scores(q, k_flat, page_table, page_size, sink, limit, window, distance, rope, impl,
-                             reduce=reduce)
+                             reduce=reduce, repeated=repeated)
     scores = force_scores(scores, forced, sink, limit)
     return torch.topk(scores, budget).indices.sort().values + sink
 
@@ -107,7 +113,8 @@ def question_tokens(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Ten
 def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: torch.Tensor, page_size: int, sink: int,
                     limit: int, num_chunks: int, chunk_size: int, window: int, distance: int, rope, impl: str,
                     forced: torch.Tensor | None = None,
-                    read_keys: KeyReader | None = None, reduce=None) -> tuple[torch.Tensor, torch.Tensor]:
+                    read_keys: KeyReader | None = None, reduce=None,
+                    repeated: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The question-time selection as num_chunks chunks of the grid sink + chunk_size * j (InfiniteHiP's final
     stage grid), each scored by its best token -> (starts [num_chunks], lens [num_chunks]) in position order,
     unused entries last with length 0."""
@@ -117,7 +124,7 @@ def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: to
         idx = torch.arange(total, device=device)
     else:
         scores = question_scores(q, k_flat, page_table, page_size, sink, limit, window, distance, rope, impl,
-                                 read_keys, reduce)
+                                 read_keys, reduce, repeated)
         scores = force_scores(scores, forced, sink, limit)
         padded = F.pad(scores, (0, total * chunk_size - scores.numel()), value=float("-inf"))
         idx = torch.topk(padded.view(total, chunk_size).amax(1), num_chunks).indices.sort().values

@@ -6,6 +6,7 @@ import torch
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
 from infinitehip.attention.hybrid import LayerRouter
+from infinitehip.attention.repeated_text import PromptText
 from infinitehip.engine.graph_decode import GraphDecoder
 from infinitehip.engine.logprobs import prompt_logprobs
 from infinitehip.engine.scheduler import StepPlan
@@ -57,6 +58,7 @@ class ModelRunner:
             seq_id=seq.seq_id, query_start=offset, num_queries=n, start_pos=seq.num_cached, token_start=seq.num_computed,
             page_table=self.page_table(seq), cache=self.cache, state=seq.method_state, is_prefill=is_prefill,
             ends_prompt=ends_prompt, probe=seq.probe, scratch=scratch,
+            text=PromptText(seq.prompt_ids) if ends_prompt else None,
         )
 
     def _forward(self, input_ids: list[int], slices: list[SequenceSlice]) -> torch.Tensor:

@@ -61,12 +61,15 @@ class InfiniteHiPConfig:
     question_tokens: int = 32
     question_keep_tokens: int = 2048  # tokens (in final-stage chunks) the question's vote adds to the answer's keys
     question_window: int = 9  # odd width over which the question's votes are averaged and spread
+    # The question's vote skips text that repeats earlier prompt text (attention/repeated_text.py): inside a window of
+    # repeat_span tokens seen before, a token gets no vote, so the budget holds one copy of a repeated passage.
+    repeat_span: int = 0
 
     # Knobs of the studies in docs/ (RoPE styles, representatives, head aggregation, kernels): --help-all lists
     # them apart, as settings a user of the method does not need. Allowed values of the choice-like fields.
     STUDY_FIELDS: ClassVar[tuple[str, ...]] = (
         "early_layers", "early_last_keep_tokens", "early_pruning_rope", "late_pruning_rope", "attention_rope", "impl",
-        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window")
+        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window", "repeat_span")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "early_pruning_rope": PRUNING_ROPE_STYLES, "late_pruning_rope": PRUNING_ROPE_STYLES,
         "attention_rope": ATTENTION_ROPE_STYLES, "impl": IMPLS, "representative": REPRESENTATIVES,
@@ -127,6 +130,8 @@ class InfiniteHiPConfig:
                              f"chunk_sizes[-1] = {last_c}")
         if self.question_window < 1 or self.question_window % 2 == 0:
             raise ValueError(f"question_window must be an odd width >= 1, got {self.question_window}")
+        if self.repeat_span != 0 and not 8 <= self.repeat_span <= 4096:
+            raise ValueError(f"repeat_span must be 0 (off) or in [8, 4096] tokens, got {self.repeat_span}")
         if self.head_aggregation not in HEAD_AGGREGATIONS:
             raise ValueError(f"head_aggregation must be one of {HEAD_AGGREGATIONS}, got {self.head_aggregation!r}")
         check_impl("impl", self.impl)

@@ -35,6 +35,7 @@ from infinitehip.attention.chunk_merge import merge_chunks
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.question_selection import question_chunks
+from infinitehip.attention.repeated_text import repeated_candidates
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
@@ -228,7 +229,8 @@ class InfiniteHiPAttention(AttentionMethod):
         chunks = question_chunks(recent, k_flat, page_table, seq.cache.page_size, c.sink_tokens, limit,
                                  c.question_keep_tokens // cs, cs, c.question_window, c.stream_tokens, batch.rope,
                                  resolve_impl("auto", q.device), _forced(seq.probe, q.device), read_keys,
-                                 reduce=self._reduce)
+                                 reduce=self._reduce,
+                                 repeated=repeated_candidates(seq.text, c.repeat_span, c.sink_tokens, limit, q.device))
         state.question[layer] = chunks
         if seq.probe is not None:
             seq.probe.record_prefill("question", layer, self.model_config.num_layers,

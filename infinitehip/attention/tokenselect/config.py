@@ -48,6 +48,9 @@ class TokenSelectConfig:
     question_tokens: int = 32
     question_select_tokens: int = 512  # tokens the question's vote selects for the answer
     question_window: int = 9  # odd width over which the question's votes are averaged and spread
+    # The question's vote skips text that repeats earlier prompt text (attention/repeated_text.py): inside a window of
+    # repeat_span tokens seen before, a token gets no vote, so the budget holds one copy of a repeated passage.
+    repeat_span: int = 0
     selection_cache: bool = True  # decode: reuse the last selection while queries stay similar (App. C, Alg. 1)
     selection_cache_threshold: float = 0.9  # theta: reuse when cos(query, query of the last selection) >= theta
     impl: str = "auto"  # "auto": triton on CUDA; on CPU eager scoring + batched-SDPA sparse attention
@@ -55,7 +58,7 @@ class TokenSelectConfig:
     # Knobs of the studies in docs/ (vote shape, selection cache, kernels): --help-all lists them apart.
     STUDY_FIELDS: ClassVar[tuple[str, ...]] = (
         "query_block_size", "vote_pool_size", "vote_logits", "question_window", "selection_cache",
-        "selection_cache_threshold", "impl")
+        "selection_cache_threshold", "repeat_span", "impl")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"vote_logits": VOTE_LOGITS, "impl": IMPLS}
 
     def __post_init__(self) -> None:
@@ -75,6 +78,8 @@ class TokenSelectConfig:
             raise ValueError(f"question_select_tokens must be >= 1, got {self.question_select_tokens}")
         if self.question_window < 1 or self.question_window % 2 == 0:
             raise ValueError(f"question_window must be an odd width >= 1, got {self.question_window}")
+        if self.repeat_span != 0 and not 8 <= self.repeat_span <= 4096:
+            raise ValueError(f"repeat_span must be 0 (off) or in [8, 4096] tokens, got {self.repeat_span}")
         if self.query_block_size < 1:
             raise ValueError(f"query_block_size must be >= 1, got {self.query_block_size}")
         if not -1.0 <= self.selection_cache_threshold <= 1.0:

@@ -43,6 +43,7 @@ from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSl
 from infinitehip.attention.host_values import device_tensor
 from infinitehip.attention.needle_probe import FORCE_BONUS
 from infinitehip.attention.question_selection import question_tokens
+from infinitehip.attention.repeated_text import repeated_candidates
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.attention.tokenselect import soft_vote
 from infinitehip.attention.tokenselect.config import TokenSelectConfig
@@ -191,11 +192,13 @@ class TokenSelectAttention(AttentionMethod):
         tail = min(n, c.question_tokens)  # the question's queries in this chunk
         first = seq.context_len - recent.shape[0]  # the question's first query (maybe in the previous chunk)
         probe = seq.probe
+        limit = self.window_start(first)
         question = question_tokens(
             recent, seq.cache.flat_k(layer), seq.page_table, seq.cache.page_size, c.sink_tokens,
-            self.window_start(first), c.question_select_tokens, c.question_window, c.local_tokens, batch.rope,
+            limit, c.question_select_tokens, c.question_window, c.local_tokens, batch.rope,
             self._impl(q), probe.on(q.device) if probe is not None and probe.oracle else None,
-            reduce=None if self.parallel is None else self.reduce_heads)
+            reduce=None if self.parallel is None else self.reduce_heads,
+            repeated=repeated_candidates(seq.text, c.repeat_span, c.sink_tokens, limit, q.device))
         seq.state.question[layer] = question
         outs = [self._prefill_blocks(layer, q[: n - tail], seq, batch, 0, c.query_block_size)] if tail < n else []
         outs.append(self._prefill_blocks(layer, q[n - tail :], seq, batch, n - tail, tail, question))
