@@ -17,6 +17,7 @@ from pathlib import Path
 
 from results_common import D26, RESULTS, ROOT, cell, length_label
 from results_plots import memory_markdown
+from results_repeats import repeat_span_markdown
 from results_infinitehip import infinitehip_question_markdown
 from results_speed import speed_markdown, tensor_parallel_markdown, ttft_markdown
 from results_tables import FIXED_POSITIONS, GEMMA, POT, TABLES, VARY, AccuracyTable, file_rows, samples
@@ -256,6 +257,7 @@ def main() -> None:
             plot(curves, RESULTS / "accuracy_vs_context.png")
             parts.append("![accuracy vs context](results/accuracy_vs_context.png)\n")
     parts.append(repetition_markdown())
+    parts.append(repeat_span_markdown())
     parts.append(reading_markdown())
     parts.append(tokenselect_pool_markdown())
     parts.append(tokenselect_question_markdown())
