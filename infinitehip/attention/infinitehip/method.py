@@ -335,7 +335,8 @@ class InfiniteHiPAttention(AttentionMethod):
         pending_q, pending_pos = state.pending_q[layer], state.pending_pos[layer]
         queue_query(q.contiguous(), position, pending_q, pending_pos, impl=self._impl(q))
         if refresh:
-            self.saliency.update_decode(layer, pending_q, pending_pos, page_table, batch.cache, batch.rope, read_keys)
+            self.saliency.update_decode(layer, pending_q, pending_pos, page_table, batch.cache, batch.rope, read_keys,
+                                        impl=self._impl(q))
             pending_pos.fill_(-1)
 
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.host_values import host_to_device
+from infinitehip.attention.infinitehip.decode_saliency import add_decode_logits
 from infinitehip.attention.infinitehip.representatives import salient_tokens
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary, apply_rotary_fused
@@ -99,37 +100,22 @@ class KeySaliency:
         count.index_add_(0, key_slots, (end - first).float())
 
     def update_decode(self, layer: int, q: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor,
-                      cache: PagedKVCache, rope: RotaryEmbedding, read_keys=None) -> None:
+                      cache: PagedKVCache, rope: RotaryEmbedding, read_keys=None, impl: str = "reference") -> None:
         """Decode queries of one sequence, q [P, H, d] pre-RoPE at distinct positions [P] within the last P tokens
         (< 0: no query), add their logits to the `window` keys up to and including their own (whose sums are reset
-        first). Sync-free and static: the P windows overlap, so the union of W + P - 1 keys is gathered and rotated
-        once and each query's logits over it are masked to its own window. Rope must cover the positions.
+        first). Sync-free and static: the P windows overlap, so the union of W + P - 1 keys is gathered once and
+        each query's logits over it are masked to its own window (decode_saliency/: impl "triton" fuses the
+        rotations, logits and writes into one kernel). Rope must cover the positions.
         read_keys(slots [Wp], key_pos [Wp]) -> keys [Wp, Hkv, d] (an offloaded cache's reader that keeps the bank
         untouched, `decode_rows.py`); default `cache.read_k`."""
         P, H, d = q.shape
         total, count = self._buffers(layer, cache, H)
-        scratch = total.shape[0] - 1
         ps, W = cache.page_size, self.window
-        valid = positions >= 0
-        last = positions.max()
-        key_pos = last - (W + P - 2) + torch.arange(W + P - 1, device=q.device)  # [Wp] the union of the windows
-        dist = positions[:, None] - key_pos[None, :]  # [P, Wp]
-        reach = (dist >= 0) & (dist < W) & valid[:, None] & (key_pos >= 0)[None, :]
-        key_pos = key_pos.clamp(min=0)
-        slots = page_table.long()[key_pos // ps] * ps + key_pos % ps  # [Wp]
-        own = torch.where(valid, page_table.long()[positions.clamp(min=0) // ps] * ps + positions.clamp(min=0) % ps, scratch)
-        total.index_fill_(0, own, 0)  # each query's own key is new: its sums start now
-        count.index_fill_(0, own, 0)
-        raw = cache.read_k(layer, slots) if read_keys is None else read_keys(slots, key_pos)
-        k = apply_rotary(raw.float(), rope.cos[key_pos][:, None], rope.sin[key_pos][:, None])
-        Hkv = k.shape[1]
-        q_rot = apply_rotary(q.float(), rope.cos[positions.clamp(min=0)][:, None], rope.sin[positions.clamp(min=0)][:, None])
-        logits = torch.einsum("pkgd,wkd->pwkg", q_rot.view(P, Hkv, H // Hkv, d), k).reshape(P, -1, H)  # [P, Wp, H]
-        logits = (logits * reach[..., None]).sum(0)  # [Wp, H]
-        hits = reach.sum(0)  # [Wp]
-        target = torch.where(hits > 0, slots, scratch)
-        total.index_add_(0, target, logits)
-        count.index_add_(0, target, hits.float())
+        key_pos = positions.max() - (W + P - 2) + torch.arange(W + P - 1, device=q.device)  # [Wp] the windows' union
+        at = key_pos.clamp(min=0)
+        slots = page_table.long()[at // ps] * ps + at % ps  # [Wp]
+        raw = cache.read_k(layer, slots) if read_keys is None else read_keys(slots, at)
+        add_decode_logits(q, positions, key_pos, slots, raw, rope.cos, rope.sin, total, count, W, impl=impl)
 
     def snapshot(self, slots: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's sums [N, H] and counts [N] of slots [N], on the host (prefix caching: the keys just before a
