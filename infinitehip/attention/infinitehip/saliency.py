@@ -110,10 +110,10 @@ class KeySaliency:
         untouched, `decode_rows.py`); default `cache.read_k`."""
         P, H, d = q.shape
         total, count = self._buffers(layer, cache, H)
-        ps, W = cache.page_size, self.window
+        W = self.window
         key_pos = positions.max() - (W + P - 2) + torch.arange(W + P - 1, device=q.device)  # [Wp] the windows' union
         at = key_pos.clamp(min=0)
-        slots = page_table.long()[at // ps] * ps + at % ps  # [Wp]
+        slots = token_slots(page_table, at, cache.page_size)  # [Wp]
         raw = cache.read_k(layer, slots) if read_keys is None else read_keys(slots, at)
         add_decode_logits(q, positions, key_pos, slots, raw, rope.cos, rope.sin, total, count, W, impl=impl)
 
