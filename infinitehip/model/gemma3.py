@@ -25,6 +25,7 @@ from torch import nn
 
 from infinitehip.config.model import ModelConfig
 from infinitehip.model.llama import MLP, Attention, AttentionFn, OutputHead
+from infinitehip.model.rms_norm import rms_norm
 from infinitehip.model.weights import load_hf_weights
 from infinitehip.parallel.state import ParallelState
 
@@ -36,9 +37,7 @@ class GemmaRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps, gemma=True)
 
 
 class Gemma3DecoderLayer(nn.Module):

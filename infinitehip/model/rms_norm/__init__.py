@@ -1,0 +1,33 @@
+"""RMSNorm as the model families compute it, as one op: eager reference and one Triton kernel.
+
+- `reference`: eager PyTorch, the oracle (and the CPU path): ~8 elementwise launches and a reduction per call.
+- `triton`: one kernel per call (one program per row), what CUDA tensors use: a decode step runs two norms a layer
+  (four in Gemma 3, plus per-head q/k norms), so the eager form's launches were ~16 of a layer's ~55 small kernels.
+
+Two roundings, as the reference implementations do them: Llama-family `w * (x / rms).to(dtype)` (cast before the
+weight) and Gemma's `(x / rms * (1 + w)).to(dtype)` (`offset` 1, cast after). The kernel sums the squares in another
+order than torch's mean, so its output may differ from the reference by one rounding step in rare elements.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from infinitehip.model.rms_norm.reference import rms_norm_reference
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool = False, impl: str | None = None) -> torch.Tensor:
+    """x [..., D], weight [D] -> [..., D] in x's dtype. gemma: scale by (1 + weight), cast after it. impl None: the
+    Triton kernel for CUDA tensors, the eager reference otherwise."""
+    impl = impl or ("triton" if x.is_cuda else "reference")
+    if impl == "reference":
+        return rms_norm_reference(x, weight, eps, gemma)
+    if impl != "triton":
+        raise ValueError(f"unknown rms norm impl {impl!r}; expected 'reference' or 'triton'")
+    # imported on first use: the CPU path never compiles Triton (the model layer sits below attention/kernel_impl.py)
+    return importlib.import_module(f"{__name__}.triton").rms_norm_triton(x, weight, eps, gemma)
+
+
+__all__ = ["rms_norm"]
