@@ -5,8 +5,9 @@
   (four in Gemma 3, plus per-head q/k norms), so the eager form's launches were ~16 of a layer's ~55 small kernels.
 
 Two roundings, as the reference implementations do them: Llama-family `w * (x / rms).to(dtype)` (cast before the
-weight) and Gemma's `(x / rms * (1 + w)).to(dtype)` (`gemma=True`: cast after the weight). The kernel sums the squares in another
-order than torch's mean, so its output may differ from the reference by one rounding step in rare elements.
+weight) and Gemma's `(x / rms * (1 + w)).to(dtype)` (`gemma=True`: cast after the weight). The kernel sums the
+squares in another order than torch's mean, so its output may differ from the reference by one rounding step in rare
+elements.
 """
 
 from __future__ import annotations
