@@ -25,7 +25,10 @@ def repeat_span_markdown() -> str:
              "`repeat_span` 32 a token inside a 32-token window that occurred earlier in the prompt gets no question "
              "vote, so the question's budget holds the first copy of a repeated passage only. A 1M essays prompt holds "
              "the corpus ~7 times (85% of its tokens are marked); a 1M sotu prompt 0.3-0.7% (speeches quoting "
-             "earlier ones), a 128K sotu prompt none. The span was fixed before the run, not tuned. Defaults: the "
+             "earlier ones), a 128K sotu prompt none. The span was fixed before the run, not tuned; code of commit "
+             "b92f686 (later the same day chunks whose every token repeats were also left out of the budget, so a "
+             "passkey's filler leaves it unused: not run on the GPU; here the budget's 128 chunks come from the "
+             "first copy's ~9,600 either way). Defaults: the "
              "rows of the tables above, same prompts, 2026-11-26 (the default repeats its answers output for output "
              "across machines: the question-time settings section).", "",
              "| method | setting | essays 1M, seeds 0-1 | essays 1M, seed 2 (held out) | sotu 1M, seeds 0-1 |",

@@ -117,19 +117,29 @@ def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: to
                     repeated: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The question-time selection as num_chunks chunks of the grid sink + chunk_size * j (InfiniteHiP's final
     stage grid), each scored by its best token -> (starts [num_chunks], lens [num_chunks]) in position order,
-    unused entries last with length 0."""
+    unused entries last with length 0. repeated (question_scores): a chunk whose every token repeats earlier text is
+    never kept, so repetitive text (a passkey's filler) leaves budget unused rather than fill it with copies."""
     device = q.device
     total = max(0, -(-(limit - sink) // chunk_size))
+    kept = None
     if total <= num_chunks:
         idx = torch.arange(total, device=device)
     else:
         scores = question_scores(q, k_flat, page_table, page_size, sink, limit, window, distance, rope, impl,
                                  read_keys, reduce, repeated)
         scores = force_scores(scores, forced, sink, limit)
-        padded = F.pad(scores, (0, total * chunk_size - scores.numel()), value=float("-inf"))
-        idx = torch.topk(padded.view(total, chunk_size).amax(1), num_chunks).indices.sort().values
+        pad = total * chunk_size - scores.numel()
+        best = F.pad(scores, (0, pad), value=float("-inf")).view(total, chunk_size).amax(1)  # [total]
+        if repeated is not None:
+            best = best.masked_fill(F.pad(repeated, (0, pad), value=True).view(total, chunk_size).all(1), float("-inf"))
+        top = torch.topk(best, num_chunks)
+        # kept chunks in position order, left-out ones (-inf: repeated) after them
+        order = torch.where(top.values > float("-inf"), top.indices, total).argsort()
+        idx, kept = top.indices[order], (top.values > float("-inf"))[order]
     starts = sink + chunk_size * idx
     lens = (limit - starts).clamp(min=0, max=chunk_size)
+    if kept is not None and repeated is not None:
+        lens = torch.where(kept, lens, 0)
     starts = torch.where(lens > 0, starts, 0)
     pad = num_chunks - idx.numel()
     return F.pad(starts, (0, pad)), F.pad(lens, (0, pad))

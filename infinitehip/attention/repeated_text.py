@@ -5,7 +5,8 @@ cycled to fill a context, as RULER's essay haystack is at 1M tokens). The questi
 copy of a passage alike (keys are scored position-free), so its budget fills with c copies of the same few
 passages, and the answer then attends each of them c times: c times the attention mass of a passage that
 occurs once, such as the fact asked about. With `repeat_span` set, a method's question-time selection leaves
-out every copy but the first (question_selection.py); text that never repeats is selected as before.
+out every copy but the first (question_selection.py; infinitehip keeps no chunk that is all repeated text, so
+filler that repeats leaves its budget unused); text that never repeats is selected as before.
 
 A token counts as repeated when it lies inside a window of `span` consecutive tokens equal to a window that
 starts earlier in the prompt. Windows are compared by a 64-bit hash, so copies need not be aligned to any grid

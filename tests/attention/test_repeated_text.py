@@ -93,6 +93,11 @@ def test_question_vote_keeps_the_first_copy_only():
     repeated[328 - 8 : 360 - 8] = True
     starts, _ = qs.question_chunks(*args, repeated=repeated)
     assert {104, 120} <= set(starts.tolist()) and not {328, 344} & set(starts.tolist())
+    # Filler that repeats everywhere but in two chunks (a passkey): the budget is left unused, not filled with copies.
+    filler = torch.ones(472, dtype=torch.bool)
+    filler[104 - 8 : 136 - 8] = False
+    starts, lens = qs.question_chunks(*args, repeated=filler)
+    assert starts.tolist() == [104, 120, 0, 0] and lens.tolist() == [16, 16, 0, 0]
 
 
 CONFIGS = {

@@ -62,7 +62,8 @@ class InfiniteHiPConfig:
     question_keep_tokens: int = 2048  # tokens (in final-stage chunks) the question's vote adds to the answer's keys
     question_window: int = 9  # odd width over which the question's votes are averaged and spread
     # The question's vote skips text that repeats earlier prompt text (attention/repeated_text.py): inside a window of
-    # repeat_span tokens seen before, a token gets no vote, so the budget holds one copy of a repeated passage.
+    # repeat_span tokens seen before, a token gets no vote, so the budget holds one copy of a repeated passage; a
+    # chunk whose every token repeats is never kept (repetitive filler leaves budget unused).
     repeat_span: int = 0
 
     # Knobs of the studies in docs/ (RoPE styles, representatives, head aggregation, kernels): --help-all lists
