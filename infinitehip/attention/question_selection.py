@@ -128,17 +128,17 @@ def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: to
         scores = question_scores(q, k_flat, page_table, page_size, sink, limit, window, distance, rope, impl,
                                  read_keys, reduce, repeated)
         scores = force_scores(scores, forced, sink, limit)
-        pad = total * chunk_size - scores.numel()
-        best = F.pad(scores, (0, pad), value=float("-inf")).view(total, chunk_size).amax(1)  # [total]
+        tail = total * chunk_size - scores.numel()  # the last chunk's missing tokens
+        best = F.pad(scores, (0, tail), value=float("-inf")).view(total, chunk_size).amax(1)  # [total]
         if repeated is not None:
-            best = best.masked_fill(F.pad(repeated, (0, pad), value=True).view(total, chunk_size).all(1), float("-inf"))
+            best = best.masked_fill(F.pad(repeated, (0, tail), value=True).view(total, chunk_size).all(1), float("-inf"))
         top = torch.topk(best, num_chunks)
         # kept chunks in position order, left-out ones (-inf: repeated) after them
         order = torch.where(top.values > float("-inf"), top.indices, total).argsort()
         idx, kept = top.indices[order], (top.values > float("-inf"))[order]
     starts = sink + chunk_size * idx
     lens = (limit - starts).clamp(min=0, max=chunk_size)
-    if kept is not None and repeated is not None:
+    if kept is not None:  # all True unless repeated text was left out
         lens = torch.where(kept, lens, 0)
     starts = torch.where(lens > 0, starts, 0)
     pad = num_chunks - idx.numel()
