@@ -4,6 +4,8 @@ tensor parallelism; each table read from its suite's JSON under docs/results/.""
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 
 from results_common import D26, D27, RESULTS, length_label
 from results_plots import decode_plot, prefill_plot
@@ -243,7 +245,9 @@ def saliency_kernel_lines() -> list[str]:
         return []
     runs = {name: json.loads((folder / f"ours_{name}.json").read_text())["results"][0]["ours"]["default"]["decode"]
             for name in ("old", "new")}
-    cycle = {"(False, False, False)": 84, "(False, False, True)": 8, "(False, True, True)": 3, "(True, True, True)": 1}
+    intervals = runs["new"]["refresh_intervals"]  # the steps of one cycle by refresh pattern, as the suite counts them
+    steps = Counter(str(tuple(step % r == 0 for r in intervals)) for step in range(math.lcm(*intervals)))
+    cycle = dict(sorted(steps.items(), key=lambda kv: kv[0].count("True")))  # no stage, last stage, ..., all
     rows = []
     for name, label in (("old", "eager update (commit 1311278)"), ("new", "one kernel (commit 4961203)")):
         pats = runs[name]["engine_graph_patterns"]

@@ -15,9 +15,7 @@ import torch
 
 def device_tensor(values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """values [N] -> a tensor [N] of dtype on device, copied without blocking the host on CUDA."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+    return host_to_device(torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda"), device)
 
 
 def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
