@@ -20,38 +20,46 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-# Fixed odd multipliers of the window hash: the same prompt gives the same mask in every process.
-_MULTIPLIERS = np.random.default_rng(0x5EED).integers(1, 2**63, size=4096, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+from infinitehip.attention.host_values import host_to_device
+
+# Fixed odd multipliers of the window hash: the same prompt gives the same mask in every process. Stored as int64:
+# products and sums wrap mod 2^64 alike on the CPU and on CUDA.
+_MULTIPLIERS = torch.from_numpy(
+    (np.random.default_rng(0x5EED).integers(1, 2**63, size=4096, dtype=np.uint64) * np.uint64(2) + np.uint64(1))
+    .view(np.int64))
 
 
-def window_hashes(ids: np.ndarray, span: int) -> np.ndarray:
-    """ids [T] -> [T - span + 1] uint64: a hash of each window ids[s : s + span] (sum of id x multiplier, mod 2^64)."""
-    n = ids.size - span + 1
-    x = ids.astype(np.uint64)
-    h = np.zeros(n, dtype=np.uint64)
-    for k in range(span):  # span vector ops over T tokens: ~30 ms at 1M tokens and span 32
-        h += x[k : k + n] * _MULTIPLIERS[k]
+def window_hashes(ids: torch.Tensor, span: int) -> torch.Tensor:
+    """ids [T] int64 -> [T - span + 1] int64: a hash of each window ids[s : s + span] (sum of id x multiplier,
+    mod 2^64)."""
+    n = ids.numel() - span + 1
+    mult = _MULTIPLIERS[:span].tolist()
+    h = ids[:n] * mult[0]
+    for k in range(1, span):  # span vector ops over T tokens
+        h += ids[k : k + n] * mult[k]
     return h
 
 
-def repeated_tokens(ids: Sequence[int] | np.ndarray, span: int) -> np.ndarray:
-    """[T] bool: token t lies inside a window of `span` tokens whose text also starts at an earlier position."""
-    if not 1 <= span <= _MULTIPLIERS.size:
-        raise ValueError(f"span must be in [1, {_MULTIPLIERS.size}], got {span}")
-    ids = np.asarray(ids, dtype=np.int64)
-    T = ids.size
-    out = np.zeros(T, dtype=bool)
+def repeated_tokens(ids: torch.Tensor, span: int) -> torch.Tensor:
+    """ids [T] int64 -> [T] bool on ids' device: token t lies inside a window of `span` tokens whose text also starts
+    at an earlier position. Sort-based and free of host syncs (one stable sort of the window hashes)."""
+    if not 1 <= span <= _MULTIPLIERS.numel():
+        raise ValueError(f"span must be in [1, {_MULTIPLIERS.numel()}], got {span}")
+    T = ids.numel()
     if T < span + 1:
-        return out
-    h = window_hashes(ids, span)
-    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
-    starts = np.flatnonzero(first[inverse] < np.arange(h.size))  # windows seen before
-    if starts.size:
-        cover = np.zeros(T + 1, dtype=np.int64)  # +1 where a repeated window starts, -1 past its end
-        np.add.at(cover, starts, 1)
-        np.add.at(cover, starts + span, -1)
-        out = np.cumsum(cover[:T]) > 0
-    return out
+        return torch.zeros(T, dtype=torch.bool, device=ids.device)
+    h = window_hashes(ids.long(), span)
+    n = h.numel()
+    # A stable sort keeps equal hashes in position order: every window but the first of its hash is a repeat.
+    sorted_h, order = torch.sort(h, stable=True)
+    seen_before = torch.zeros(n, dtype=torch.bool, device=ids.device)
+    seen_before.scatter_(0, order[1:], sorted_h[1:] == sorted_h[:-1])
+    # Cover each repeated window's span tokens: +1 where it starts, -1 past its end, running sum > 0.
+    step = seen_before.to(torch.int32)
+    cover = torch.zeros(T + 1, dtype=torch.int32, device=ids.device)
+    cover[:n] += step
+    cover[span : span + n] -= step
+    return torch.cumsum(cover[:T], 0) > 0
 
 
 class PromptText:
@@ -66,7 +74,8 @@ class PromptText:
         """[T] bool on device (repeated_tokens)."""
         key = (span, str(device))
         if key not in self._masks:
-            self._masks[key] = torch.from_numpy(repeated_tokens(self.ids, span)).to(device)
+            ids = torch.as_tensor(np.asarray(self.ids, dtype=np.int64))  # [T]; the engine's ids are a list
+            self._masks[key] = repeated_tokens(host_to_device(ids, device), span)
         return self._masks[key]
 
 

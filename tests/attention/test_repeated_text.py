@@ -39,11 +39,22 @@ def _text_with_copies(seed: int) -> list[int]:
     return ids
 
 
+def test_repeat_mask_of_a_corpus_cycled_to_fill_a_context():
+    """A long prompt made of one text cycled (RULER's essays at 1M): every token after the first cycle is marked, at
+    any cycle length (copies are misaligned to any grid), ids over the whole vocabulary range."""
+    gen = torch.Generator().manual_seed(3)
+    for cycle in (1000, 1337):
+        ids = torch.randint(0, 262144, (cycle,), generator=gen).repeat(5)[:4321]
+        got = repeated_tokens(ids, 32)
+        assert got.tolist() == plain_repeated(ids.tolist(), 32)
+        assert not got[:cycle].any() and got[cycle:].all()
+
+
 @pytest.mark.parametrize("span", [8, 16, 33])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_repeat_mask_matches_plain_python(span, seed):
     ids = _text_with_copies(seed)
-    got = repeated_tokens(ids, span)
+    got = repeated_tokens(torch.tensor(ids), span)
     assert got.tolist() == plain_repeated(ids, span)
     assert not got[:400].any()  # the first copy is never marked
     assert got[400:534].all() and got[611:680].all()  # every later copy is, to its ends
@@ -51,8 +62,9 @@ def test_repeat_mask_matches_plain_python(span, seed):
 
 
 def test_repeat_mask_of_text_that_does_not_repeat_is_empty():
-    ids = np.random.default_rng(2).permutation(5000)
+    ids = torch.from_numpy(np.random.default_rng(2).permutation(5000))
     assert not repeated_tokens(ids, 8).any() and not repeated_tokens(ids[:5], 8).any()
+    assert repeated_tokens(ids[:5], 8).shape == (5,)
     with pytest.raises(ValueError, match="span"):
         repeated_tokens(ids, 0)
     with pytest.raises(ValueError, match="repeat_span"):
