@@ -86,6 +86,8 @@ def repeated_candidates(text: PromptText | None, span: int, start: int, end: int
     transformers integration)."""
     if span == 0 or text is None:
         return None
+    if end <= start:  # no candidates: a prompt that ends inside the sink and stream
+        return torch.zeros(0, dtype=torch.bool, device=device)
     if end > len(text.ids):
         raise ValueError(f"candidates up to {end} lie past the prompt's {len(text.ids)} tokens")
-    return text.repeated(span, device)[start:max(start, end)]
+    return text.repeated(span, device)[start:end]

@@ -160,12 +160,15 @@ def test_engine_hands_the_prompt_to_the_question_vote(method, tiny_dir, monkeypa
         plain_masks = list(masks)
         masks.clear()
         llm.generate([copies], params)
-        runs[span] = (plain.token_ids, plain_masks, list(masks))
+        (short,) = llm.generate([[5, 6, 7]], params)  # ends inside the sink: no candidates
+        runs[span] = (plain.token_ids, plain_masks, list(masks), short.token_ids)
     layers = engine.model_config.num_layers
-    on_tokens, on_plain, on_copies = runs[16]
+    on_tokens, on_plain, on_copies, on_short = runs[16]
     assert len(on_plain) == layers and all(m is not None and not m.any() for m in on_plain)
-    assert on_tokens == runs[0][0]  # nothing repeats: the same answer
+    assert on_tokens == runs[0][0] and on_short == runs[0][3]  # nothing repeats: the same answers
     expected = torch.tensor(plain_repeated(copies, 16))
+    on_copies = on_copies[:layers]  # the short prompt's masks (empty or none) follow
     for m in on_copies:  # candidates [sink, limit): the copy at 200..259 is marked, its source is not
         assert m.tolist() == expected[4 : 4 + m.numel()].tolist() and m[200 - 4 : 260 - 4].all()
     assert all(m is None for m in runs[0][1] + runs[0][2])  # off: no mask
+    assert all(m is None or m.numel() == 0 for m in runs[16][2][layers:])
