@@ -72,8 +72,15 @@ def speed_markdown() -> str:
                              "the same command with `--gpu-store-fraction 0` and with the default, one H100, one plan, "
                              "2026-11-26 (evening); the fast prefill fell from 55.0 s to 45.4 s, peak GPU memory rose "
                              "from 43.8 to 61.0 GB")
-        lines += ["", "Row reuse, mask-bank rows and GPU-first layers each took a little; the target of 100 tokens/s "
-                  "is not met. A kernel profile of 24 steps (`bench/plans/profile_hot_paths.sh`, "
+        kernels = D27 + "gpu_decode_kernels/"
+        lines += _pair_table(kernels, (("offload_default_before_kernels.json", "before (a checkout of commit 1311278)"),
+                                       ("offload_default.json", "the decode saliency update and RMSNorm each one Triton "
+                                        "kernel (commit 0b8ffa9)")),
+                             "The two kernels of 2026-11-27 (the refresh's saliency update in one launch instead of "
+                             "~50, RMSNorm in one instead of ~8): the same command, one H100, one plan, 2026-11-27; the "
+                             "dense layer-wise estimate of that run: " + _dense_layerwise(kernels + "offload_default.json"))
+        lines += ["", "Row reuse, mask-bank rows, GPU-first layers and the two kernels each took a little; the target "
+                  "of 100 tokens/s is not met (the last row's gap: 10%). A kernel profile of 24 steps (`bench/plans/profile_hot_paths.sh`, "
                   "`2026-11-26/gpu_profile/decode_profile.log`) puts 5.5 of the 12.2 GPU ms of a step in the linear "
                   "layers (the weights' read), 1.45 ms in row copies into the banks, 0.6 ms in the sparse attention "
                   "itself and the rest in ~2,300 short kernels a step (~72 per layer: norms, RoPE, key lists, sorts, "
@@ -235,7 +242,39 @@ def hip_attn_markdown(data: dict) -> str:
             "ours ~1.8x hip-attn's, and it runs every 8th step. That refresh has a fixed cost almost "
             "independent of the context (it scores the 8,192 tokens stage 2 kept), so it is a launch count, not "
             "arithmetic: the place to cut for the 100 tokens/s decode target (docs/devlog.md, the 8B decode profile)."]
-    return "\n".join(out + saliency_kernel_lines()) + "\n"
+    return "\n".join(out + saliency_kernel_lines() + hip_attn_rerun_lines()) + "\n"
+
+
+def hip_attn_rerun_lines() -> list[str]:
+    """The side by side at 1M again, with the saliency and RMSNorm kernels (one run)."""
+    path = RESULTS / D27 / "gpu_decode_kernels" / "hip_attn_1m.json"
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    rows = []
+    for r in data["results"]:
+        o, h = r["ours"]["default"], r["hip"]["default"]
+        hip_prefill = min(v["prefill_ms"] for v in h["prefill"].values() if "prefill_ms" in v)
+        od, hd = o["decode"], h["decode"]
+        ours_p = " / ".join(f"{v['ms'] * 1e3:.0f}" for v in sorted(od["engine_graph_patterns"].values(),
+                                                                     key=lambda v: v["ms"]))
+        hip_p = " / ".join(f"{v['ms'] * 1e3:.0f}" for v in sorted(hd["graph_patterns"].values(), key=lambda v: v["ms"]))
+        rows.append(f"| {length_label(r['T'])} | {o['prefill']['prefill_ms']:.1f} | {hip_prefill:.1f} | "
+                    f"{o['prefill']['prefill_ms'] / hip_prefill:.2f}x | {r['dense']['decode_us']:.0f} | "
+                    f"{od['engine_graph_amortized_us']:.1f} | {hd['graph_amortized_us']:.1f} | "
+                    f"{od['engine_graph_amortized_us'] / hd['graph_amortized_us']:.2f}x | "
+                    f"{r['dense']['decode_us'] / od['engine_graph_amortized_us']:.1f}x | {ours_p} | {hip_p} |")
+    return ["", "Again at 1M after both kernels (the saliency update above and RMSNorm, which the single-layer bench "
+            "does not run), same run for all three (`python -m bench hip-attn --contexts 1048576`, "
+            f"{data['header']['device']}, 2026-11-27, code of commit 0b8ffa9; hip-attn's decode with `using_extend` "
+            "off as above). Prefill ms (the last 32K chunk); decode us per CUDA-graph step amortized over the cycle, "
+            "and by refresh pattern (no stage / last stage / stages 2-3 / all three):", "",
+            "| context | ours prefill | hip-attn prefill | ours / hip | dense decode | ours decode | hip-attn decode | "
+            "ours / hip | ours vs dense | ours by pattern | hip-attn by pattern |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |", *rows, "",
+            "The last-stage refresh now costs what hip-attn's does, a refresh of stages 2-3 less; the step without "
+            "a refresh is still a few us longer than hip-attn's (the step also attends the question's chunks, which "
+            "hip-attn has no equivalent of)."]
 
 
 def saliency_kernel_lines() -> list[str]:
@@ -263,7 +302,7 @@ def saliency_kernel_lines() -> list[str]:
             *rows, "", "Every refresh pattern is ~100 us faster; the last-stage refresh (153 us) is now within 5% of hip-attn's (146 us in the table above, another machine). The "
             "no-refresh step, which the change does not touch, had a bimodal median in the first run on the fresh "
             "machine (its minimum equal to before), so the amortized medians disagree; the minima say ~20% less per "
-            "layer. Not yet measured on the whole 8B model."]
+            "layer. On the whole 8B model, with the RMSNorm kernel: the decode section's last table (81.4 -> 90.7 tokens/s)."]
 
 
 def tensor_parallel_markdown() -> str:
@@ -310,6 +349,11 @@ def tensor_parallel_markdown() -> str:
                              f"{plan} | `{cmd}` |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _dense_layerwise(path: str) -> str:
+    d = (json.loads((RESULTS / path).read_text()).get("dense_layerwise") or [{}])[0]
+    return f"{d['dense_ms']:.2f} ms a step ({1e3 / d['dense_ms']:.1f} tokens/s)" if d else "not run"
 
 
 def _pair_table(folder: str, files: tuple, caption: str) -> list[str]:
