@@ -80,7 +80,8 @@ def speed_markdown() -> str:
                              "~50, RMSNorm in one instead of ~8): the same command, one H100, one plan, 2026-11-27; the "
                              "dense layer-wise estimate of that run: " + _dense_layerwise(kernels + "offload_default.json"))
         lines += ["", "Row reuse, mask-bank rows, GPU-first layers and the two kernels each took a little; the target "
-                  "of 100 tokens/s is not met (the last row's gap: 10%). A kernel profile of 24 steps (`bench/plans/profile_hot_paths.sh`, "
+                  "of 100 tokens/s is not met (the last row: 9% short). A kernel profile of 24 steps "
+                  "(`bench/plans/profile_hot_paths.sh`, "
                   "`2026-11-26/gpu_profile/decode_profile.log`) puts 5.5 of the 12.2 GPU ms of a step in the linear "
                   "layers (the weights' read), 1.45 ms in row copies into the banks, 0.6 ms in the sparse attention "
                   "itself and the rest in ~2,300 short kernels a step (~72 per layer: norms, RoPE, key lists, sorts, "
