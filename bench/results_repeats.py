@@ -47,14 +47,8 @@ def repeat_span_markdown() -> str:
     swaps = []
     for label, pairs in (("infinitehip, essays", ih_essays), ("infinitehip, sotu", [ih_sotu]),
                           ("tokenselect, essays", [ts_essays])):
-        up = down = 0
-        for before, after in pairs:
-            old = {(r["depth"], r["seed"]): r["correct"] for r in before}
-            for r in after:
-                key = (r["depth"], r["seed"])
-                up += key in old and r["correct"] and not old[key]
-                down += key in old and old[key] and not r["correct"]
-        swaps.append(f"{label} {up} miss -> right, {down} right -> miss")
+        turns = [_turns(before, after) for before, after in pairs]
+        swaps.append(f"{label} {sum(t[0] for t in turns)} miss -> right, {sum(t[1] for t in turns)} right -> miss")
     lines += ["", f"Prompt by prompt: {'; '.join(swaps)}. Two essays prompts more of 30 for `infinitehip` (one on "
               "the choosing seeds, one held out), two fewer of 20 for `tokenselect`, which keeps the knob off."]
     return "\n".join(lines + check_lines()) + "\n"
@@ -69,13 +63,20 @@ def _passkey(name: str) -> list[dict]:
     return json.loads(path.read_text())["results"] if path.exists() else []
 
 
-def _pair(before: list[dict], after: list[dict]) -> tuple[str, str, str]:
-    """The two cells on their common prompts and the prompts whose answer turned (miss -> right / right -> miss)."""
+def _turns(before: list[dict], after: list[dict]) -> tuple[int, int, list[bool], list[dict]]:
+    """On the prompts both ran: how many turned miss -> right and right -> miss, the first run's answers (right or
+    not) and the second run's samples."""
     old = {_key(r): bool(r["correct"]) for r in before}
     common = [r for r in after if _key(r) in old]
     up = sum(bool(r["correct"]) and not old[_key(r)] for r in common)
     down = sum(old[_key(r)] and not r["correct"] for r in common)
-    return cell([{"correct": old[_key(r)]} for r in common]), cell(common), f"{up} / {down}"
+    return up, down, [old[_key(r)] for r in common], common
+
+
+def _pair(before: list[dict], after: list[dict]) -> tuple[str, str, str]:
+    """The two cells on their common prompts and the prompts whose answer turned (miss -> right / right -> miss)."""
+    up, down, first, common = _turns(before, after)
+    return cell([{"correct": c} for c in first]), cell(common), f"{up} / {down}"
 
 
 def check_lines() -> list[str]:
