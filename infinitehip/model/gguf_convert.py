@@ -367,6 +367,8 @@ def convert_gguf(gguf_path: str | Path, cache_root: str | Path, dtype: torch.dty
                                  f"{len(tokens.data)}: not this GGUF's tokenizer")
         _check_tokenizer(tokenizer, reader, src)
         tokenizer.save_pretrained(str(tmp))
+        if _is_complete(target):  # a concurrent converter finished first: keep its files (readers may have them open)
+            return target
         if target.exists():  # an incomplete leftover (e.g. files deleted by hand)
             shutil.rmtree(target)
         try:

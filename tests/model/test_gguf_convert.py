@@ -328,6 +328,33 @@ def test_incomplete_cache_is_rebuilt(tmp_path: Path) -> None:
         assert (target / name).read_bytes() == (complete / name).read_bytes(), name
 
 
+def test_a_conversion_finished_concurrently_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes converting the same GGUF at once (two servers, or test runs, starting on a fresh cache): the one
+    that finishes second keeps the first one's complete directory, whose files a reader may be loading, and
+    discards its own."""
+    import shutil
+
+    from infinitehip.model import gguf_convert
+
+    _write_tiny(tmp_path / "tiny.gguf", "llama", tied=True)
+    first = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "other")
+    target = tmp_path / "cache" / first.name
+    write = gguf_convert._write_safetensors
+
+    theirs = {}
+
+    def finish_first(path: Path, plan: list) -> None:  # the other process renames its directory into place meanwhile
+        shutil.copytree(first, target)
+        theirs["inode"] = (target / "model.safetensors").stat().st_ino  # the file a reader of theirs has open
+        write(path, plan)
+
+    monkeypatch.setattr(gguf_convert, "_write_safetensors", finish_first)
+    assert convert_gguf(tmp_path / "tiny.gguf", tmp_path / "cache") == target
+    assert (target / "model.safetensors").stat().st_ino == theirs["inode"]  # not deleted and replaced by ours
+    assert gguf_convert._is_complete(target)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [target.name]  # our temporary directory is gone
+
+
 def test_failed_conversion_leaves_no_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from infinitehip.model import gguf_convert
 
