@@ -23,7 +23,7 @@ from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput,
                                                       sparse_limit, subdivide)
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.infinitehip.topchunks import keep_top_chunks
-from infinitehip.model.rope import apply_rotary
+from infinitehip.model.rotary import rotate_at
 
 
 @dataclass
@@ -89,7 +89,7 @@ def refresh_stage(
     blocks = QueryBlocks(q[None, None], torch.ones(1, 1, dtype=torch.bool, device=q.device), position[:, None], 1)
     # `dynamic` scoring groups positions by ceil(context / trained); the caller passes that group as `group`.
     pos = scoring_positions(spec.rope_style, blocks.positions, lens, stream, group * trained_len, trained_len)
-    rotate = lambda: apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
+    rotate = lambda: rotate_at(blocks.q, pos.query_pos, rope.cos, rope.sin)
     if spec.rope_style == "chunk_indexed":  # the query's position depends on this stage's chunk count
         q_rot = rotate()
     else:

@@ -19,7 +19,7 @@ from infinitehip.attention.needle_probe import FORCE_BONUS
 from infinitehip.attention.infinitehip.saliency import KeySaliency
 from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
 from infinitehip.attention.infinitehip.scoring.aggregate import aggregate_heads
-from infinitehip.model.rope import apply_rotary
+from infinitehip.model.rotary import rotate_at
 
 
 @dataclass
@@ -187,7 +187,7 @@ def run_stage(
     if most_chunks > keep:
         pos = scoring_positions(spec.rope_style, blocks.positions, lens, stream, context_len, trained_len)
         rope.ensure(scoring_extent(spec.rope_style, lens.shape[1], stream, context_len, trained_len))
-        q_rot = apply_rotary(blocks.q, rope.cos[pos.query_pos][:, :, None], rope.sin[pos.query_pos][:, :, None])
+        q_rot = rotate_at(blocks.q, pos.query_pos, rope.cos, rope.sin)
         scores = score_candidates(spec, blocks, q_rot, pos, starts, lens, k_flat, page_table, page_size, rope, impl,
                                   saliency, rep_keys, static_groups=False, reduce=reduce)
         if forced_tokens is not None:
