@@ -1,7 +1,7 @@
 """rotate_at as one Triton kernel: the table rows gathered by position, the pair rotation in fp32 in the reference's
 order (x1 cos - x2 sin, x2 cos + x1 sin, each product rounded: fused multiply-adds off), rounded to x's dtype.
 
-One program per position: its H heads x d/2 pairs in one block (H <= 128 heads, d <= 1024)."""
+One program per position: its H heads x d/2 pairs in one block (at most 16,384 pairs: 128 heads of d 256)."""
 
 from __future__ import annotations
 
@@ -38,14 +38,15 @@ def rotate_at_triton(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor
     if tuple(positions.shape) != tuple(lead) or d % 2 or cos.shape != sin.shape or cos.shape[-1] != d // 2:
         raise ValueError(f"x [*P, H, d] with positions [*P] and tables [*, d/2] expected, got x {tuple(x.shape)}, "
                          f"positions {tuple(positions.shape)}, tables {tuple(cos.shape)}")
-    if H > 128 or d > 2048 or cos.dtype != torch.float32 or cos.stride(-1) != 1 or sin.stride() != cos.stride():
-        raise ValueError(f"up to 128 heads of d <= 2048 and fp32 tables of one layout, got H {H}, d {d}, {cos.dtype}")
+    block_h, block_d = triton.next_power_of_2(H), triton.next_power_of_2(d // 2)
+    if block_h * block_d > 16384 or cos.dtype != torch.float32 or cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        raise ValueError(f"at most 16,384 pairs a position and fp32 tables of one layout, got H {H}, d {d}, {cos.dtype}")
     rows = x.reshape(-1, H, d)  # a view where the layout allows
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         _rotate_at_kernel[(rows.shape[0],)](rows, positions.reshape(-1), cos, sin, out, H, d // 2, rows.stride(0),
-                                            rows.stride(1), cos.stride(0), BLOCK_H=triton.next_power_of_2(H),
-                                            BLOCK_D=triton.next_power_of_2(d // 2), enable_fp_fusion=False)
+                                            rows.stride(1), cos.stride(0), BLOCK_H=block_h, BLOCK_D=block_d,
+                                            enable_fp_fusion=False)
     return out.view(x.shape)
