@@ -8,10 +8,14 @@ An op (`impl=` of the dispatch functions: sparse attention, chunk scoring, soft 
 takes the choice resolved for its device, one of KERNEL_IMPLS: "auto" becomes "triton" or "cpu" (`resolve_impl`).
 "cpu" is the op's CPU formulation where it has one, with the same results up to fp32 rounding, tested against the
 reference (e.g. representative scores as batched GEMMs; sparse attention as gathered keys and one batched torch
-SDPA call), and the reference itself where it has none (attention/kernel_impl.py dispatches).
+SDPA call), and the reference itself where it has none (`select_impl` dispatches, the Triton module imported on
+first use: the CPU path never compiles Triton unless asked).
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Callable
 
 import torch
 
@@ -30,3 +34,16 @@ def resolve_impl(impl: str, device: torch.device) -> str:
     if impl == "auto":
         return "triton" if device.type == "cuda" else "cpu"
     return impl
+
+
+def select_impl(impl: str, reference: Callable, triton_module: str, triton_name: str, what: str,
+                cpu: Callable | None = None) -> Callable:
+    """`reference` for impl "reference", `cpu` (or `reference`) for "cpu", `triton_module.triton_name` for
+    "triton"; anything else is an error."""
+    if impl == "reference":
+        return reference
+    if impl == "cpu":
+        return cpu or reference
+    if impl == "triton":
+        return getattr(importlib.import_module(triton_module), triton_name)
+    raise ValueError(f"unknown {what} impl {impl!r}; expected one of {KERNEL_IMPLS}")

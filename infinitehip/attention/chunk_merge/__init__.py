@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.chunk_merge.reference import merge_chunks_reference
-from infinitehip.attention.kernel_impl import select_impl
+from infinitehip.config.impl import select_impl
 
 
 def merge_chunks(starts: torch.Tensor, lens: torch.Tensor, extra_starts: torch.Tensor, extra_lens: torch.Tensor,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from infinitehip.attention.kernel_impl import select_impl
+from infinitehip.config.impl import select_impl
 from infinitehip.attention.question_vote.reference import summed_soft_vote_reference
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from infinitehip.attention.kernel_impl import select_impl
+from infinitehip.config.impl import select_impl
 from infinitehip.attention.tokenselect import reference
 
 

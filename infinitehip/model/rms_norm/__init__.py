@@ -12,10 +12,9 @@ elements.
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
+from infinitehip.config.impl import select_impl
 from infinitehip.model.rms_norm.reference import rms_norm_reference
 
 
@@ -23,12 +22,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool = Fa
     """x [..., D], weight [D] -> [..., D] in x's dtype. gemma: scale by (1 + weight), cast after it. impl None: the
     Triton kernel for CUDA tensors, the eager reference otherwise."""
     impl = impl or ("triton" if x.is_cuda else "reference")
-    if impl == "reference":
-        return rms_norm_reference(x, weight, eps, gemma)
-    if impl != "triton":
-        raise ValueError(f"unknown rms norm impl {impl!r}; expected 'reference' or 'triton'")
-    # imported on first use: the CPU path never compiles Triton (the model layer sits below attention/kernel_impl.py)
-    return importlib.import_module(f"{__name__}.triton").rms_norm_triton(x, weight, eps, gemma)
-
+    fn = select_impl(impl, rms_norm_reference, f"{__name__}.triton", "rms_norm_triton", "rms norm")
+    return fn(x, weight, eps, gemma)
 
 __all__ = ["rms_norm"]

@@ -11,11 +11,15 @@ Triton kernel.
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
+from infinitehip.config.impl import select_impl
 from infinitehip.model.rope import apply_rotary
+
+
+def rotate_at_reference(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The oracle: `apply_rotary` on the table rows gathered at positions."""
+    return apply_rotary(x, cos[positions][..., None, :], sin[positions][..., None, :])
 
 
 def rotate_at(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -23,12 +27,8 @@ def rotate_at(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: 
     """x [*P, H, d] rotated at positions [*P] (ints) by the tables cos / sin [max_position, d/2] -> [*P, H, d] in
     x's dtype. impl None: the Triton kernel for CUDA tensors, the eager reference otherwise."""
     impl = impl or ("triton" if x.is_cuda else "reference")
-    if impl == "reference":
-        return apply_rotary(x, cos[positions][..., None, :], sin[positions][..., None, :])
-    if impl != "triton":
-        raise ValueError(f"unknown rotation impl {impl!r}; expected 'reference' or 'triton'")
-    # imported on first use: the CPU path never compiles Triton
-    return importlib.import_module(f"{__name__}.triton").rotate_at_triton(x, positions, cos, sin)
+    fn = select_impl(impl, rotate_at_reference, f"{__name__}.triton", "rotate_at_triton", "rotation")
+    return fn(x, positions, cos, sin)
 
 
 __all__ = ["rotate_at"]

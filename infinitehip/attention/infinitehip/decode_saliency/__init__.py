@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.infinitehip.decode_saliency.reference import add_decode_logits_reference
-from infinitehip.attention.kernel_impl import select_impl
+from infinitehip.config.impl import select_impl
 
 
 def add_decode_logits(q: torch.Tensor, positions: torch.Tensor, key_pos: torch.Tensor, slots: torch.Tensor,

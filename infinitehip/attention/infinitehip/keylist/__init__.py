@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.infinitehip.keylist.reference import decode_key_list_reference, key_list_width
-from infinitehip.attention.kernel_impl import select_impl
+from infinitehip.config.impl import select_impl
 
 
 def decode_key_list(

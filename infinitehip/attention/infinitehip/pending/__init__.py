@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.infinitehip.pending.reference import queue_query_reference
-from infinitehip.attention.kernel_impl import select_impl
+from infinitehip.config.impl import select_impl
 
 
 def queue_query(q: torch.Tensor, position: torch.Tensor, pending_q: torch.Tensor, pending_pos: torch.Tensor,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.infinitehip.representatives.reference import salient_tokens_reference
-from infinitehip.attention.kernel_impl import select_impl
+from infinitehip.config.impl import select_impl
 
 
 def salient_tokens(

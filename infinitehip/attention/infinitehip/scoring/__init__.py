@@ -23,7 +23,7 @@ import torch
 
 from infinitehip.attention.infinitehip.scoring.representative_cpu import representative_scores_cpu
 from infinitehip.attention.infinitehip.scoring.reference import chunk_scores_reference, representative_scores_reference
-from infinitehip.attention.kernel_impl import select_impl
+from infinitehip.config.impl import select_impl
 
 
 def chunk_scores(

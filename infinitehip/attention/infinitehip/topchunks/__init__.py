@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.infinitehip.topchunks.reference import keep_top_chunks_reference
-from infinitehip.attention.kernel_impl import select_impl
+from infinitehip.config.impl import select_impl
 
 
 def keep_top_chunks(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, out_starts: torch.Tensor,
