@@ -167,6 +167,9 @@ class AttentionMethod(ABC):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """q [T, H, d], k/v [T, Hkv, d] without RoPE -> attention output [T, H, d]."""
         batch.cache.write(layer, batch.new_slots, k, v)
+        if not batch.prefill:  # a decode-only step: the method's output is the layer's (no copy into a buffer)
+            out = self.decode(layer, q, batch.decode, batch)
+            return out if out.dtype == q.dtype else out.to(q.dtype)
         out = torch.empty_like(q)
         for s in batch.prefill:
             out[s.query_rows] = self.prefill(layer, q[s.query_rows], s, batch)

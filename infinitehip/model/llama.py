@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from infinitehip.config.model import ModelConfig
-from infinitehip.model.rms_norm import rms_norm
+from infinitehip.model.rms_norm import add_rms_norm, rms_norm
 from infinitehip.model.weights import load_hf_weights
 from infinitehip.parallel.linear import VocabParallelLogits, row_linear
 from infinitehip.parallel.shard import local_config, shard_hf_tensor, shard_of
@@ -34,9 +34,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32, cast back before the weight (as the reference implementations do); one kernel on CUDA.
-        return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """x [..., D] -> its norm; with a residual stream, (norm(x + residual), x + residual) in one op (one kernel on
+        CUDA). Normalises in float32 and casts back before the weight, as the reference implementations do."""
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -101,9 +104,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, parallel=parallel)
 
-    def forward(self, x: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), attention)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, attention: AttentionFn,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the last sublayer's output and residual the stream before it (None: x is the embedding), so the hidden
+        state is x + residual -> this layer's MLP output and the stream before it. Each residual add runs inside
+        the next norm's kernel; the sums and their roundings are those of `h = h + sublayer(norm(h))`."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h, residual = self.post_attention_layernorm(self.self_attn(h, attention), residual)
+        return self.mlp(h), residual
 
 
 class OutputHead:
@@ -152,10 +163,10 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
         """input_ids [T] -> final normalised hidden states [T, hidden_size]."""
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, attention)
-        return self.norm(x)
+            x, residual = layer(x, attention, residual)
+        return self.norm(x) if residual is None else self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab]; callers pass only the rows they sample from."""

@@ -11,3 +11,10 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma:
     if gemma:  # HF Gemma: scale by (1 + w) in fp32, then cast
         return (x32 * (1.0 + weight.float())).to(x.dtype)
     return weight * x32.to(x.dtype)  # HF Llama: cast back before the weight
+
+
+def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                           gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual): a pre-norm block's residual add and the next norm."""
+    total = x + residual
+    return rms_norm_reference(total, weight, eps, gemma), total
