@@ -65,6 +65,8 @@ class DecodeRows:
     def kept_step(self, steps: list[int]) -> bool:
         """Whether every layer's next step (steps: per layer) has its kept rows (a graph key's part: with the refresh
         pattern it says whether the step appends to them or reads the saliency window from them)."""
+        if steps.count(steps[0]) == len(steps):  # one step for every layer (graph steps): one decision
+            return all(rows is not None for rows in self.rows) and self.held(steps[0])
         return all(self.kept(layer, steps[layer]) for layer in range(len(self.rows)))
 
     def resolve(self, cache, layer: int, page_tables: torch.Tensor, key_tokens: torch.Tensor, key_counts: torch.Tensor):

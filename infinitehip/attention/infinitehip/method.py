@@ -287,10 +287,10 @@ class InfiniteHiPAttention(AttentionMethod):
         state: InfiniteHiPState = seq.state
         if not self.graph_capturable() or any(c is None for c in state.stage_cache):
             return None  # the first decode step allocates the stage caches: it runs eagerly
-        patterns = {self.refresh_pattern(state, layer) for layer in range(self.model_config.num_layers)}
-        if len(patterns) != 1:
+        steps = state.decode_steps  # the layers' step counters agree (one pattern for the step) unless a step stopped
+        if steps.count(steps[0]) != len(steps):  # midway: a graph runs every layer's step at once
             return None
-        pattern = patterns.pop()  # + whether the step has the kept attention-bank rows (decode_rows.py)
+        pattern = self.refresh_pattern(state, 0)  # + whether the step has the kept attention-bank rows (decode_rows.py)
         kept = isinstance(state.decode_rows, DecodeRows) and state.decode_rows.kept_step(state.decode_steps)
         masks = isinstance(state.mask_rows, MaskRows) and state.mask_rows.reusable(pattern, state.decode_steps[0])
         return pattern, self.group(seq.context_len), kept, masks
