@@ -17,6 +17,7 @@ from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.prompt_format import chat_prompt_ids
 from infinitehip.engine import prefix_pages
 from infinitehip.engine.rank import build_rank
+from infinitehip.engine.detokenize import IncrementalText, full_text
 from infinitehip.engine.logprobs import token_logprobs
 from infinitehip.engine.sampler import generation_defaults, sample_token
 from infinitehip.engine.structured import StructuredOutput
@@ -313,20 +314,23 @@ class LLMEngine:
     def _check_finished(self, seq: Sequence, token: int) -> bool:
         params = seq.params
         if self.tokenizer is not None:  # benchmarks of random-weight models run without one
-            seq.output_text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
-        for stop in params.stop:
-            idx = seq.output_text.find(stop)
-            if idx >= 0:
-                seq.output_text = seq.output_text[:idx]
-                self._finish(seq, "stop")
-                return True
-        if token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
-            self._finish(seq, "stop")
+            seq.detokenizer = seq.detokenizer or IncrementalText()
+            seq.output_text = seq.detokenizer.update(self.tokenizer, seq.output_ids)
+        reason = None
+        if any(stop in seq.output_text for stop in params.stop):
+            reason = "stop"
+        elif token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos):
+            reason = "stop"
         elif seq.grammar is not None and seq.grammar.is_stopped():  # the schema's value is complete
-            self._finish(seq, "stop")
+            reason = "stop"
         elif len(seq.output_ids) >= seq.max_tokens:
-            self._finish(seq, "length")
-        return seq.is_finished
+            reason = "length"
+        if reason is None:
+            return False
+        if self.tokenizer is not None:  # the final text: the whole output decoded once, cut at a stop string
+            seq.output_text = full_text(self.tokenizer, seq.output_ids, params.stop)
+        self._finish(seq, reason)
+        return True
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)

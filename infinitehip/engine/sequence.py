@@ -31,6 +31,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     output_text: str = ""  # detokenized completion, cut at a stop string
+    detokenizer: Any = None  # engine/detokenize.IncrementalText: output_text grows by a few tokens' text a step
     method_state: Any = None  # owned by the attention method
     generator: Any = None  # torch.Generator when the request has a seed
     dropped_prompt_tokens: int = 0  # prompt tokens the method dropped (`truncate`); prompt_ids holds those kept
