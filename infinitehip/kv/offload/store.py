@@ -12,6 +12,7 @@ out-of-range values into NaN / inf); readers upcast.
 
 from __future__ import annotations
 
+import importlib
 import weakref
 
 import torch
@@ -131,10 +132,15 @@ class KVStore:
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "reference") -> None:
         """k/v [T, Hkv, d] (any device, any float dtype) into slots [T] of `layer`.
 
-        impl "triton" scatters device rows straight into the pinned store (no host sync); "reference" copies
-        through torch (syncs when k is on the GPU)."""
-        rows = torch.arange(slots.numel(), device=k.device)
+        impl "triton" converts and scatters device rows straight into the pinned store, one launch per tensor (no
+        host sync); "reference" converts and copies through torch (syncs when k is on the GPU)."""
         dst = slots.reshape(-1).to(k.device)
+        if impl == "triton" and k.is_floating_point() and k.dtype not in FP8_DTYPES:
+            rows = importlib.import_module("infinitehip.kv.offload.triton")
+            rows.write_rows_triton(k, self.k[layer], dst)
+            rows.write_rows_triton(v, self.v[layer], dst)
+            return
+        rows = torch.arange(slots.numel(), device=k.device)
         copy_rows(to_storage_dtype(k, self.dtype), rows, self.k[layer], dst, impl)
         copy_rows(to_storage_dtype(v, self.dtype), rows, self.v[layer], dst, impl)
 

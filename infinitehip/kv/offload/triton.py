@@ -69,6 +69,72 @@ def _copy_rows_convert_kernel(Src, SrcRows, Dst, DstRows, row_elems, stride_src,
     tl.store(Dst + d * stride_dst + offs, value.to(Dst.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _encode_fp8(x, MANT: tl.constexpr, BIAS: tl.constexpr, MAXV: tl.constexpr, NAN_CODE: tl.constexpr):
+    """fp32 -> FP8 code (int32 0..255) with integer ops on the fp32 bits (the interpreter has no FP8 stores): saturate
+    to +-MAXV, round to nearest even, NaN to NAN_CODE; as torch's clamp then cast (`store.to_storage_dtype`)."""
+    nan = x != x
+    x = tl.minimum(tl.maximum(x, -MAXV), MAXV)
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a = bits & 0x7FFFFFFF
+    exp = (a >> 23) - 127 + BIAS  # the FP8 biased exponent of a normal value
+    SHIFT: tl.constexpr = 23 - MANT
+    code = (exp << MANT) | ((a & 0x7FFFFF) >> SHIFT)
+    rem = a & ((1 << SHIFT) - 1)
+    half: tl.constexpr = 1 << (SHIFT - 1)
+    code += ((rem > half) | ((rem == half) & ((code & 1) == 1))).to(tl.int32)  # a carry moves into the exponent
+    # subnormal (exp <= 0): code = round-to-even(|x| * 2^(BIAS - 1 + MANT)); adding and removing 2^23 rounds an fp32
+    # below 2^22 to an integer, to nearest even
+    scaled = a.to(tl.float32, bitcast=True) * (2.0 ** (BIAS - 1 + MANT))
+    sub = ((scaled + 8388608.0) - 8388608.0).to(tl.int32)
+    code = tl.where(exp <= 0, sub, code)
+    return tl.where(nan, NAN_CODE, code | sign)
+
+
+@triton.jit
+def _write_rows_kernel(Src, Dst, DstRows, row_elems, stride_src, stride_dst, DST_FORMAT: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Dst[DstRows[r]] = Src[r] in Dst's dtype (DST_FORMAT 0: a float dtype Triton stores; 1 / 2: the uint8 bytes of
+    FP8 e4m3fn / e5m2, saturated); a negative destination row writes nothing."""
+    r = tl.program_id(0).to(tl.int64)
+    d = tl.load(DstRows + r).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = (offs < row_elems) & (d >= 0)
+    x = tl.load(Src + r * stride_src + offs, mask=ok, other=0).to(tl.float32)
+    if DST_FORMAT == 0:
+        tl.store(Dst + d * stride_dst + offs, x.to(Dst.dtype.element_ty), mask=ok)
+    elif DST_FORMAT == 1:
+        tl.store(Dst + d * stride_dst + offs, _encode_fp8(x, 3, 7, 448.0, 0x7F).to(tl.uint8), mask=ok)
+    else:
+        tl.store(Dst + d * stride_dst + offs, _encode_fp8(x, 2, 15, 57344.0, 0x7F).to(tl.uint8), mask=ok)
+
+
+def write_rows_triton(src: torch.Tensor, dst: torch.Tensor, dst_rows: torch.Tensor) -> None:
+    """dst[dst_rows[i]] = src[i] converted to dst's dtype (FP8 saturated), one launch: new tokens' K or V [T, ...]
+    (rows may be strided, as heads split from a fused projection are) into a store layer (pinned host memory through
+    UVA, or GPU memory). The eager form (`store.to_storage_dtype` then a row copy) made ~4 launches a tensor."""
+    if src.shape[1:] != dst.shape[1:] or dst_rows.numel() != src.shape[0]:
+        raise ValueError(f"write_rows: {src.shape[0]} rows {tuple(src.shape[1:])} into {dst_rows.numel()} rows "
+                         f"{tuple(dst.shape[1:])}")
+    if not src.is_floating_point() or src.dtype in FP8_DTYPES:
+        raise ValueError(f"write_rows: source rows must be a float dtype Triton loads, got {src.dtype}")
+    n = src.shape[0]
+    if n == 0:
+        return
+    s = src.reshape(n, -1)  # a view for a row-strided [T, H, d] whose rows are contiguous
+    d = dst.view(dst.shape[0], -1)
+    if s.stride(-1) != 1 or d.stride(-1) != 1:
+        raise ValueError("write_rows needs rows that are contiguous in memory")
+    fmt = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(dst.dtype, 0)
+    if fmt:
+        d = d.view(torch.uint8)
+    row_elems = s.shape[1]
+    block = min(1024, triton.next_power_of_2(row_elems))
+    _write_rows_kernel[(n, triton.cdiv(row_elems, block))](s, d, dst_rows, row_elems, s.stride(0), d.stride(0),
+                                                            DST_FORMAT=fmt, BLOCK=block)
+
+
 def _as_words(t: torch.Tensor) -> torch.Tensor:
     """[rows, ...] -> a [rows, words] view of the same memory (never a copy: the kernel writes through it)."""
     rows = t.view(t.shape[0], -1) if t.dim() > 1 else t.view(-1, 1)
