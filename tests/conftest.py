@@ -267,14 +267,17 @@ def engine_for_dir(path, tokenizer=None, method_config=None, offload=None, **con
     return LLMEngine(cfg, LoadedModel(model_config, model, tokenizer, "test", path))
 
 
-def closure_graph_decoder(engine, min_bucket: int = 512):
+def closure_graph_decoder(engine, min_bucket: int = 512, ahead: bool = False):
     """Give the engine a graph decoder with CUDA-graph semantics on CPU (`engine/graph_decode.ClosureRecorder`:
-    a replay re-runs the captured closure with the host values of the capture)."""
+    a replay re-runs the captured closure with the host values of the capture). ahead: steps launched ahead
+    (engine/decode_ahead.py) as on CUDA; off by default, so each engine step runs one step through `runner.run`
+    (what the step hooks below observe)."""
     from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
 
     r = engine.runner
     r.graph_decoder = GraphDecoder(r.model, r.cache, r.rope, r.method, engine.max_context_tokens, min_bucket=min_bucket,
                                    recorder=ClosureRecorder, attention=r.router)
+    engine.ahead.enabled = ahead and engine.config.overlap_decode
     return r.graph_decoder
 
 

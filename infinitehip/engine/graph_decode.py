@@ -118,10 +118,12 @@ class GraphDecoder:
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
-    def step(self, seq: SequenceSlice, token_id: int, key: tuple) -> torch.Tensor:
-        """Run the decode token `token_id` of `seq` (its slice for this step); -> logits [1, vocab]."""
+    def step(self, seq: SequenceSlice, token_id: int | None, key: tuple) -> torch.Tensor:
+        """Run the decode token `token_id` of `seq` (its slice for this step); -> logits [1, vocab]. token_id None:
+        the token is already in `input_ids` (written on the GPU by the step before, engine/decode_ahead.py)."""
         bucket, method_key = key
-        self.input_ids.fill_(token_id)
+        if token_id is not None:
+            self.input_ids.fill_(token_id)
         self.positions.fill_(seq.start_pos)
         n = seq.page_table.numel()
         self.page_table[0, :n].copy_(seq.page_table)

@@ -17,6 +17,7 @@ from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.prompt_format import chat_prompt_ids
 from infinitehip.engine import prefix_pages
 from infinitehip.engine.rank import build_rank
+from infinitehip.engine.decode_ahead import DecodeAhead, LaunchedStep
 from infinitehip.engine.detokenize import IncrementalText, full_text
 from infinitehip.engine.logprobs import token_logprobs
 from infinitehip.engine.sampler import generation_defaults, sample_token
@@ -98,6 +99,9 @@ class LLMEngine:
             from infinitehip.parallel.step_sync import DriverRunner
 
             self.runner = DriverRunner(parts.runner, self.parallel)
+        # a lone greedy sequence's next graph step launched before its token is read (off with tensor parallelism:
+        # the other ranks follow the driver's steps one by one)
+        self.ahead = DecodeAhead(self.scheduler, self.runner, config.overlap_decode and self.parallel is None)
         mc = self.model_config
         self.generator = torch.Generator().manual_seed(config.generator_seed)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -270,6 +274,8 @@ class LLMEngine:
         """Run one step; return the sampled tokens and the number of prefill tokens processed. on_scheduled(admitted,
         preempted), if given, runs once the step is scheduled and before the model runs (a server's gauges: a step
         may take seconds)."""
+        if self.ahead.pending is not None:  # a step launched ahead: read its token (and launch the next one)
+            return self._step_after(self.ahead.pending, on_scheduled)
         plan, admitted, preempted = self.scheduler.schedule()
         if on_scheduled is not None:
             on_scheduled(admitted, preempted)
@@ -290,6 +296,8 @@ class LLMEngine:
                 boundary = self.scheduler.cache_prefix(seq, seq.num_computed - n)
                 if boundary is not None and self.prefix.reuse.needs_snapshot:
                     prefix_pages.snapshot(self.cache, self.method, self.scheduler.allocator, self.prefix, seq, boundary)
+        if not plan.prefill and len(samplers) == 1 and self.ahead.may_launch_after(samplers[0]):
+            return self._step_after(self.ahead.pick(samplers[0], logits), on_scheduled)
         outputs = []
         for row, seq in enumerate(samplers):
             if seq.params.repetition_penalty != 1.0 and seq.seen_mask is None:
@@ -310,6 +318,21 @@ class LLMEngine:
             finished = self._check_finished(seq, token)
             outputs.append(StepOutput(seq, token, finished))
         return outputs, sum(n for _, n in plan.prefill)
+
+    def _step_after(self, launched: LaunchedStep, on_scheduled) -> tuple[list[StepOutput], int]:
+        """Launch the step after `launched` where allowed, then read `launched`'s token (engine/decode_ahead.py)."""
+        seq, self.ahead.pending = launched.seq, None
+        if self.ahead.may_launch_after(seq):
+            _, admitted, preempted = self.scheduler.schedule()  # the next token's slot: nothing waits, nothing preempted
+            if on_scheduled is not None:
+                on_scheduled(admitted, preempted)
+            logits = self.runner.run_graph_ahead(seq)
+            if logits is not None:
+                self.ahead.pending = self.ahead.pick(seq, logits)
+        token = launched.read()
+        seq.output_ids.append(token)
+        finished = self._check_finished(seq, token)  # finishing drops the step launched after this one
+        return [StepOutput(seq, token, finished)], 0
 
     def _check_finished(self, seq: Sequence, token: int) -> bool:
         params = seq.params
@@ -333,6 +356,7 @@ class LLMEngine:
         return True
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        self.ahead.drop(seq)  # a step of it still running on the GPU ends before its graphs and pages are freed
         self.scheduler.finish(seq, reason)
         self.method.release(seq.method_state)
         self.runner.release(seq)

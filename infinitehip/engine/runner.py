@@ -100,6 +100,18 @@ class ModelRunner:
             self._advance(seq, s, hidden)
         return samplers, logits
 
+    @torch.inference_mode()
+    def run_graph_ahead(self, seq: Sequence) -> torch.Tensor | None:
+        """The next decode step of a lone sequence whose input token the GPU already wrote into the graphs' input
+        buffer (engine/decode_ahead.py) -> its logits [1, vocab], or None (no graph for it: nothing ran)."""
+        s = self._slice(seq, 0, 1, is_prefill=False)
+        key = self.graph_decoder.key(s)
+        if key is None:
+            return None
+        logits = self.graph_decoder.step(s, None, key)
+        self._advance(seq, s, None)
+        return logits
+
     def _prompt_logprobs(self, seq: Sequence, s: SequenceSlice, hidden: torch.Tensor) -> None:
         """Log-probabilities of the prompt tokens this prefill chunk predicts: row i (position token_start + i)
         predicts token token_start + i + 1, up to the prompt's last token. Positions already recorded (a

@@ -193,6 +193,13 @@ class Scheduler:
                     break
         return preempted
 
+    def decode_fits(self, seq: Sequence) -> bool:
+        """Whether seq's next decode token has a cache slot or a free page for it (its step preempts nothing)."""
+        if self.kv_token_limit is not None and seq.num_cached >= self.kv_token_limit:
+            return False
+        missing = self.allocator.pages_for(self.cache_tokens(seq.num_cached + 1)) - len(seq.page_table)
+        return missing <= 0 or self.allocator.can_allocate(missing)
+
     def _fits(self, seq: Sequence, num_tokens: int) -> bool:
         missing = self.allocator.pages_for(num_tokens) - len(seq.page_table)
         if missing <= 0:
