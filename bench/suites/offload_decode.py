@@ -66,7 +66,8 @@ def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadCon
     engine = LLMEngine(EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype,
                                     max_context_tokens=context + args.steps + args.warmup_steps + 64,
                                     prefill_chunk_size=args.chunk, show_progress=True, max_num_seqs=1,
-                                    cuda_graphs=not args.no_graphs, method_config=method, offload=offload),
+                                    cuda_graphs=not args.no_graphs, overlap_decode=not args.no_overlap,
+                                    method_config=method, offload=offload),
                        loaded)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -187,6 +188,8 @@ def add_arguments(p) -> None:
     p.add_argument("--chunk", type=parse_int, default=32768, help="prefill chunk")
     p.add_argument("--compare-resident", action="store_true", help="also run with the KV resident; tokens must match")
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="one decode step at a time (EngineConfig.overlap_decode off: the host reads each token first)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps after the timed ones (kernel "
                    "table; --steps counts them, they are not timed)")
