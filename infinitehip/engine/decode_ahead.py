@@ -46,7 +46,8 @@ class DecodeAhead:
     def may_launch_after(self, seq: Sequence) -> bool:
         """Whether the step after seq's step in flight (its token not yet read) may be launched now."""
         p, s = seq.params, self.scheduler
-        return (self.enabled and getattr(self.runner, "graph_decoder", None) is not None and len(s.running) == 1 and s.running[0] is seq and not s.waiting and not seq.in_prefill
+        return (self.enabled and getattr(self.runner, "graph_decoder", None) is not None
+                and len(s.running) == 1 and s.running[0] is seq and not s.waiting and not seq.in_prefill
                 and p.greedy and p.logprobs is None and p.repetition_penalty == 1.0 and seq.grammar is None
                 and seq.probe is None and len(seq.output_ids) + 1 < seq.max_tokens and s.decode_fits(seq))
 

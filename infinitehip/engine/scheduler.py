@@ -197,11 +197,14 @@ class Scheduler:
         """Whether seq's next decode token has a cache slot or a free page for it (its step preempts nothing)."""
         if self.kv_token_limit is not None and seq.num_cached >= self.kv_token_limit:
             return False
-        missing = self.allocator.pages_for(self.cache_tokens(seq.num_cached + 1)) - len(seq.page_table)
+        missing = self._missing_pages(seq, self.cache_tokens(seq.num_cached + 1))
         return missing <= 0 or self.allocator.can_allocate(missing)
 
+    def _missing_pages(self, seq: Sequence, num_tokens: int) -> int:
+        return self.allocator.pages_for(num_tokens) - len(seq.page_table)
+
     def _fits(self, seq: Sequence, num_tokens: int) -> bool:
-        missing = self.allocator.pages_for(num_tokens) - len(seq.page_table)
+        missing = self._missing_pages(seq, num_tokens)
         if missing <= 0:
             return True
         if not self.allocator.can_allocate(missing):

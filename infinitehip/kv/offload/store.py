@@ -136,9 +136,9 @@ class KVStore:
         host sync); "reference" converts and copies through torch (syncs when k is on the GPU)."""
         dst = slots.reshape(-1).to(k.device)
         if impl == "triton" and k.is_floating_point() and k.dtype not in FP8_DTYPES:
-            rows = importlib.import_module("infinitehip.kv.offload.triton")
-            rows.write_rows_triton(k, self.k[layer], dst)
-            rows.write_rows_triton(v, self.v[layer], dst)
+            kernels = importlib.import_module("infinitehip.kv.offload.triton")
+            kernels.write_rows_triton(k, self.k[layer], dst)
+            kernels.write_rows_triton(v, self.v[layer], dst)
             return
         rows = torch.arange(slots.numel(), device=k.device)
         copy_rows(to_storage_dtype(k, self.dtype), rows, self.k[layer], dst, impl)
