@@ -110,6 +110,17 @@ def _write_rows_kernel(Src, Dst, DstRows, row_elems, stride_src, stride_dst, DST
         tl.store(Dst + d * stride_dst + offs, _encode_fp8(x, 2, 15, 57344.0, 0x7F).to(tl.uint8), mask=ok)
 
 
+def _fp8_format(dtype: torch.dtype) -> int:
+    """The kernels' code of a row dtype: 1 FP8 e4m3fn, 2 FP8 e5m2 (moved as uint8 bytes), 0 a float Triton loads."""
+    return {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(dtype, 0)
+
+
+def _row_tiles(row_elems: int) -> tuple[int, int]:
+    """(block, tiles per row): rows of up to 1024 elements (or words) in one program, longer ones in tiles of 1024."""
+    block = min(1024, triton.next_power_of_2(row_elems))
+    return block, triton.cdiv(row_elems, block)
+
+
 def write_rows_triton(src: torch.Tensor, dst: torch.Tensor, dst_rows: torch.Tensor) -> None:
     """dst[dst_rows[i]] = src[i] converted to dst's dtype (FP8 saturated), one launch: new tokens' K or V [T, ...]
     (rows may be strided, as heads split from a fused projection are) into a store layer (pinned host memory through
@@ -126,13 +137,12 @@ def write_rows_triton(src: torch.Tensor, dst: torch.Tensor, dst_rows: torch.Tens
     d = dst.view(dst.shape[0], -1)
     if s.stride(-1) != 1 or d.stride(-1) != 1:
         raise ValueError("write_rows needs rows that are contiguous in memory")
-    fmt = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(dst.dtype, 0)
+    fmt = _fp8_format(dst.dtype)
     if fmt:
         d = d.view(torch.uint8)
     row_elems = s.shape[1]
-    block = min(1024, triton.next_power_of_2(row_elems))
-    _write_rows_kernel[(n, triton.cdiv(row_elems, block))](s, d, dst_rows, row_elems, s.stride(0), d.stride(0),
-                                                            DST_FORMAT=fmt, BLOCK=block)
+    block, tiles = _row_tiles(row_elems)
+    _write_rows_kernel[(n, tiles)](s, d, dst_rows, row_elems, s.stride(0), d.stride(0), DST_FORMAT=fmt, BLOCK=block)
 
 
 def _as_words(t: torch.Tensor) -> torch.Tensor:
@@ -163,17 +173,15 @@ def copy_rows_triton(src: torch.Tensor, src_rows: torch.Tensor, dst: torch.Tenso
         s, d = src.view(src.shape[0], -1), dst.view(dst.shape[0], -1)
         if d.stride(-1) != 1 or s.stride(-1) != 1:
             raise ValueError("copy_rows needs rows that are contiguous in memory")
-        src_format = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(src.dtype, 0)
+        src_format = _fp8_format(src.dtype)
         if src_format:
             s = s.view(torch.uint8)
         row_elems = s.shape[1]
-        block = min(1024, triton.next_power_of_2(row_elems))
-        grid = (n, triton.cdiv(row_elems, block))
-        _copy_rows_convert_kernel[grid](s, src_rows, d, dst_rows, row_elems, s.stride(0), d.stride(0),
+        block, tiles = _row_tiles(row_elems)
+        _copy_rows_convert_kernel[(n, tiles)](s, src_rows, d, dst_rows, row_elems, s.stride(0), d.stride(0),
                                         SRC_FORMAT=src_format, BLOCK=block)
         return
     s, d = _as_words(src), _as_words(dst)
     row_words = s.shape[1]
-    block = min(1024, triton.next_power_of_2(row_words))
-    grid = (n, triton.cdiv(row_words, block))
-    _copy_rows_kernel[grid](s, src_rows, d, dst_rows, row_words, s.stride(0), d.stride(0), BLOCK=block)
+    block, tiles = _row_tiles(row_words)
+    _copy_rows_kernel[(n, tiles)](s, src_rows, d, dst_rows, row_words, s.stride(0), d.stride(0), BLOCK=block)
