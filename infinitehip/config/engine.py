@@ -43,8 +43,9 @@ class EngineConfig:
     # Decode steps of a single running sequence replay CUDA graphs of the whole model when the attention method
     # supports it (infinitehip); CUDA only, ignored on CPU.
     cuda_graphs: bool = True
-    # Such a sequence's next decode step is launched before the host has read this step's token (picked on the GPU,
-    # greedy only), so the host's part of a step overlaps the GPU's (engine/decode_ahead.py); same tokens.
+    # With CUDA graphs, a single running sequence's next decode step is launched before the host has read this
+    # step's token (greedy sampling: picked on the GPU), so the host's part of a step overlaps the GPU's
+    # (engine/decode_ahead.py); the same tokens.
     overlap_decode: bool = True
     generator_seed: int = 0  # seeds the shared generator used by requests that carry no seed of their own
     # Sampling defaults from the model's generation_config.json (temperature, top_p, top_k, min_p,
