@@ -115,6 +115,15 @@ def _fp8_format(dtype: torch.dtype) -> int:
     return {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(dtype, 0)
 
 
+def _float_rows(rows: torch.Tensor, what: str) -> tuple[torch.Tensor, int]:
+    """rows [N, E], each row contiguous -> (what the kernels address: FP8 rows as their uint8 bytes, others as they
+    are; the dtype's `_fp8_format` code)."""
+    if rows.stride(-1) != 1:
+        raise ValueError(f"{what} needs rows that are contiguous in memory")
+    fmt = _fp8_format(rows.dtype)
+    return (rows.view(torch.uint8) if fmt else rows), fmt
+
+
 def _row_tiles(row_elems: int) -> tuple[int, int]:
     """(block, tiles per row): rows of up to 1024 elements (or words) in one program, longer ones in tiles of 1024."""
     block = min(1024, triton.next_power_of_2(row_elems))
@@ -133,13 +142,8 @@ def write_rows_triton(src: torch.Tensor, dst: torch.Tensor, dst_rows: torch.Tens
     n = src.shape[0]
     if n == 0:
         return
-    s = src.reshape(n, -1)  # a view for a row-strided [T, H, d] whose rows are contiguous
-    d = dst.view(dst.shape[0], -1)
-    if s.stride(-1) != 1 or d.stride(-1) != 1:
-        raise ValueError("write_rows needs rows that are contiguous in memory")
-    fmt = _fp8_format(dst.dtype)
-    if fmt:
-        d = d.view(torch.uint8)
+    s, _ = _float_rows(src.reshape(n, -1), "write_rows")  # a view for a row-strided [T, H, d] with contiguous rows
+    d, fmt = _float_rows(dst.view(dst.shape[0], -1), "write_rows")
     row_elems = s.shape[1]
     block, tiles = _row_tiles(row_elems)
     _write_rows_kernel[(n, tiles)](s, d, dst_rows, row_elems, s.stride(0), d.stride(0), DST_FORMAT=fmt, BLOCK=block)
@@ -170,12 +174,8 @@ def copy_rows_triton(src: torch.Tensor, src_rows: torch.Tensor, dst: torch.Tenso
     if n == 0:
         return
     if convert:
-        s, d = src.view(src.shape[0], -1), dst.view(dst.shape[0], -1)
-        if d.stride(-1) != 1 or s.stride(-1) != 1:
-            raise ValueError("copy_rows needs rows that are contiguous in memory")
-        src_format = _fp8_format(src.dtype)
-        if src_format:
-            s = s.view(torch.uint8)
+        s, src_format = _float_rows(src.view(src.shape[0], -1), "copy_rows")
+        d, _ = _float_rows(dst.view(dst.shape[0], -1), "copy_rows")
         row_elems = s.shape[1]
         block, tiles = _row_tiles(row_elems)
         _copy_rows_convert_kernel[(n, tiles)](s, src_rows, d, dst_rows, row_elems, s.stride(0), d.stride(0),
