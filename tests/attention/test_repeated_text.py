@@ -172,3 +172,62 @@ def test_engine_hands_the_prompt_to_the_question_vote(method, tiny_dir, monkeypa
         assert m.tolist() == expected[4 : 4 + m.numel()].tolist() and m[200 - 4 : 260 - 4].all()
     assert all(m is None for m in runs[0][1] + runs[0][2])  # off: no mask
     assert all(m is None or m.numel() == 0 for m in runs[16][2][layers:])
+
+
+def test_novel_chunks_are_the_chunks_with_text_seen_first():
+    """A stage-1 chunk is left out exactly when every one of its tokens is marked (the last chunk may be short)."""
+    from infinitehip.attention.infinitehip.pruning import novel_chunks
+
+    ids = _text_with_copies(5)
+    repeated = repeated_tokens(torch.tensor(ids), 16)[4:]  # candidates from a sink of 4
+    chunks = novel_chunks(repeated, 16)
+    marks = repeated.tolist()
+    expected = [not all(marks[j : j + 16]) for j in range(0, len(marks), 16)]
+    assert chunks.tolist() == expected and not all(expected) and any(expected)
+
+
+def test_hierarchy_keeps_no_chunk_of_repeated_text(tiny_dir, monkeypatch):
+    """hierarchy_repeat_span: the prompt's last chunk and every decode refresh keep no stage-1 chunk whose text all
+    repeats; a prompt that does not repeat decodes the same greedy tokens as with the setting off."""
+    from infinitehip.attention.infinitehip import decode as ih_decode
+    from infinitehip.attention.infinitehip import pruning as ih_pruning
+
+    config = InfiniteHiPConfig(**{**CONFIGS["infinitehip"].__dict__, "repeat_span": 0})
+    kept = []  # (stage-1 starts, lens) of every prefill stage 1 of the prompt's last chunk and decode refresh
+    run_stage, refresh = ih_pruning.run_stage, ih_decode.refresh_stage
+
+    def stage(spec, blocks, parent, *a, **kw):
+        out = run_stage(spec, blocks, parent, *a, **kw)
+        if parent is None and kw.get("novel") is not None:
+            kept.append((out.chunk_starts, out.chunk_lens))
+        return out
+
+    def refresh_stage(spec, q, position, parent, out, *a, **kw):
+        refresh(spec, q, position, parent, out, *a, **kw)
+        if parent is None and kw.get("novel") is not None:
+            kept.append((out.starts, out.lens))
+
+    monkeypatch.setattr(ih_method, "run_stage", stage)
+    monkeypatch.setattr(ih_method, "refresh_stage", refresh_stage)
+    copies = _text_with_copies(3)[:400]
+    copies[200:300] = copies[50:150]
+    copies[300:400] = copies[50:150]
+    runs = {}
+    for span in (16, 0):
+        engine = engine_for_dir(tiny_dir, method="infinitehip", prefill_chunk_size=128, max_context_tokens=1024,
+                                method_config=InfiniteHiPConfig(**{**config.__dict__, "hierarchy_repeat_span": span}))
+        llm = LLM.from_engine(engine)
+        params = SamplingParams(temperature=0.0, max_tokens=6)
+        (plain,) = llm.generate([list(range(5, 405))], params)  # ids 5..404: no window repeats
+        kept.clear()
+        (repeats,) = llm.generate([copies], params)
+        runs[span] = plain.token_ids, list(kept)
+    assert runs[16][0] == runs[0][0] and not runs[0][1]
+    marks = repeated_tokens(torch.tensor(copies), 16)
+    repeated_chunk = lambda start: bool(marks[start : start + 16].all())
+    assert any(repeated_chunk(s) for s in range(4, 380, 16))  # the copies fill whole chunks
+    layers = engine.model_config.num_layers
+    assert len(runs[16][1]) > layers  # the prompt's last chunk and decode refreshes
+    for starts, lens in runs[16][1]:
+        chosen = starts[lens > 0].tolist()
+        assert chosen and not any(repeated_chunk(s) for s in chosen)

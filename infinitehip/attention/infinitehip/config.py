@@ -65,12 +65,17 @@ class InfiniteHiPConfig:
     # repeat_span tokens seen before, a token gets no vote, so the budget holds one copy of a repeated passage; a
     # chunk whose every token repeats is never kept (repetitive filler leaves budget unused).
     repeat_span: int = 0
+    # The hierarchy leaves repeated text out too (attention/repeated_text.py): at the prompt's last chunk and in decode,
+    # a stage-1 chunk whose every token lies in a window of hierarchy_repeat_span tokens seen earlier in the prompt is
+    # no candidate, so the answer's pruning stages keep one copy of a repeated passage, not one per copy. 0 = off.
+    hierarchy_repeat_span: int = 0
 
     # Knobs of the studies in docs/ (RoPE styles, representatives, head aggregation, kernels): --help-all lists
     # them apart, as settings a user of the method does not need. Allowed values of the choice-like fields.
     STUDY_FIELDS: ClassVar[tuple[str, ...]] = (
         "early_layers", "early_last_keep_tokens", "early_pruning_rope", "late_pruning_rope", "attention_rope", "impl",
-        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window", "repeat_span")
+        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window", "repeat_span",
+        "hierarchy_repeat_span")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "early_pruning_rope": PRUNING_ROPE_STYLES, "late_pruning_rope": PRUNING_ROPE_STYLES,
         "attention_rope": ATTENTION_ROPE_STYLES, "impl": IMPLS, "representative": REPRESENTATIVES,
@@ -133,6 +138,8 @@ class InfiniteHiPConfig:
             raise ValueError(f"question_window must be an odd width >= 1, got {self.question_window}")
         if self.repeat_span != 0 and not 8 <= self.repeat_span <= 4096:
             raise ValueError(f"repeat_span must be 0 (off) or in [8, 4096] tokens, got {self.repeat_span}")
+        if self.hierarchy_repeat_span != 0 and not 8 <= self.hierarchy_repeat_span <= 4096:
+            raise ValueError(f"hierarchy_repeat_span must be 0 (off) or in [8, 4096] tokens, got {self.hierarchy_repeat_span}")
         if self.head_aggregation not in HEAD_AGGREGATIONS:
             raise ValueError(f"head_aggregation must be one of {HEAD_AGGREGATIONS}, got {self.head_aggregation!r}")
         check_impl("impl", self.impl)

@@ -64,7 +64,7 @@ def refresh_stage(
     spec: StageSpec, q: torch.Tensor, position: torch.Tensor, parent: StageCache | None, out: StageCache,
     k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, sink: int, stream: int, rope, num_candidates: int,
     group: int, trained_len: int, impl: str, saliency: tuple[KeySaliency, int] | None, shared: dict | None = None,
-    rep_keys=None, forced_tokens: torch.Tensor | None = None, reduce=None,
+    rep_keys=None, forced_tokens: torch.Tensor | None = None, reduce=None, novel: torch.Tensor | None = None,
 ) -> None:
     """Recompute one stage for one sequence's decode query q [H, d] at position [1]; write `out` in place.
 
@@ -74,7 +74,8 @@ def refresh_stage(
     rep_keys: an offloaded cache's representative-key reader (`offload_access.RepresentativeKeys`): the
     candidates are scored in static groups of chunks, each group's representatives resolved into the mask bank
     just before it is scored, so the bank holds one group, not the stage; the scores of all groups [1, N] are
-    ranked together, as in one call. None: the keys are read resident (k_flat / page_table / page_size)."""
+    ranked together, as in one call. None: the keys are read resident (k_flat / page_table / page_size).
+    novel [num_candidates] bool (stage 1 only): False leaves the chunk out (repeated text, `pruning.novel_chunks`)."""
     shared = {} if shared is None else shared
     if "limit" not in shared:
         shared["limit"] = sparse_limit(position, sink, stream)  # [1]
@@ -83,6 +84,8 @@ def refresh_stage(
     if parent is None:
         starts = (sink + c * torch.arange(num_candidates, device=q.device))[None]
         lens = (limit[:, None] - starts).clamp(min=0, max=c)
+        if novel is not None:
+            lens = torch.where(novel[None], lens, 0)
     else:
         starts, lens = subdivide(parent.as_output(), c, limit)
     starts = torch.where(lens > 0, starts, 0)  # empty chunks (past the limit, padding) point at token 0: never out of range

@@ -29,8 +29,8 @@ from infinitehip.attention.infinitehip.offload_access import (StagedLayer, check
                                                               question_key_reader, scoring_access, stage_prefill_layer)
 from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_extent, attention_positions, group_size
-from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,
-                                                      prefill_window_width, run_stage, sparse_limit)
+from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, novel_chunks,
+                                                      query_blocks, prefill_window_width, run_stage, sparse_limit)
 from infinitehip.attention.chunk_merge import merge_chunks
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.infinitehip.saliency import KeySaliency
@@ -65,6 +65,11 @@ class InfiniteHiPState:
     # (decode_rows.py); None until the first decode step, False when the cache cannot keep them.
     decode_rows: DecodeRows | bool | None = None
     mask_rows: MaskRows | bool | None = None  # the same for the last stage's mask-bank rows (mask_rows.py)
+    # hierarchy_repeat_span > 0: the prompt's stage-1 chunks that hold text repeating no earlier text [N] bool, made
+    # at the prompt's last chunk; per stage-1 candidate count of a decode capacity, padded with True (kept apart per
+    # count: a captured graph reads its tensor).
+    novel: torch.Tensor | None = None
+    novel_by_width: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def _forced(probe, device: torch.device) -> torch.Tensor | None:
@@ -149,10 +154,32 @@ class InfiniteHiPAttention(AttentionMethod):
                staged: StagedLayer | None = None) -> StageOutput:
         c = self.config
         k_flat, rep_keys = scoring_access(seq.cache, layer, seq.page_table) if staged is None else (staged.k, staged)
+        novel = self._prompt_novel(seq, blocks.q.device) if parent is None and seq.ends_prompt else None
         return run_stage(spec, blocks, parent, k_flat, seq.page_table, seq.cache.page_size,
                          c.sink_tokens, c.stream_tokens, batch.rope, seq.context_len, self.trained_len, self._impl(blocks.q),
                          None if self.saliency is None else (self.saliency, layer), rep_keys=rep_keys,
-                         forced_tokens=_forced(seq.probe, blocks.q.device), reduce=self._reduce)
+                         forced_tokens=_forced(seq.probe, blocks.q.device), reduce=self._reduce, novel=novel)
+
+    def _prompt_novel(self, seq: SequenceSlice, device: torch.device) -> torch.Tensor | None:
+        """In the chunk that ends the prompt: its stage-1 chunks holding text that repeats no earlier text [N] bool
+        (`hierarchy_repeat_span`), made by the first layer that asks and kept for decode; None when off."""
+        c, state = self.config, seq.state
+        if state.novel is None:
+            repeated = repeated_candidates(seq.text, c.hierarchy_repeat_span, c.sink_tokens, seq.context_len, device)
+            if repeated is None:
+                return None
+            state.novel, state.novel_by_width = novel_chunks(repeated, c.chunk_sizes[0]), {}
+        return state.novel
+
+    @staticmethod
+    def _decode_novel(state: InfiniteHiPState, num_candidates: int) -> torch.Tensor | None:
+        """state.novel padded with True (chunks past the prompt) or cut to the step's num_candidates stage-1 chunks."""
+        if state.novel is None:
+            return None
+        if num_candidates not in state.novel_by_width:
+            cut = state.novel[:num_candidates]
+            state.novel_by_width[num_candidates] = F.pad(cut, (0, num_candidates - cut.numel()), value=True)
+        return state.novel_by_width[num_candidates]
 
     def _update_saliency(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch,
                          staged: StagedLayer | None = None) -> None:
@@ -367,13 +394,14 @@ class InfiniteHiPAttention(AttentionMethod):
             keys = stage_keys(state.mask_rows if alone else None, rep_keys, seq.cache, layer, page_tables[i], pattern,
                               state.decode_steps[layer])  # per stage; the last one's may keep its mask-bank rows
             parent, shared = None, {}
+            novel = self._decode_novel(state, num_candidates)
             for s, spec in enumerate(self._specs(layer, decode=True)):
                 if pattern[s]:
                     refresh_stage(spec, q[i], positions[i : i + 1], parent, caches[s], k_flat,
                                   page_tables[i], seq.cache.page_size, c.sink_tokens, c.stream_tokens, batch.rope,
                                   num_candidates, group, self.trained_len, self._impl(q),
                                   None if self.saliency is None else (self.saliency, layer), shared, keys[s],
-                                  _forced(seq.probe, q.device), reduce=self._reduce)
+                                  _forced(seq.probe, q.device), reduce=self._reduce, novel=novel if s == 0 else None)
                     state.refreshes[s] += 1
                 parent = caches[s]
             if state.question[layer] is not None and pattern[-1]:
