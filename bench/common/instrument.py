@@ -23,6 +23,7 @@ def use_fast_prefill() -> None:
     def prefill(self, layer, q, seq, batch):
         self._update_saliency(layer, q, seq, batch)
         self._question_prefill(layer, q, seq, batch)  # question-time selection (if on) scans the store as usual
+        self.prompt_novel(seq, q.device)  # the repeat mask decode reads (hierarchy_repeat_span)
         return torch.zeros_like(q)
 
     InfiniteHiPAttention.prefill = prefill

@@ -65,17 +65,17 @@ class InfiniteHiPConfig:
     # repeat_span tokens seen before, a token gets no vote, so the budget holds one copy of a repeated passage; a
     # chunk whose every token repeats is never kept (repetitive filler leaves budget unused).
     repeat_span: int = 0
-    # The hierarchy leaves repeated text out too (attention/repeated_text.py): at the prompt's last chunk and in decode,
-    # a stage-1 chunk whose every token lies in a window of hierarchy_repeat_span tokens seen earlier in the prompt is
-    # no candidate, so the answer's pruning stages keep one copy of a repeated passage, not one per copy. 0 = off.
-    hierarchy_repeat_span: int = 0
+    # The pruning stages leave repeated text out (attention/repeated_text.py; not in the paper): at the prompt's last
+    # chunk and in decode, a stage-1 chunk whose every token lies in a window of hierarchy_repeat_span tokens seen
+    # earlier in the prompt is no candidate, so the answer attends one copy of a repeated passage, not one per copy
+    # (each copy would add its attention mass again). Text that never repeats is selected as without it. 0 = off.
+    hierarchy_repeat_span: int = 32
 
     # Knobs of the studies in docs/ (RoPE styles, representatives, head aggregation, kernels): --help-all lists
     # them apart, as settings a user of the method does not need. Allowed values of the choice-like fields.
     STUDY_FIELDS: ClassVar[tuple[str, ...]] = (
         "early_layers", "early_last_keep_tokens", "early_pruning_rope", "late_pruning_rope", "attention_rope", "impl",
-        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window", "repeat_span",
-        "hierarchy_repeat_span")
+        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window", "repeat_span")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "early_pruning_rope": PRUNING_ROPE_STYLES, "late_pruning_rope": PRUNING_ROPE_STYLES,
         "attention_rope": ATTENTION_ROPE_STYLES, "impl": IMPLS, "representative": REPRESENTATIVES,
@@ -157,7 +157,7 @@ class InfiniteHiPConfig:
         return self.early_pruning_rope if layer < self.early_layers else self.late_pruning_rope
 
 
-_PAPER_3K = dict(chunk_sizes=(256, 32, 8), refresh_intervals=(16, 8, 4), question_tokens=0)
+_PAPER_3K = dict(chunk_sizes=(256, 32, 8), refresh_intervals=(16, 8, 4), question_tokens=0, hierarchy_repeat_span=0)
 _PAPER_5K = dict(_PAPER_3K, chunk_sizes=(64, 32, 16), keep_tokens=(32768, 16384, 4096), early_last_keep_tokens=4096)
 # `default`: the field defaults (best on the real-text suite). `3k`, `5k`: the paper's settings (Appendix F);
 # `paper-3k` / `paper-5k` name them as such. `3k-fast` / `3k-flash`: the paper's 3k with longer mask refresh

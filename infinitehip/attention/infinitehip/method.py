@@ -151,19 +151,20 @@ class InfiniteHiPAttention(AttentionMethod):
 
     @phase("pruning stages")
     def _stage(self, spec, blocks, parent, layer, seq: SequenceSlice, batch: ForwardBatch,
-               staged: StagedLayer | None = None) -> StageOutput:
+               staged: StagedLayer | None = None, novel: torch.Tensor | None = None) -> StageOutput:
         c = self.config
         k_flat, rep_keys = scoring_access(seq.cache, layer, seq.page_table) if staged is None else (staged.k, staged)
-        novel = self._prompt_novel(seq, blocks.q.device) if parent is None and seq.ends_prompt else None
         return run_stage(spec, blocks, parent, k_flat, seq.page_table, seq.cache.page_size,
                          c.sink_tokens, c.stream_tokens, batch.rope, seq.context_len, self.trained_len, self._impl(blocks.q),
                          None if self.saliency is None else (self.saliency, layer), rep_keys=rep_keys,
                          forced_tokens=_forced(seq.probe, blocks.q.device), reduce=self._reduce, novel=novel)
 
-    def _prompt_novel(self, seq: SequenceSlice, device: torch.device) -> torch.Tensor | None:
-        """In the chunk that ends the prompt: its stage-1 chunks holding text that repeats no earlier text [N] bool
-        (`hierarchy_repeat_span`), made by the first layer that asks and kept for decode; None when off."""
+    def prompt_novel(self, seq: SequenceSlice, device: torch.device) -> torch.Tensor | None:
+        """The prompt's stage-1 chunks holding text that repeats no earlier text [N] bool (`hierarchy_repeat_span`):
+        made in the chunk that ends the prompt by its first layer and kept for decode; None when off or elsewhere."""
         c, state = self.config, seq.state
+        if not seq.ends_prompt:
+            return None
         if state.novel is None:
             repeated = repeated_candidates(seq.text, c.hierarchy_repeat_span, c.sink_tokens, seq.context_len, device)
             if repeated is None:
@@ -202,6 +203,7 @@ class InfiniteHiPAttention(AttentionMethod):
         staged = stage_prefill_layer(seq.cache, layer, seq.page_table, seq.context_len)  # offloaded: one GPU copy
         self._update_saliency(layer, q, seq, batch, staged)
         question = self._question_prefill(layer, q, seq, batch, staged)
+        novel = self.prompt_novel(seq, q.device)  # made even where this chunk runs dense: decode reads it
         if c.dense_when_unpruned and self._keeps_every_key(layer, seq.context_len):
             batch.rope.ensure(seq.context_len)
             if staged is None:
@@ -216,7 +218,7 @@ class InfiniteHiPAttention(AttentionMethod):
             if parent is not None:  # child block m reads the candidates of the parent block containing it
                 rows = torch.arange(blocks.q.shape[0], device=q.device) * spec.query_block_size
                 parent = parent.for_blocks(rows // parent.query_block_size)
-            parent = self._stage(spec, blocks, parent, layer, seq, batch, staged)
+            parent = self._stage(spec, blocks, parent, layer, seq, batch, staged, novel if s == 0 else None)
             if probe is not None:  # the block holding the prompt's last query
                 share = probe.share_of_chunks(parent.chunk_starts[-1], parent.chunk_lens[-1], c.sink_tokens,
                                               int(parent.limit[-1]))
