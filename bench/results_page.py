@@ -15,7 +15,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from results_common import D26, RESULTS, ROOT, cell, length_label
+from results_common import D26, D27, RESULTS, ROOT, cell, length_label
+from results_hierarchy_repeat import HREP, hierarchy_repeat_markdown
 from results_plots import memory_markdown
 from results_repeats import repeat_span_markdown
 from results_infinitehip import infinitehip_question_markdown
@@ -104,8 +105,8 @@ def reading_markdown() -> str:
     down = sum(1 for k in both if default[k]["correct"] and not oracle[k]["correct"])
     cmd = f"{GEMMA} --method infinitehip --lengths 1048576"
     lines = ["## Gemma 3 270M at 1M: selection or reading?", "",
-             f"Device: NVIDIA H100 80GB, bf16. Date: 2026-11-26. The default `infinitehip`'s 1M prompts of the table above "
-             f"re-run with the needle trace (`{cmd} --trace true`) and with the needle forced into every layer's selection "
+             "Device: NVIDIA H100 80GB, bf16. Date: 2026-11-26. The default `infinitehip`'s 1M prompts (the default "
+             f"of that day, before `hierarchy_repeat_span`) re-run with the needle trace (`{cmd} --trace true`) and with the needle forced into every layer's selection "
              f"(`--oracle true`); {len(both)} of its 30 prompts (the device session ended before the last two).", "",
              "| prompts | default | trace run (same prompts) | oracle | misses with the whole needle attended (last prompt block and every answer step) | "
              "needle found by question-time selection / kept by the last pruning stage | oracle: miss -> right / right -> miss |",
@@ -128,7 +129,8 @@ def repetition_markdown() -> str:
     cmd = f"{GEMMA} --lengths 131072 --seeds 0 1 --haystack-span 18724 --method M"
     lines = ["## Repetition, not length: the essays at 1M", "",
              "Device: NVIDIA H100 80GB, bf16. Date: 2026-11-26. Seeds 0-1 (20 prompts a cell, each in its own text), "
-             "default settings. `--haystack-span 18724` repeats an 18,724-token stretch of the essays 7 times in a 128K "
+             "the defaults of that day (infinitehip before `hierarchy_repeat_span`, the next section). "
+             "`--haystack-span 18724` repeats an 18,724-token stretch of the essays 7 times in a 128K "
              f"prompt, as a 1M prompt repeats the whole essays (`{cmd}`); sotu is the 2.4M-token haystack of the first "
              "table (no repetition at 1M).", "",
              "| method | essays 128K (no repetition) | essays 128K, a stretch 7 times | essays 1M (the corpus ~7 times) | "
@@ -208,19 +210,28 @@ def precision_markdown() -> str:
 
 
 def passkey_markdown() -> str:
-    """The SmolLM2 passkey sweep with the default (the regression check of speed work)."""
-    path = RESULTS / D26 / "gpu_d" / "passkey_default.json"
-    if not path.exists():
+    """The SmolLM2 passkey sweep with the default (the regression check of accuracy and speed work)."""
+    runs = [("default (`hierarchy_repeat_span` 32), 2026-11-27", HREP, "passkey_ih_hrep32"),
+            ("the default before (`hierarchy_repeat_span` 0), 2026-11-27", D27 + "gpu_repeat_check/",
+             "passkey_ih_default")]
+    tables = [(label, [r for s in (0, 1) if (RESULTS / folder / f"{stem}_s{s}.json").exists()
+                       for r in json.loads((RESULTS / folder / f"{stem}_s{s}.json").read_text())["results"]])
+              for label, folder, stem in runs]
+    if not tables[0][1]:
         return ""
-    rows = json.loads(path.read_text())["results"]
-    lengths = sorted({r["length"] for r in rows})
-    lines = ["## Passkey, SmolLM2-135M (the embedded model), infinitehip default", "",
-             "Device: NVIDIA H100 80GB, bf16. Date: 2026-11-26 (after the prefill speed work: staged offloaded prefill, "
-             "window-sum landmark saliency). Depths 10/30/50/70/90%, one pass key each.", "",
-             "| " + " | ".join(length_label(n) for n in lengths) + " | all | command |",
-             "|" + " :-: |" * (len(lengths) + 1) + " --- |",
-             "| " + " | ".join(cell([r for r in rows if r["length"] == n]) for n in lengths) + f" | {cell(rows)} | "
-             "`python -m bench accuracy --method infinitehip --lengths 65536 131072 262144 524288 1048576` |"]
+    lengths = sorted({r["length"] for r in tables[0][1]})
+    lines = ["## Passkey, SmolLM2-135M (the embedded model), infinitehip", "",
+             "Device: NVIDIA H100 80GB, bf16. Depths 10/30/50/70/90%, one pass key each, seeds 0-1 (`python -m bench "
+             "accuracy --model smol.gguf --method infinitehip --lengths 65536 131072 262144 524288 1048576`, and "
+             "`--seed 1`; the before: `--method-config '{\"hierarchy_repeat_span\": 0}'`, as the default of its day). "
+             "Before question-time selection (2026-11-24, the paper's `3k`) seed 0 read 25/25; the one prompt it "
+             "costs today (64K, depth 50%) is a reading miss: the needle is attended in 29 of 30 layers and the model "
+             "answers \"99999\" (the question-time settings section).", "",
+             "| row | " + " | ".join(length_label(n) for n in lengths) + " | all |",
+             "| --- |" + " :-: |" * (len(lengths) + 1)]
+    for label, rows in tables:
+        lines.append(f"| {label} | " + " | ".join(cell([r for r in rows if r["length"] == n]) for n in lengths)
+                     + f" | {cell(rows)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -257,6 +268,7 @@ def main() -> None:
             plot(curves, RESULTS / "accuracy_vs_context.png")
             parts.append("![accuracy vs context](results/accuracy_vs_context.png)\n")
     parts.append(repetition_markdown())
+    parts.append(hierarchy_repeat_markdown())
     parts.append(repeat_span_markdown())
     parts.append(reading_markdown())
     parts.append(tokenselect_pool_markdown())

@@ -36,7 +36,7 @@ def repeat_span_markdown() -> str:
              "b92f686 (later the same day chunks whose every token repeats were also left out of the budget, so a "
              "passkey's filler leaves it unused: the check below ran with it; here the budget's 128 chunks come from "
              "the first copy's ~9,600 either way). Defaults: the "
-             "rows of the tables above, same prompts, 2026-11-26 (the default repeats its answers output for output "
+             "default of 2026-11-26 (before `hierarchy_repeat_span`, the section above), same prompts (the default repeats its answers output for output "
              "across machines: the question-time settings section).", "",
              "| method | setting | essays 1M, seeds 0-1 | essays 1M, seed 2 (held out) | sotu 1M, seeds 0-1 |",
              "| --- | --- | :-: | :-: | :-: |",
