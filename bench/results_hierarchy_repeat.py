@@ -94,4 +94,32 @@ def hierarchy_repeat_markdown() -> str:
     lines += [f"| {name} | {a} | {b} | {turn} |" for name, (a, b, turn) in both]
     lines += ["", "**Not taken**: one passkey prompt more and the real-text cells level (one 512K prompt each way) is "
               "within what a rerun turns; the knob stays off."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _misses_lines()) + "\n"
+
+
+def _misses_lines() -> list[str]:
+    """The default's essays misses at 512K and 1M re-run with the needle trace and with the needle forced in."""
+    runs = {mode: [r for f in sorted((RESULTS / HREP).glob(f"ruler_ih_{mode}_essays*_misses*.json"))
+                   for r in json.loads(f.read_text())["samples"]] for mode in ("trace", "oracle")}
+    if not runs["trace"]:
+        return []
+    key = lambda r: (r["length"], r["seed"], r["depth"], r.get("haystack_start"))
+    default = {key(r): r for n in ("essays512k_s01", "essays512k_s2", "essays1m_s01", "essays1m_s2")
+               for r in json.loads((RESULTS / HREP / f"ruler_ih_hrep32_{n}.json").read_text())["samples"]}
+    misses = [r for r in runs["trace"] if not default[key(r)]["correct"]]
+    oracle = {key(r): r for r in runs["oracle"]}
+    same = sum(bool(r["correct"]) == bool(default[key(r)]["correct"]) for r in runs["trace"])
+    found = sum(r["needle_trace"]["prefill_mean"].get("question", 0) >= 0.999 for r in misses)
+    whole = sum(r["needle_trace"]["prefill_mean"].get("attended", 0) >= 0.999
+                and min(r["needle_trace"]["decode_step_min"]) >= 0.999 for r in misses)
+    read = sum(bool(oracle[key(r)]["correct"]) for r in misses if key(r) in oracle)
+    cmd = (f"{GEMMA} --method infinitehip --lengths 1048576 --seeds 2 --depths 0.1 0.3 --trace true` (and "
+           "`--oracle true`; 512K: `--lengths 524288 --seeds 0 --depths 0.1 0.7`, `--seeds 2 --depths 0.1`")
+    return ["", "**The default's remaining misses are reading misses.** Its 5 essays misses at 512K and 1M (the table "
+            f"above) with the other prompt of their cells, re-run with the needle trace (`{cmd}; one H100, "
+            f"2026-11-27, commit 2aec05f): the trace run gives the default's answer on {same} of "
+            f"{len(runs['trace'])} prompts; in {found} of {len(misses)} misses question-time selection holds the "
+            f"whole needle, {whole} of {len(misses)} attend every needle token at the prompt's last query block and at "
+            f"every answer step, and with the needle forced into every layer's selection {read} of {len(misses)} are "
+            "read. What they answer: a phrase of the essays (\"the secret weapon\", \"do what you love\"), the "
+            "question's own words, or the code word without its hyphen (\"pepper 7334\")."]
