@@ -132,3 +132,29 @@ def test_a_resolve_between_two_steps_makes_the_next_one_resolve_again(tiny_llama
                                                                           impl=self.impl))
     stale = _run(tiny_llama_dir, config, steps, graphs, on_step=evict_before_reuse)
     assert stale[0] != resident[0] or any(not torch.equal(a, b) for a, b in zip(stale[1], resident[1]))
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_repeated_text_left_out_offloaded_equals_resident(tiny_llama_dir, graphs):
+    """hierarchy_repeat_span on a prompt that repeats itself (most stage-1 chunks left out: empty chunks in the mask
+    bank's static groups): the offloaded decode, eager or from graphs, gives the resident tokens and logits."""
+    from infinitehip.attention.infinitehip.pruning import novel_chunks
+    from infinitehip.attention.repeated_text import repeated_tokens
+    from tests.conftest import closure_graph_decoder
+
+    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": REFRESH, "hierarchy_repeat_span": 16})
+    ids = random_ids(233, seed=7) * 3
+    chunks = novel_chunks(repeated_tokens(torch.tensor(ids), 16)[16:], 64)
+    assert chunks.any() and not chunks.all()  # the mask is active and leaves the first copy in
+    resident = _generate(tiny_llama_dir, config, None, [ids], 12)
+    offload = _smallest_banks(config, HEADS, mask_bank=FEW_GROUPS)
+
+    def setup(engine):
+        if graphs:
+            HostFreeReplay.kv = engine.cache.kv
+            closure_graph_decoder(engine).recorder = HostFreeReplay
+
+    ours = _generate(tiny_llama_dir, config, offload, [ids], 12, on_engine=setup)
+    _assert_same(ours, resident)
+    if graphs:
+        assert ours[3].runner.graph_decoder.replays > 0
