@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from results_common import D27, RESULTS
-from results_repeats import PASSKEY, _pair
+from results_repeats import PASSKEY, _pair, turn_table
 from results_tables import GEMMA, SOTU, TS, VARY, file_rows
 
 HREP = D27 + "gpu_hierarchy_repeat/"
@@ -71,9 +71,7 @@ def hierarchy_repeat_markdown() -> str:
              "`--haystacks sotu` for the other cells; today the default needs no config), the before with "
              f"`--method-config '{OFF}'` (it ran as the default of its day); passkey: `{PASSKEY}` (and `--seed 1`). "
              "Cells compare the same prompts.", "",
-             "| cell | before ran | before (`hierarchy_repeat_span` 0) | default (32) | miss -> right / right -> miss |",
-             "| --- | --- | :-: | :-: | :-: |"]
-    lines += [f"| {name} | {when} | {a} | {b} | {turn} |" for name, when, (a, b, turn) in rows]
+             *turn_table("before ran", "before (`hierarchy_repeat_span` 0)", "default (32)", rows)]
     lines += ["", "Text that never repeats is selected exactly as before: no stage-1 chunk of the 120 sotu "
               "prompts of 7K-128K in the first table is all repeated text (35 of them hold some tokens in a repeated "
               "32-token window, speeches quoting earlier ones, never a whole chunk; on the CPU, `python -m "

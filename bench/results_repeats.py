@@ -79,6 +79,12 @@ def _pair(before: list[dict], after: list[dict]) -> tuple[str, str, str]:
     return cell([{"correct": c} for c in first]), cell(common), f"{up} / {down}"
 
 
+def turn_table(when: str, before: str, after: str, rows: list[tuple[str, str, tuple[str, str, str]]]) -> list[str]:
+    """A markdown table of cells (name, when the before ran, `_pair` of before and after) on the same prompts."""
+    return ([f"| cell | {when} | {before} | {after} | miss -> right / right -> miss |", "| --- | --- | :-: | :-: | :-: |"]
+            + [f"| {name} | {ran} | {a} | {b} | {turn} |" for name, ran, (a, b, turn) in rows])
+
+
 def check_lines() -> list[str]:
     """repeat_span 32 at the current code against the default: passkey and 1M in one run, 512K against the tables."""
     if not (RESULTS / CHECK / "ruler_ih_rs32_essays512k.json").exists():
@@ -107,9 +113,7 @@ def check_lines() -> list[str]:
              "(`--haystacks sotu`, `--lengths 1048576`, `--seeds 2` for the other cells). Cells compare the same "
              "prompts; where the default ran on 2026-11-26 it ran before the decode saliency and RMSNorm kernels, "
              "which alone turn a few answers (below).", "",
-             "| cell | default ran | default | `repeat_span` 32 | miss -> right / right -> miss |",
-             "| --- | --- | :-: | :-: | :-: |"]
-    lines += [f"| {name} | {when} | {a} | {b} | {turn} |" for name, when, (a, b, turn) in rows]
+             *turn_table("default ran", "default", "`repeat_span` 32", rows)]
     lines += ["", "**Not taken.** The passkey gains two prompts (the 64K depth-30% \"1234567\" and a 1M digit misread) "
               "and the 1M essays one net, but at 512K, where the essays repeat ~3.4 times, four prompts the default "
               "reads are lost and none gained; the sotu cells (little repetition) do not move. Summed over the cells "
