@@ -14,7 +14,7 @@ import json
 import torch
 
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.infinitehip.pruning import novel_chunks
+from infinitehip.attention.infinitehip.repeated_chunks import novel_chunks
 from infinitehip.attention.repeated_text import repeated_tokens
 from infinitehip.engine.prompt_format import chat_prompt_ids
 from infinitehip.eval.ruler.tasks import make_ruler_sample

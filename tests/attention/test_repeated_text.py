@@ -176,7 +176,7 @@ def test_engine_hands_the_prompt_to_the_question_vote(method, tiny_dir, monkeypa
 
 def test_novel_chunks_are_the_chunks_with_text_seen_first():
     """A stage-1 chunk is left out exactly when every one of its tokens is marked (the last chunk may be short)."""
-    from infinitehip.attention.infinitehip.pruning import novel_chunks
+    from infinitehip.attention.infinitehip.repeated_chunks import novel_chunks
 
     ids = _text_with_copies(5)
     repeated = repeated_tokens(torch.tensor(ids), 16)[4:]  # candidates from a sink of 4

@@ -138,7 +138,7 @@ def test_a_resolve_between_two_steps_makes_the_next_one_resolve_again(tiny_llama
 def test_repeated_text_left_out_offloaded_equals_resident(tiny_llama_dir, graphs):
     """hierarchy_repeat_span on a prompt that repeats itself (most stage-1 chunks left out: empty chunks in the mask
     bank's static groups): the offloaded decode, eager or from graphs, gives the resident tokens and logits."""
-    from infinitehip.attention.infinitehip.pruning import novel_chunks
+    from infinitehip.attention.infinitehip.repeated_chunks import novel_chunks
     from infinitehip.attention.repeated_text import repeated_tokens
     from tests.conftest import closure_graph_decoder
 

@@ -75,7 +75,7 @@ def refresh_stage(
     candidates are scored in static groups of chunks, each group's representatives resolved into the mask bank
     just before it is scored, so the bank holds one group, not the stage; the scores of all groups [1, N] are
     ranked together, as in one call. None: the keys are read resident (k_flat / page_table / page_size).
-    novel [num_candidates] bool (stage 1 only): False leaves the chunk out (repeated text, `pruning.novel_chunks`)."""
+    novel [num_candidates] bool (stage 1 only): False leaves the chunk out (repeated text, repeated_chunks.py)."""
     shared = {} if shared is None else shared
     if "limit" not in shared:
         shared["limit"] = sparse_limit(position, sink, stream)  # [1]

@@ -29,8 +29,9 @@ from infinitehip.attention.infinitehip.offload_access import (StagedLayer, check
                                                               question_key_reader, scoring_access, stage_prefill_layer)
 from infinitehip.attention.infinitehip.pending import queue_query
 from infinitehip.attention.infinitehip.positions import attention_extent, attention_positions, group_size
-from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, novel_chunks,
-                                                      query_blocks, prefill_window_width, run_stage, sparse_limit)
+from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,
+                                                      prefill_window_width, run_stage, sparse_limit)
+from infinitehip.attention.infinitehip.repeated_chunks import decode_novel, prompt_novel
 from infinitehip.attention.chunk_merge import merge_chunks
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.infinitehip.saliency import KeySaliency
@@ -65,9 +66,8 @@ class InfiniteHiPState:
     # (decode_rows.py); None until the first decode step, False when the cache cannot keep them.
     decode_rows: DecodeRows | bool | None = None
     mask_rows: MaskRows | bool | None = None  # the same for the last stage's mask-bank rows (mask_rows.py)
-    # hierarchy_repeat_span > 0: the prompt's stage-1 chunks that hold text repeating no earlier text [N] bool, made
-    # at the prompt's last chunk; per stage-1 candidate count of a decode capacity, padded with True (kept apart per
-    # count: a captured graph reads its tensor).
+    # hierarchy_repeat_span > 0 (repeated_chunks.py): the prompt's stage-1 chunks of new text [N] bool, and per
+    # decode stage-1 candidate count that mask cut or padded to it.
     novel: torch.Tensor | None = None
     novel_by_width: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -160,27 +160,8 @@ class InfiniteHiPAttention(AttentionMethod):
                          forced_tokens=_forced(seq.probe, blocks.q.device), reduce=self._reduce, novel=novel)
 
     def prompt_novel(self, seq: SequenceSlice, device: torch.device) -> torch.Tensor | None:
-        """The prompt's stage-1 chunks holding text that repeats no earlier text [N] bool (`hierarchy_repeat_span`):
-        made in the chunk that ends the prompt by its first layer and kept for decode; None when off or elsewhere."""
-        c, state = self.config, seq.state
-        if not seq.ends_prompt:
-            return None
-        if state.novel is None:
-            repeated = repeated_candidates(seq.text, c.hierarchy_repeat_span, c.sink_tokens, seq.context_len, device)
-            if repeated is None:
-                return None
-            state.novel, state.novel_by_width = novel_chunks(repeated, c.chunk_sizes[0]), {}
-        return state.novel
-
-    @staticmethod
-    def _decode_novel(state: InfiniteHiPState, num_candidates: int) -> torch.Tensor | None:
-        """state.novel padded with True (chunks past the prompt) or cut to the step's num_candidates stage-1 chunks."""
-        if state.novel is None:
-            return None
-        if num_candidates not in state.novel_by_width:
-            cut = state.novel[:num_candidates]
-            state.novel_by_width[num_candidates] = F.pad(cut, (0, num_candidates - cut.numel()), value=True)
-        return state.novel_by_width[num_candidates]
+        """The prompt's stage-1 chunks of new text (repeated_chunks.py), made at its last chunk; else None."""
+        return prompt_novel(seq.state, seq, self.config, device)
 
     def _update_saliency(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch,
                          staged: StagedLayer | None = None) -> None:
@@ -396,7 +377,7 @@ class InfiniteHiPAttention(AttentionMethod):
             keys = stage_keys(state.mask_rows if alone else None, rep_keys, seq.cache, layer, page_tables[i], pattern,
                               state.decode_steps[layer])  # per stage; the last one's may keep its mask-bank rows
             parent, shared = None, {}
-            novel = self._decode_novel(state, num_candidates)
+            novel = decode_novel(state, num_candidates)
             for s, spec in enumerate(self._specs(layer, decode=True)):
                 if pattern[s]:
                     refresh_stage(spec, q[i], positions[i : i + 1], parent, caches[s], k_flat,

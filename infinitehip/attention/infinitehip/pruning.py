@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from infinitehip.attention.infinitehip.positions import scoring_extent, scoring_positions
 from infinitehip.attention.needle_probe import FORCE_BONUS
@@ -165,14 +164,6 @@ def force_chunks(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
     return scores.masked_fill(holds, FORCE_BONUS)
 
 
-def novel_chunks(repeated: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """repeated [n] bool of candidates [sink, sink + n) -> [ceil(n / chunk_size)] bool: the chunk of the grid
-    sink + chunk_size * j holds a token that repeats no earlier text (repeated_text.py)."""
-    n = -(-repeated.numel() // chunk_size)
-    pad = n * chunk_size - repeated.numel()
-    return ~F.pad(repeated, (0, pad), value=True).view(n, chunk_size).all(1)
-
-
 def run_stage(
     spec: StageSpec, blocks: QueryBlocks, parent: StageOutput | None, k_flat: torch.Tensor, page_table: torch.Tensor,
     page_size: int, sink: int, stream: int, rope, context_len: int, trained_len: int, impl: str,
@@ -185,7 +176,8 @@ def run_stage(
     rep_keys: an offloaded cache's representative-key reader (`offload_access.RepresentativeKeys`): the
     representatives are scored through the mask bank, in groups of chunks that fit it.
     forced_tokens (oracle diagnostics): chunks holding these tokens are kept first.
-    novel [>= stage-1 chunks] bool (first stage only): False leaves the chunk out (repeated text, `novel_chunks`)."""
+    novel [>= stage-1 chunks] bool (first stage only): False leaves the chunk out (repeated text,
+    repeated_chunks.py)."""
     limit = sparse_limit(blocks.last_position, sink, stream)
     if parent is None:
         starts, lens = initial_chunks(limit, sink, spec.chunk_size, host_limit(blocks.last, sink, stream))
