@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from results_common import D27, RESULTS
+from results_common import D27, RESULTS, passkey_rows
 from results_repeats import PASSKEY, _pair, turn_table
 from results_tables import GEMMA, SOTU, TS, VARY, file_rows
 
@@ -13,14 +13,6 @@ HREP = D27 + "gpu_hierarchy_repeat/"
 CHECK = D27 + "gpu_repeat_check/"  # the default's passkey sweep of 2026-11-27 before the change
 OFF = '{"hierarchy_repeat_span": 0}'
 BOTH = '{"repeat_span": 32}'
-
-
-def _passkey(folder: str, stem: str) -> list[dict]:
-    rows = []
-    for seed in (0, 1):
-        path = RESULTS / folder / f"{stem}_s{seed}.json"
-        rows += json.loads(path.read_text())["results"] if path.exists() else []
-    return rows
 
 
 def _h(name: str, seeds: tuple[int, ...], length: int | None = None) -> list[dict]:
@@ -51,8 +43,8 @@ def hierarchy_repeat_markdown() -> str:
                                                 _h("ruler_ih_hrep32_sotu1m_s2.json", (2,)))),
         ("sotu 512K, seeds 0-2", "2026-11-26", _pair(file_rows(TS, "ih_sotu_512k.json", (0, 1, 2)),
                                                      _h("ruler_ih_hrep32_sotu512k.json", (0, 1, 2)))),
-        ("passkey 64K-1M, seeds 0-1 (SmolLM2)", "2026-11-27", _pair(_passkey(CHECK, "passkey_ih_default"),
-                                                                     _passkey(HREP, "passkey_ih_hrep32"))),
+        ("passkey 64K-1M, seeds 0-1 (SmolLM2)", "2026-11-27", _pair(passkey_rows(CHECK, "passkey_ih_default"),
+                                                                     passkey_rows(HREP, "passkey_ih_hrep32"))),
     ]
     cmd = f"{GEMMA} --method infinitehip --lengths 1048576 --seeds 0 1"
     lines = ["## Repeated text left out of the pruning stages (`hierarchy_repeat_span`), the default since 2026-11-27", "",
@@ -83,8 +75,8 @@ def hierarchy_repeat_markdown() -> str:
                                            _h("ruler_ih_hrep32_rs32_essays1m_s01.json", (0, 1)))),
             ("essays 512K, seeds 0-1", _pair(_h("ruler_ih_hrep32_essays512k_s01.json", (0, 1)),
                                              _h("ruler_ih_hrep32_rs32_essays512k_s01.json", (0, 1)))),
-            ("passkey 64K-1M, seeds 0-1", _pair(_passkey(HREP, "passkey_ih_hrep32"),
-                                                _passkey(HREP, "passkey_ih_hrep32_rs32")))]
+            ("passkey 64K-1M, seeds 0-1", _pair(passkey_rows(HREP, "passkey_ih_hrep32"),
+                                                passkey_rows(HREP, "passkey_ih_hrep32_rs32")))]
     lines += [f"The question's vote with repeated text left out too (`--method-config '{BOTH}'` on the new default, "
               "screened on seeds 0-1, second machine):", "",
               "| cell | default | with the question's vote left out too | miss -> right / right -> miss |",

@@ -15,7 +15,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from results_common import D26, D27, RESULTS, ROOT, cell, length_label
+from results_common import D26, D27, RESULTS, ROOT, cell, length_label, passkey_rows
 from results_hierarchy_repeat import HREP, hierarchy_repeat_markdown
 from results_plots import memory_markdown
 from results_repeats import repeat_span_markdown
@@ -214,9 +214,7 @@ def passkey_markdown() -> str:
     runs = [("default (`hierarchy_repeat_span` 32), 2026-11-27", HREP, "passkey_ih_hrep32"),
             ("the default before (`hierarchy_repeat_span` 0), 2026-11-27", D27 + "gpu_repeat_check/",
              "passkey_ih_default")]
-    tables = [(label, [r for s in (0, 1) if (RESULTS / folder / f"{stem}_s{s}.json").exists()
-                       for r in json.loads((RESULTS / folder / f"{stem}_s{s}.json").read_text())["results"]])
-              for label, folder, stem in runs]
+    tables = [(label, passkey_rows(folder, stem)) for label, folder, stem in runs]
     if not tables[0][1]:
         return ""
     lengths = sorted({r["length"] for r in tables[0][1]})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from results_common import D26, D27, RESULTS, cell
+from results_common import D26, D27, RESULTS, cell, passkey_rows
 from results_tables import GEMMA, TS, VARY, file_rows
 
 REPEAT = D27 + "gpu_repeat/"
@@ -58,11 +58,6 @@ def _key(r: dict) -> tuple:
     return r.get("haystack"), r["length"], r["depth"], r["seed"], r.get("haystack_start")
 
 
-def _passkey(name: str) -> list[dict]:
-    path = RESULTS / CHECK / name
-    return json.loads(path.read_text())["results"] if path.exists() else []
-
-
 def _turns(before: list[dict], after: list[dict]) -> tuple[int, int, list[bool], list[dict]]:
     """On the prompts both ran: how many turned miss -> right and right -> miss, the first run's answers (right or
     not) and the second run's samples."""
@@ -90,8 +85,7 @@ def check_lines() -> list[str]:
     if not (RESULTS / CHECK / "ruler_ih_rs32_essays512k.json").exists():
         return []
     rows = [("passkey 64K-1M, seeds 0-1 (SmolLM2)", "same run",
-             _pair(_passkey("passkey_ih_default_s0.json") + _passkey("passkey_ih_default_s1.json"),
-                   _passkey("passkey_ih_rs32_s0.json") + _passkey("passkey_ih_rs32_s1.json"))),
+             _pair(passkey_rows(CHECK, "passkey_ih_default"), passkey_rows(CHECK, "passkey_ih_rs32"))),
             ("essays 1M, seeds 0-1", "same run", _pair(file_rows(CHECK, "ruler_ih_default_essays1m.json", (0, 1)),
                                                        file_rows(CHECK, "ruler_ih_rs32_essays1m.json", (0, 1)))),
             ("essays 1M, seed 2 (held out)", "2026-11-26", _pair(file_rows(VARY, "ih_vary_1m.json", (2,)),
@@ -127,7 +121,7 @@ def kernel_check_lines() -> list[str]:
     """The default re-run after the decode saliency and RMSNorm kernels against the tables' runs before them."""
     before_pk = [r for s in (0, 1) for r in json.loads((RESULTS / D26 / "gpu_ih_question" /
                                                           f"passkey_default_s{s}.json").read_text())["results"]]
-    after_pk = _passkey("passkey_ih_default_s0.json") + _passkey("passkey_ih_default_s1.json")
+    after_pk = passkey_rows(CHECK, "passkey_ih_default")
     before_e = file_rows(VARY, "ih_vary_1m.json", (0, 1))
     after_e = file_rows(CHECK, "ruler_ih_default_essays1m.json", (0, 1))
     same = {_key(r): r["output"] for r in before_e}

@@ -161,7 +161,7 @@ class InfiniteHiPAttention(AttentionMethod):
 
     def prompt_novel(self, seq: SequenceSlice, device: torch.device) -> torch.Tensor | None:
         """The prompt's stage-1 chunks of new text (repeated_chunks.py), made at its last chunk; else None."""
-        return prompt_novel(seq.state, seq, self.config, device)
+        return prompt_novel(seq, self.config, device)
 
     def _update_saliency(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch,
                          staged: StagedLayer | None = None) -> None:

@@ -24,12 +24,13 @@ def novel_chunks(repeated: torch.Tensor, chunk_size: int) -> torch.Tensor:
     return ~F.pad(repeated, (0, pad), value=True).view(n, chunk_size).all(1)
 
 
-def prompt_novel(state, seq, config, device: torch.device) -> torch.Tensor | None:
+def prompt_novel(seq, config, device: torch.device) -> torch.Tensor | None:
     """The prompt's stage-1 chunks holding text that repeats no earlier text [N] bool: made in the chunk that ends
     the prompt (seq.ends_prompt) by its first layer and kept in the method's state for decode; None when off
     (span 0), elsewhere, or without the prompt's ids (the transformers integration)."""
     if not seq.ends_prompt:
         return None
+    state = seq.state
     if state.novel is None:
         repeated = repeated_candidates(seq.text, config.hierarchy_repeat_span, config.sink_tokens, seq.context_len,
                                        device)
