@@ -82,8 +82,8 @@ class PromptText:
 def repeated_candidates(text: PromptText | None, span: int, start: int, end: int,
                         device: torch.device) -> torch.Tensor | None:
     """[end - start] bool: which candidate tokens [start, end) repeat earlier text (cache slot = prompt position:
-    methods that never compact their cache); None when off (span 0) or when the caller has no prompt ids (the
-    transformers integration)."""
+    methods that never compact their cache); None when off (span 0) or when the caller has no prompt ids (a
+    transformers forward from inputs_embeds)."""
     if span == 0 or text is None:
         return None
     if end <= start:  # no candidates: a prompt that ends inside the sink and stream

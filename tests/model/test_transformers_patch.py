@@ -58,6 +58,32 @@ def test_patched_transformers_greedy_equals_engine(tiny_llama, method):
     assert model.config._attn_implementation != "infinitehip"  # the patch is gone
 
 
+
+def test_patch_hands_the_prompt_to_the_repeated_text_settings(tiny_llama, monkeypatch):
+    """A prompt that repeats a passage: the patched model's InfiniteHiP gets the prompt's ids at its last chunk (the
+    pruning stages' and the question vote's repeat masks are made, as in the engine), so its greedy tokens equal the
+    engine's; a forward from inputs_embeds has no ids and makes no mask."""
+    from infinitehip.attention.infinitehip import method as ih_method
+
+    seen = []
+    inner = ih_method.prompt_novel
+    monkeypatch.setattr(ih_method, "prompt_novel", lambda seq, *a: seen.append(seq.text) or inner(seq, *a))
+    model, path = tiny_llama
+    passage = torch.randint(0, 512, (240,), generator=torch.Generator().manual_seed(5)).tolist()
+    ids = (passage * 3)[:700]
+    config = InfiniteHiPConfig(**{**SMALL["infinitehip"].__dict__, "repeat_span": 16, "hierarchy_repeat_span": 16})
+    ours = _engine_tokens(path, "infinitehip", config, ids, 12, chunk=256)
+    seen.clear()
+    with torch.no_grad(), infinitehip.patch(model, method="infinitehip", method_config=config, prefill_chunk_size=256,
+                                                    max_context_tokens=4096):
+        out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
+        assert out[0, 700:].tolist() == ours
+        texts = [t for t in seen if t is not None]
+        assert texts and all(list(t.ids) == ids for t in texts)  # the whole prompt, at its last chunk only
+        seen.clear()
+        model(inputs_embeds=model.get_input_embeddings()(torch.tensor([ids[:300]])))
+        assert seen and all(t is None for t in seen)
+
 def test_patch_logits_equal_unpatched_for_dense(tiny_llama):
     model, _ = tiny_llama
     ids = torch.randint(0, 512, (1, 200), generator=torch.Generator().manual_seed(4))

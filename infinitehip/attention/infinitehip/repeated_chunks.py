@@ -27,7 +27,7 @@ def novel_chunks(repeated: torch.Tensor, chunk_size: int) -> torch.Tensor:
 def prompt_novel(seq, config, device: torch.device) -> torch.Tensor | None:
     """The prompt's stage-1 chunks holding text that repeats no earlier text [N] bool: made in the chunk that ends
     the prompt (seq.ends_prompt) by its first layer and kept in the method's state for decode; None when off
-    (span 0), elsewhere, or without the prompt's ids (the transformers integration)."""
+    (span 0), elsewhere, or without the prompt's ids (a transformers forward from inputs_embeds)."""
     if not seq.ends_prompt:
         return None
     state = seq.state

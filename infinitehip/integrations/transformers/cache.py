@@ -18,6 +18,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from infinitehip.attention.base import ChunkHooks, ForwardBatch, SequenceSlice
 from infinitehip.attention.hybrid import LayerRouter
+from infinitehip.attention.repeated_text import PromptText
 from infinitehip.attention.sliding_window import SlidingWindowAttention
 from infinitehip.kv.paged_cache import PagedKVCache
 
@@ -58,6 +59,10 @@ class MethodCache(Cache):
         self.rows: list[dict] = []  # per batch row: seq_id, pages, num_cached, num_computed, state
         self.prompt_len: int | None = None  # set by the patched generate: which prefill chunk ends the prompt
         self.batch: ForwardBatch | None = None  # the current forward's batch, built at its first layer
+        # The token ids [B, T] of the forward being run (set by the patched forward; None: inputs_embeds). Each row
+        # keeps its ids so far, so the chunk that ends the prompt hands the whole prompt to the methods
+        # (SequenceSlice.text: the repeated-text settings read it), as the engine does.
+        self.step_ids: torch.Tensor | None = None
         # The per-layer callable: the method, or for hybrid models (Gemma 3) a router with this cache's own ring
         # buffers for the sliding-window layers (one row per batch row).
         self.attention = session.method
@@ -90,7 +95,7 @@ class MethodCache(Cache):
             self.kv = PagedKVCache(mc.num_layers, batch_size * 4, self.page_size, mc.num_kv_heads, mc.head_dim,
                                    like.dtype, like.device)
             self._next_page = 0
-            self.rows = [dict(seq_id=next(_seq_ids), pages=[], num_cached=0, num_computed=0,
+            self.rows = [dict(seq_id=next(_seq_ids), pages=[], num_cached=0, num_computed=0, ids=[],
                               state=self.session.method.new_state()) for _ in range(batch_size)]
             full = self.session.model_config
             if full.sliding_layers:
@@ -133,10 +138,20 @@ class MethodCache(Cache):
             slices.append(SequenceSlice(
                 seq_id=row["seq_id"], query_start=b * num_tokens, num_queries=num_tokens, start_pos=row["num_cached"],
                 token_start=row["num_computed"], page_table=table, cache=self.kv, state=row["state"],
-                is_prefill=not decode, ends_prompt=ends_prompt))
+                is_prefill=not decode, ends_prompt=ends_prompt, text=self._prompt_text(row, b, ends_prompt)))
         self.session.rope.ensure(max(r["num_cached"] for r in self.rows) + num_tokens)
         self.batch = ForwardBatch(slices, self.kv, self.session.rope, batch_size * num_tokens)
         return self.batch
+
+    def _prompt_text(self, row: dict, b: int, ends_prompt: bool) -> PromptText | None:
+        """Keep row b's ids of this forward; at the prompt's last chunk, the prompt's ids (None once a forward
+        came without ids: the text is unknown)."""
+        if row["ids"] is not None:
+            row["ids"] = None if self.step_ids is None else row["ids"] + [self.step_ids[b]]
+        if not ends_prompt or row["ids"] is None:
+            return None
+        row["ids"] = [torch.cat(row["ids"])]  # one tensor from here on
+        return PromptText(row["ids"][0].tolist())
 
     def end_step(self) -> None:
         """After the model's forward: count the tokens, let the method compact (streaming) via after_forward."""

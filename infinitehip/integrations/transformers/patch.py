@@ -132,6 +132,8 @@ def _forward(original, session: PatchSession, *args, **kwargs):
             raise ValueError(f"a {type(cache).__name__} holding tokens cannot continue under infinitehip.patch")
         cache = session.new_cache()
     kwargs[session.cache_kwarg] = cache
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    cache.step_ids = ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
     session.active_cache = cache
     try:
         out = original(*args, **kwargs)
