@@ -63,8 +63,9 @@ class InfiniteHiPConfig:
     question_window: int = 9  # odd width over which the question's votes are averaged and spread
     # The question's vote skips text that repeats earlier prompt text (attention/repeated_text.py): inside a window of
     # repeat_span tokens seen before, a token gets no vote, so the budget holds one copy of a repeated passage; a
-    # chunk whose every token repeats is never kept (repetitive filler leaves budget unused).
-    repeat_span: int = 0
+    # chunk whose every token repeats is never kept (repetitive filler leaves budget unused). The default since
+    # 2026-11-27 (with hierarchy_repeat_span): chosen on seeds 0-1, it read every held-out cell at least as well.
+    repeat_span: int = 32
     # The pruning stages leave repeated text out (attention/repeated_text.py; not in the paper): at the prompt's last
     # chunk and in decode, a stage-1 chunk whose every token lies in a window of hierarchy_repeat_span tokens seen
     # earlier in the prompt is no candidate, so the answer attends one copy of a repeated passage, not one per copy
@@ -75,7 +76,7 @@ class InfiniteHiPConfig:
     # them apart, as settings a user of the method does not need. Allowed values of the choice-like fields.
     STUDY_FIELDS: ClassVar[tuple[str, ...]] = (
         "early_layers", "early_last_keep_tokens", "early_pruning_rope", "late_pruning_rope", "attention_rope", "impl",
-        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window", "repeat_span")
+        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "early_pruning_rope": PRUNING_ROPE_STYLES, "late_pruning_rope": PRUNING_ROPE_STYLES,
         "attention_rope": ATTENTION_ROPE_STYLES, "impl": IMPLS, "representative": REPRESENTATIVES,
@@ -157,7 +158,8 @@ class InfiniteHiPConfig:
         return self.early_pruning_rope if layer < self.early_layers else self.late_pruning_rope
 
 
-_PAPER_3K = dict(chunk_sizes=(256, 32, 8), refresh_intervals=(16, 8, 4), question_tokens=0, hierarchy_repeat_span=0)
+_PAPER_3K = dict(chunk_sizes=(256, 32, 8), refresh_intervals=(16, 8, 4), question_tokens=0, repeat_span=0,
+                 hierarchy_repeat_span=0)
 _PAPER_5K = dict(_PAPER_3K, chunk_sizes=(64, 32, 16), keep_tokens=(32768, 16384, 4096), early_last_keep_tokens=4096)
 # `default`: the field defaults (best on the real-text suite). `3k`, `5k`: the paper's settings (Appendix F);
 # `paper-3k` / `paper-5k` name them as such. `3k-fast` / `3k-flash`: the paper's 3k with longer mask refresh
