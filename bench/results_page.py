@@ -17,6 +17,7 @@ from pathlib import Path
 
 from results_common import D26, D27, RESULTS, ROOT, cell, length_label, passkey_rows
 from results_hierarchy_repeat import HREP, hierarchy_repeat_markdown
+from results_question_repeat import QREP, question_repeat_markdown, seed_passkey
 from results_plots import memory_markdown
 from results_repeats import repeat_span_markdown
 from results_infinitehip import infinitehip_question_markdown
@@ -211,20 +212,25 @@ def precision_markdown() -> str:
 
 def passkey_markdown() -> str:
     """The SmolLM2 passkey sweep with the default (the regression check of accuracy and speed work)."""
-    runs = [("default (`hierarchy_repeat_span` 32), 2026-11-27", HREP, "passkey_ih_hrep32"),
-            ("the default before (`hierarchy_repeat_span` 0), 2026-11-27", D27 + "gpu_repeat_check/",
+    runs = [("default (`repeat_span` 32), 2026-11-27", HREP, "passkey_ih_hrep32_rs32"),
+            ("the default before (`repeat_span` 0), 2026-11-27", HREP, "passkey_ih_hrep32"),
+            ("the default before that (`hierarchy_repeat_span` 0), 2026-11-27", D27 + "gpu_repeat_check/",
              "passkey_ih_default")]
     tables = [(label, passkey_rows(folder, stem)) for label, folder, stem in runs]
     if not tables[0][1]:
         return ""
     lengths = sorted({r["length"] for r in tables[0][1]})
+    ours = tables[0][1] + seed_passkey(QREP, "passkey_ih_rs32", 2)
+    paper = sum((seed_passkey(QREP, "passkey_ih_3k", s) for s in (0, 1, 2)), [])
+    old = seed_passkey(QREP, "passkey_ih_3k_c16", 0)
     lines = ["## Passkey, SmolLM2-135M (the embedded model), infinitehip", "",
              "Device: NVIDIA H100 80GB, bf16. Depths 10/30/50/70/90%, one pass key each, seeds 0-1 (`python -m bench "
              "accuracy --model smol.gguf --method infinitehip --lengths 65536 131072 262144 524288 1048576`, and "
-             "`--seed 1`; the before: `--method-config '{\"hierarchy_repeat_span\": 0}'`, as the default of its day). "
-             "Before question-time selection (2026-11-24, the paper's `3k`) seed 0 read 25/25; the one prompt it "
-             "costs today (64K, depth 50%) is a reading miss: the needle is attended in 29 of 30 layers and the model "
-             "answers \"99999\" (the question-time settings section).", "",
+             "`--seed 1`; the befores with `--method-config '{\"repeat_span\": 0}'` and "
+             "`'{\"repeat_span\": 0, \"hierarchy_repeat_span\": 0}'`, each as the default of its run). Held-out seed "
+             "2 and the paper's settings at the same code: the section on the question's vote above (the default "
+             f"{cell(ours)} over seeds 0-2, paper `3k` {cell(paper)}). The 2026-11-24 sweep's seed-0 25/25 (`3k`, "
+             f"16-token final chunks) reads {cell(old)} at today's code with its own setting.", "",
              "| row | " + " | ".join(length_label(n) for n in lengths) + " | all |",
              "| --- |" + " :-: |" * (len(lengths) + 1)]
     for label, rows in tables:
@@ -267,6 +273,7 @@ def main() -> None:
             parts.append("![accuracy vs context](results/accuracy_vs_context.png)\n")
     parts.append(repetition_markdown())
     parts.append(hierarchy_repeat_markdown())
+    parts.append(question_repeat_markdown())
     parts.append(repeat_span_markdown())
     parts.append(reading_markdown())
     parts.append(tokenselect_pool_markdown())

