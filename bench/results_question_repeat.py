@@ -1,5 +1,5 @@
 """The question's vote leaves repeated text out too (`repeat_span` 32 on top of `hierarchy_repeat_span`), infinitehip's
-default since the evening of 2026-11-27: the screen on seeds 0-1, the held-out cells, the cells re-run with it, and
+default since later on 2026-11-27: the screen on seeds 0-1, the held-out cells, the cells re-run with it, and
 the passkey at one code of the paper's settings beside the defaults."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from results_tables import GEMMA, SOTU, file_rows
 HREP = D27 + "gpu_hierarchy_repeat/"  # the screen on seeds 0-1 and the default before, per prompt
 QREP = D27 + "gpu_question_repeat/"  # held out and re-run with the new default (code of commit e447cc5)
 SOTU_SHORT = D27 + "gpu_sotu_short/"
-SOTU_CMD = GEMMA.replace("--haystacks essays", "--haystacks sotu")
 
 
 def seed_passkey(folder: str, stem: str, seed: int) -> list[dict]:
@@ -88,13 +87,13 @@ def _passkey_lines() -> list[str]:
         ("`3k` with 16-token final chunks (the 2026-11-24 sweep's setting: `--preset 3k --chunk-sizes 256 32 16`)",
          {s: (QREP, "passkey_ih_3k_c16") for s in (0, 1)}),
         ("the default before (`repeat_span` 0)", {0: (HREP, "passkey_ih_hrep32"), 1: (HREP, "passkey_ih_hrep32"),
-                                                     2: (QREP, "passkey_ih_default")}),
+                                                  2: (QREP, "passkey_ih_default")}),
         ("default (`repeat_span` 32)", {0: (HREP, "passkey_ih_hrep32_rs32"), 1: (HREP, "passkey_ih_hrep32_rs32"),
                                         2: (QREP, "passkey_ih_rs32")}),
     ]
     lines = ["", f"The passkey on the embedded SmolLM2-135M at one code (`{PASSKEY} --seed 0`, and 1, 2, with each "
-             "row's preset or config; H100, the defaults' seeds 0-1 in the screen's plan, everything else in the later one's, "
-             "code of commit 65a20ed):", "",
+             "row's preset or config; H100, the defaults' seeds 0-1 in the screen's plan, everything else in the "
+             "later one's, code of commit 65a20ed):", "",
              "| setting | seed 0 | seed 1 | seed 2 | seeds 0-1 | all |", "| --- | :-: | :-: | :-: | :-: | :-: |"]
     for label, files in settings:
         per_seed = {seed: seed_passkey(folder, stem, seed) for seed, (folder, stem) in files.items()}
@@ -106,8 +105,9 @@ def _passkey_lines() -> list[str]:
     misses = ", ".join(f"{length_label(r['length'])} depth {round(100 * r['depth'])}% \"{r['output'].split()[-1]}\""
                        for r in c16 if not r["correct"])
     lines += ["", "The 2026-11-24 sweep read seed 0 25/25 with `3k` and 16-token final chunks; the same setting at "
-              f"today's code reads it {cell(c16)} (misses: {misses}): the same prompts and preset, so what changed is the code since (the landmark saliency's window sums, the decode kernels; that day's code was not re-run), and "
-              "SmolLM2 misreads a pass key's digits at near-ties (\"99999\", \"5212345\"). The 64K depth-50% prompt "
+              f"today's code reads it {cell(c16)} (misses: {misses}): the same prompts and preset, so what changed "
+              "is the code since (the landmark saliency's window sums, the decode kernels; that day's code was not "
+              "re-run), and SmolLM2 misreads a pass key's digits at near-ties (\"99999\", \"5212345\"). The 64K depth-50% prompt "
               "the default before missed is among them, in a setting without question-time selection: that miss is not "
               "the selection's cost (the question-time settings section below read it so from a CPU trace, where the "
               "answer's first digit is a near-tie). On one code the default reads more pass keys than either paper "

@@ -146,8 +146,10 @@ class MethodCache(Cache):
     def _prompt_text(self, row: dict, b: int, ends_prompt: bool) -> PromptText | None:
         """Keep row b's ids of this forward; at the prompt's last chunk, the prompt's ids (None once a forward
         came without ids: the text is unknown)."""
-        if row["ids"] is not None:
-            row["ids"] = None if self.step_ids is None else row["ids"] + [self.step_ids[b]]
+        if self.step_ids is None:
+            row["ids"] = None
+        elif row["ids"] is not None:
+            row["ids"].append(self.step_ids[b])
         if not ends_prompt or row["ids"] is None:
             return None
         row["ids"] = [torch.cat(row["ids"])]  # one tensor from here on
