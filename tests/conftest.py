@@ -258,11 +258,11 @@ def generate_greedy(engine, ids, max_tokens, trace=None):
     return seq
 
 
-def engine_for_dir(path, tokenizer=None, method_config=None, offload=None, **config) -> LLMEngine:
+def engine_for_dir(path, tokenizer=None, method_config=None, offload=None, device: str = "cpu", **config) -> LLMEngine:
     model_config = ModelConfig.from_dir(path)
-    model = empty_model(model_config, torch.device("cpu"), torch.float32)
+    model = empty_model(model_config, torch.device(device), torch.float32)
     load_weights_from_dir(model, path)
-    cfg = EngineConfig(device="cpu", dtype="float32", show_progress=False, method_config=method_config, offload=offload,
+    cfg = EngineConfig(device=device, dtype="float32", show_progress=False, method_config=method_config, offload=offload,
                        **config)
     return LLMEngine(cfg, LoadedModel(model_config, model, tokenizer, "test", path))
 

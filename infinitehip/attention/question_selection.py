@@ -22,14 +22,19 @@ from infinitehip.attention.question_vote import summed_soft_vote
 from infinitehip.model.rope import apply_rotary
 
 
-def window_scores(votes: torch.Tensor, window: int) -> torch.Tensor:
+def window_scores(votes: torch.Tensor, window: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """votes [N] fp32 -> [N]: the mean over a centred window (zeros past the ends), then its max over the same
-    window, so every token of a top window scores that window's mean."""
+    window, so every token of a top window scores that window's mean. valid [1] (a device count, votes past it 0):
+    the scores of the first `valid` are those of votes[:valid] alone, the rest -inf."""
+    past = None if valid is None else torch.arange(votes.numel(), device=votes.device) >= valid
     if window == 1:
-        return votes
+        return votes if past is None else votes.masked_fill(past, float("-inf"))
     x = votes[None, None]
     mean = F.avg_pool1d(x, window, stride=1, padding=window // 2, count_include_pad=True)
-    return F.max_pool1d(mean, window, stride=1, padding=window // 2)[0, 0]
+    if past is not None:  # max_pool pads with -inf past the end: so must the means past the valid count
+        mean = mean.masked_fill(past, float("-inf"))
+    out = F.max_pool1d(mean, window, stride=1, padding=window // 2)[0, 0]
+    return out if past is None else out.masked_fill(past, float("-inf"))
 
 
 # (start, end) -> keys [end - start, Hkv, d] of token positions [start, end) of one sequence and layer, as cached
@@ -66,7 +71,8 @@ def streamed_votes(q_rot: torch.Tensor, read_keys: KeyReader, start: int, count:
 
 def question_scores(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: torch.Tensor, page_size: int, sink: int,
                     limit: int, window: int, distance: int, rope, impl: str,
-                    read_keys: KeyReader | None = None, reduce=None, repeated: torch.Tensor | None = None) -> torch.Tensor:
+                    read_keys: KeyReader | None = None, reduce=None, repeated: torch.Tensor | None = None,
+                    valid_limit: torch.Tensor | None = None) -> torch.Tensor:
     """q [n, H, d] pre-RoPE question queries; candidates [sink, limit) of one sequence -> window scores [limit - sink].
 
     Every query is rotated by `distance` and keys are read as cached (TokenSelect's position-free scoring); the
@@ -75,18 +81,24 @@ def question_scores(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: to
     Keys come from the paged cache (k_flat, page_table) or, for an offloaded cache, from `read_keys`.
     reduce(votes, "sum"): tensor parallelism, the votes of every rank's heads (`AttentionMethod.reduce_heads`).
     repeated [limit - sink] bool (repeated_text.py): candidates whose text repeats earlier text get no vote, so the
-    budget takes the first copy of a repeated passage only (its window scores, spread from the first copy, stay)."""
+    budget takes the first copy of a repeated passage only (its window scores, spread from the first copy, stay).
+    valid_limit [1] (a device value <= limit, for a CUDA graph's static shapes; resident keys only): the candidates
+    are [sink, valid_limit), scored as with limit = valid_limit; the rest of the bound scores -inf."""
     count = limit - sink
+    valid = None if valid_limit is None else valid_limit - sink
+    if valid is not None and read_keys is not None:
+        raise ValueError("a device candidate count needs resident keys")
     rope.ensure(distance + 1)
     q_rot = apply_rotary(q.float(), rope.cos[distance], rope.sin[distance]).contiguous()
     reduce = reduce or (lambda votes, op: votes)
     if read_keys is not None:
         votes = reduce(streamed_votes(q_rot, read_keys, sink, count), "sum")
     else:
-        votes = reduce(summed_soft_vote(q_rot, k_flat, page_table, page_size, sink, count, 1.0, impl=impl), "sum")
+        votes = reduce(summed_soft_vote(q_rot, k_flat, page_table, page_size, sink, count, 1.0, impl=impl,
+                                        valid=valid), "sum")
     if repeated is not None:
         votes = votes.masked_fill(repeated, 0.0)
-    return window_scores(votes, window)
+    return window_scores(votes, window, valid)
 
 
 def force_scores(scores: torch.Tensor, forced: torch.Tensor | None, sink: int, limit: int) -> torch.Tensor:
@@ -114,11 +126,15 @@ def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: to
                     limit: int, num_chunks: int, chunk_size: int, window: int, distance: int, rope, impl: str,
                     forced: torch.Tensor | None = None,
                     read_keys: KeyReader | None = None, reduce=None,
-                    repeated: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    repeated: torch.Tensor | None = None,
+                    valid_limit: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The question-time selection as num_chunks chunks of the grid sink + chunk_size * j (InfiniteHiP's final
     stage grid), each scored by its best token -> (starts [num_chunks], lens [num_chunks]) in position order,
     unused entries last with length 0. repeated (question_scores): a chunk whose every token repeats earlier text is
-    never kept, so repetitive text (a passkey's filler) leaves budget unused rather than fill it with copies."""
+    never kept, so repetitive text (a passkey's filler) leaves budget unused rather than fill it with copies.
+    valid_limit (question_scores): limit is a host bound, the candidates end at this device value; no host sync.
+    The same chunks as with limit = valid_limit where that leaves more than num_chunks of them (the caller's
+    check): past it every chunk scores -inf."""
     device = q.device
     total = max(0, -(-(limit - sink) // chunk_size))
     kept = None
@@ -126,7 +142,7 @@ def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: to
         idx = torch.arange(total, device=device)
     else:
         scores = question_scores(q, k_flat, page_table, page_size, sink, limit, window, distance, rope, impl,
-                                 read_keys, reduce, repeated)
+                                 read_keys, reduce, repeated, valid_limit)
         scores = force_scores(scores, forced, sink, limit)
         tail = total * chunk_size - scores.numel()  # the last chunk's missing tokens
         best = F.pad(scores, (0, tail), value=float("-inf")).view(total, chunk_size).amax(1)  # [total]
@@ -137,7 +153,7 @@ def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: to
         order = torch.where(top.values > float("-inf"), top.indices, total).argsort()
         idx, kept = top.indices[order], (top.values > float("-inf"))[order]
     starts = sink + chunk_size * idx
-    lens = (limit - starts).clamp(min=0, max=chunk_size)
+    lens = ((limit if valid_limit is None else valid_limit) - starts).clamp(min=0, max=chunk_size)
     if kept is not None:  # all True unless repeated text was left out
         lens = torch.where(kept, lens, 0)
     starts = torch.where(lens > 0, starts, 0)

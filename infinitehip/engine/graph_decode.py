@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.graph_recorders import ClosureRecorder, CudaGraphRecorder
 from infinitehip.kv.paged_cache import PagedKVCache
 from infinitehip.model.loading import Decoder
 from infinitehip.model.rope import RotaryEmbedding
@@ -30,37 +31,6 @@ def capacity_bucket(context_len: int, min_bucket: int, max_bucket: int) -> int:
     """Smallest power of two >= context_len (and >= min_bucket), capped at max_bucket."""
     bucket = max(min_bucket, 1 << max(0, context_len - 1).bit_length())
     return min(bucket, max_bucket)
-
-
-class CudaGraphRecorder:
-    """Captures a step function into a CUDA graph; replay() re-launches it and returns its output buffer."""
-
-    def __init__(self, pool):
-        self.pool, self.graph, self.out = pool, None, None
-
-    def capture(self, fn: Callable[[], torch.Tensor]) -> None:
-        torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=self.pool):
-            self.out = fn()
-
-    def replay(self) -> torch.Tensor:
-        self.graph.replay()
-        return self.out
-
-
-class ClosureRecorder:
-    """CPU stand-in with a graph's semantics for tests: replay() re-runs the closure built at capture time, so
-    any host value captured then (positions, page-table sizes, refresh pattern) is reused, as a graph would."""
-
-    def __init__(self, pool=None):
-        self.fn = None
-
-    def capture(self, fn: Callable[[], torch.Tensor]) -> None:
-        self.fn = fn
-
-    def replay(self) -> torch.Tensor:
-        return self.fn()
 
 
 @dataclass

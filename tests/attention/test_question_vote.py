@@ -54,3 +54,18 @@ def test_reference_equals_per_row_soft_vote_summed():
     rows = soft_vote(q, k_flat, table[None].expand(n, -1), page_size, torch.full((n,), start), torch.full((n,), count),
                      count, 0.5, impl="reference")
     torch.testing.assert_close(ref, rows.sum(0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+@pytest.mark.parametrize("valid", [1, 64, 200, 300])
+def test_a_device_count_votes_as_the_shorter_count(impl, valid):
+    """valid (a device tensor, for a static bound in a CUDA graph): the first `valid` candidates vote as with count =
+    valid, the rest of the bound get 0; tiles wholly past it (valid 1, 64) hold no candidate."""
+    q, k_flat, table, page_size = _inputs(6, 6, 2, 32, torch.float32, seed=valid)
+    start, bound = 17, 300
+    ours = summed_soft_vote(q, k_flat, table, page_size, start, bound, 1.0, impl=impl,
+                            valid=torch.tensor([valid], device=DEVICE))
+    ref = summed_soft_vote(q, k_flat, table, page_size, start, valid, 1.0, impl="reference")
+    assert ours.shape == (bound,)
+    torch.testing.assert_close(ours[:valid], ref, **TOL[torch.float32])
+    assert not ours[valid:].any()

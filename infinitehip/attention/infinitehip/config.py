@@ -71,12 +71,17 @@ class InfiniteHiPConfig:
     # earlier in the prompt is no candidate, so the answer attends one copy of a repeated passage, not one per copy
     # (each copy would add its attention mass again). Text that never repeats is selected as without it. 0 = off.
     hierarchy_repeat_span: int = 32
+    # A short chunk that ends the prompt (<= one query block, holding the question's queries: a question after a
+    # cached document) runs with static shapes, each layer replayed from a CUDA graph per chunk start
+    # (short_chunk.py); off until measured on a GPU. On the CPU the same static path runs eagerly.
+    short_chunk_graphs: bool = False
 
     # Knobs of the studies in docs/ (RoPE styles, representatives, head aggregation, kernels): --help-all lists
     # them apart, as settings a user of the method does not need. Allowed values of the choice-like fields.
     STUDY_FIELDS: ClassVar[tuple[str, ...]] = (
         "early_layers", "early_last_keep_tokens", "early_pruning_rope", "late_pruning_rope", "attention_rope", "impl",
-        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window")
+        "representative", "landmark_window", "head_aggregation", "dense_when_unpruned", "question_window",
+        "short_chunk_graphs")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "early_pruning_rope": PRUNING_ROPE_STYLES, "late_pruning_rope": PRUNING_ROPE_STYLES,
         "attention_rope": ATTENTION_ROPE_STYLES, "impl": IMPLS, "representative": REPRESENTATIVES,

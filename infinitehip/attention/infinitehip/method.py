@@ -35,6 +35,7 @@ from infinitehip.attention.infinitehip.repeated_chunks import decode_novel, prom
 from infinitehip.attention.chunk_merge import merge_chunks
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.infinitehip.saliency import KeySaliency
+from infinitehip.attention.infinitehip.short_chunk_graphs import ShortChunkGraphs, prefill_short_chunk
 from infinitehip.attention.question_selection import question_chunks
 from infinitehip.attention.repeated_text import repeated_candidates
 from infinitehip.attention.sparse import sparse_attention_decode, sparse_attention_prefill
@@ -86,6 +87,7 @@ class InfiniteHiPAttention(AttentionMethod):
         self.trained_len = model_config.max_position_embeddings
         self.sm_scale = model_config.head_dim ** -0.5
         self.saliency = KeySaliency(self.config.landmark_window) if self.config.representative == "landmark" else None
+        self.short_graphs = ShortChunkGraphs()
 
     def default_max_context_tokens(self) -> int:
         return 1 << 17
@@ -181,6 +183,9 @@ class InfiniteHiPAttention(AttentionMethod):
     @phase("prefill attention (all)")
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
+        short = prefill_short_chunk(self, layer, q, seq, batch)  # a question after a cached document: CUDA graphs
+        if short is not None:
+            return short
         staged = stage_prefill_layer(seq.cache, layer, seq.page_table, seq.context_len)  # offloaded: one GPU copy
         self._update_saliency(layer, q, seq, batch, staged)
         question = self._question_prefill(layer, q, seq, batch, staged)

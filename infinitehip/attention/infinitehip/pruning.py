@@ -99,13 +99,17 @@ def subdivide(parent: StageOutput, chunk_size: int, limit: torch.Tensor) -> tupl
     return starts, lens
 
 
-def keep_top_chunks(starts: torch.Tensor, lens: torch.Tensor, scores: torch.Tensor | None, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the `keep` best-scoring chunks, sorted by position, padding last."""
+def keep_top_chunks(starts: torch.Tensor, lens: torch.Tensor, scores: torch.Tensor | None, keep: int,
+                    static: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the `keep` best-scoring chunks, sorted by position, padding last; cut to the widest block's count, or
+    (static) kept at min(keep, N) columns without reading the counts back (a CUDA graph's fixed shapes)."""
     if scores is not None and starts.shape[1] > keep:
         idx = torch.topk(scores, keep, dim=1).indices
         starts, lens = starts.gather(1, idx), lens.gather(1, idx)
     order = torch.argsort(torch.where(lens > 0, starts, torch.iinfo(torch.int64).max), dim=1)
     starts, lens = starts.gather(1, order), lens.gather(1, order)
+    if static:
+        return starts, lens
     width = int((lens > 0).sum(1).max()) if lens.numel() else 0
     return starts[:, :width], lens[:, :width]
 
@@ -168,7 +172,7 @@ def run_stage(
     spec: StageSpec, blocks: QueryBlocks, parent: StageOutput | None, k_flat: torch.Tensor, page_table: torch.Tensor,
     page_size: int, sink: int, stream: int, rope, context_len: int, trained_len: int, impl: str,
     saliency: tuple[KeySaliency, int] | None = None, rep_keys=None, forced_tokens: torch.Tensor | None = None,
-    reduce=None, novel: torch.Tensor | None = None,
+    reduce=None, novel: torch.Tensor | None = None, limit_bound: int | None = None,
 ) -> StageOutput:
     """One pruning stage for all query blocks (parent None: the first stage, all chunks of [sink, limit)).
 
@@ -177,17 +181,22 @@ def run_stage(
     representatives are scored through the mask bank, in groups of chunks that fit it.
     forced_tokens (oracle diagnostics): chunks holding these tokens are kept first.
     novel [>= stage-1 chunks] bool (first stage only): False leaves the chunk out (repeated text,
-    repeated_chunks.py)."""
+    repeated_chunks.py).
+    limit_bound: static shapes, no host sync (short_chunk.py's CUDA graph): the host bound of the blocks' limits
+    sizes the candidates, which are scored whenever their static width exceeds the keep (the same chunks survive:
+    the empty ones score -inf) and kept at a fixed width."""
     limit = sparse_limit(blocks.last_position, sink, stream)
+    static = limit_bound is not None
     if parent is None:
-        starts, lens = initial_chunks(limit, sink, spec.chunk_size, host_limit(blocks.last, sink, stream))
+        bound = limit_bound if static else host_limit(blocks.last, sink, stream)
+        starts, lens = initial_chunks(limit, sink, spec.chunk_size, bound)
         if novel is not None:
             lens = torch.where(novel[None, : lens.shape[1]], lens, 0)
     else:
         starts, lens = subdivide(parent, spec.chunk_size, limit)
     keep = spec.keep_tokens // spec.chunk_size
     scores = None
-    most_chunks = int((lens > 0).sum(1).max()) if lens.numel() else 0
+    most_chunks = lens.shape[1] if static else int((lens > 0).sum(1).max()) if lens.numel() else 0
     if most_chunks > keep:
         pos = scoring_positions(spec.rope_style, blocks.positions, lens, stream, context_len, trained_len)
         rope.ensure(scoring_extent(spec.rope_style, lens.shape[1], stream, context_len, trained_len))
@@ -196,14 +205,15 @@ def run_stage(
                                   saliency, rep_keys, static_groups=False, reduce=reduce)
         if forced_tokens is not None:
             scores = force_chunks(scores, starts, lens, forced_tokens)
-    starts, lens = keep_top_chunks(starts, lens, scores, keep)
+    starts, lens = keep_top_chunks(starts, lens, scores, keep, static)
     return StageOutput(starts, lens, spec.chunk_size, spec.query_block_size, limit)
 
 
 def assemble_keys(final: StageOutput, last_position: torch.Tensor, window_start: torch.Tensor, sink: int,
-                  width: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  width: int, static: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Sorted key tokens of each block: sink + selected (below window_start) + window [window_start, e]; width: the
-    widest window, max(e + 1 - window_start) (`prefill_window_width`).
+    widest window, max(e + 1 - window_start) (`prefill_window_width`). The list is cut to the longest block's count,
+    or (static) kept at its full width without reading the counts back.
 
     -> (key_tokens [M, K] int64, padding rows point at token 0; key_counts [M] int64)
     """
@@ -221,5 +231,6 @@ def assemble_keys(final: StageOutput, last_position: torch.Tensor, window_start:
     big = torch.iinfo(torch.int64).max
     tokens = torch.where(ok, tokens, big).sort(dim=1).values
     counts = ok.sum(1)
-    tokens = tokens[:, : int(counts.max())]
+    if not static:
+        tokens = tokens[:, : int(counts.max())]
     return torch.where(tokens == big, 0, tokens), counts

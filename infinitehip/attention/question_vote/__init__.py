@@ -18,12 +18,14 @@ from infinitehip.attention.question_vote.reference import summed_soft_vote_refer
 
 
 def summed_soft_vote(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int, start: int,
-                     count: int, sm_scale: float, impl: str = "reference") -> torch.Tensor:
+                     count: int, sm_scale: float, impl: str = "reference",
+                     valid: torch.Tensor | None = None) -> torch.Tensor:
     """q_rot [n, H, d] rotated queries; candidates [start, start + count) of the sequence with page_table [P] in the
-    flat paged keys k_flat [S, Hkv, d] -> votes [count] fp32."""
+    flat paged keys k_flat [S, Hkv, d] -> votes [count] fp32. valid [1] int64 (1 <= valid <= count, on the device):
+    only candidates [start, start + valid) vote, the rest get 0, so count can be a static bound (a CUDA graph)."""
     fn = select_impl(impl, summed_soft_vote_reference, f"{__name__}.triton", "summed_soft_vote_triton",
                      "summed soft vote")
-    return fn(q_rot, k_flat, page_table, page_size, start, count, sm_scale)
+    return fn(q_rot, k_flat, page_table, page_size, start, count, sm_scale, valid)
 
 
 __all__ = ["summed_soft_vote"]

@@ -26,7 +26,8 @@ fix_interpreter_if_active()
 @triton.jit
 def _key_tile(K, PageTable, start, count, page_size, g, t, stride_ks, stride_kh,
               BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """-> (keys [BLOCK_N, BLOCK_D] of kv head g, candidate mask [BLOCK_N]) of tile t."""
+    """-> (keys [BLOCK_N, BLOCK_D] of kv head g, candidate mask [BLOCK_N]) of tile t (count: the candidates that
+    vote, `_valid_count`)."""
     offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < count
     tok = start + offs_n.to(tl.int64)
@@ -36,6 +37,14 @@ def _key_tile(K, PageTable, start, count, page_size, g, t, stride_ks, stride_kh,
     k = tl.load(K + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :],
                 mask=n_ok[:, None] & (offs_d < D)[None, :], other=0.0)
     return k, n_ok
+
+
+@triton.jit
+def _valid_count(count, Valid, HAS_VALID: tl.constexpr):
+    """The candidates that vote: count, or the device count Valid[0] (<= count) when given."""
+    if HAS_VALID:
+        return tl.minimum(count, tl.load(Valid).to(tl.int32))
+    return count
 
 
 @triton.jit
@@ -55,18 +64,19 @@ def _row_logits(Q, k, n_ok, g, rb, kv_group, rows, sm_scale, stride_qn, stride_q
 
 
 @triton.jit
-def _tile_stats_kernel(Q, K, PageTable, TileMax, TileSum, start, count, page_size, kv_group, rows, num_kv_heads,
-                       num_tiles, sm_scale, stride_qn, stride_qh, stride_ks, stride_kh,
+def _tile_stats_kernel(Q, K, PageTable, TileMax, TileSum, Valid, start, count, page_size, kv_group, rows,
+                       num_kv_heads, num_tiles, sm_scale, stride_qn, stride_qh, stride_ks, stride_kh,
                        D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, ROW_BLOCK: tl.constexpr,
-                       OP_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       OP_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_VALID: tl.constexpr):
     t = tl.program_id(0)
+    count = _valid_count(count, Valid, HAS_VALID)
     for g in range(num_kv_heads):
         k, n_ok = _key_tile(K, PageTable, start, count, page_size, g, t, stride_ks, stride_kh, BLOCK_D, BLOCK_N, D)
         for rb in range(0, rows, ROW_BLOCK):
             s, row, r_ok = _row_logits(Q, k, n_ok, g, rb, kv_group, rows, sm_scale, stride_qn, stride_qh, D, BLOCK_D,
                                        ROW_BLOCK, OP_DTYPE, DOT_PRECISION)
-            m = tl.max(s, axis=1)  # -inf only for padded rows: every tile holds a candidate
-            m_safe = tl.where(r_ok, m, 0.0)
+            m = tl.max(s, axis=1)  # -inf for padded rows, and in a tile past the valid candidates
+            m_safe = tl.where(r_ok & (m > float("-inf")), m, 0.0)
             l = tl.sum(tl.exp(s - m_safe[:, None]), axis=1)
             stat = (g * rows + row).to(tl.int64) * num_tiles + t
             tl.store(TileMax + stat, m, mask=r_ok)
@@ -74,14 +84,15 @@ def _tile_stats_kernel(Q, K, PageTable, TileMax, TileSum, start, count, page_siz
 
 
 @triton.jit
-def _votes_kernel(Q, K, PageTable, Lse, Votes, start, count, page_size, kv_group, rows, num_kv_heads, sm_scale,
+def _votes_kernel(Q, K, PageTable, Lse, Votes, Valid, start, count, page_size, kv_group, rows, num_kv_heads, sm_scale,
                   stride_qn, stride_qh, stride_ks, stride_kh,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, ROW_BLOCK: tl.constexpr,
-                  OP_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  OP_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_VALID: tl.constexpr):
     t = tl.program_id(0)
     acc = tl.zeros((BLOCK_N,), tl.float32)
+    voting = _valid_count(count, Valid, HAS_VALID)  # the rest of the count are stored as 0
     for g in range(num_kv_heads):
-        k, n_ok = _key_tile(K, PageTable, start, count, page_size, g, t, stride_ks, stride_kh, BLOCK_D, BLOCK_N, D)
+        k, n_ok = _key_tile(K, PageTable, start, voting, page_size, g, t, stride_ks, stride_kh, BLOCK_D, BLOCK_N, D)
         for rb in range(0, rows, ROW_BLOCK):
             s, row, r_ok = _row_logits(Q, k, n_ok, g, rb, kv_group, rows, sm_scale, stride_qn, stride_qh, D, BLOCK_D,
                                        ROW_BLOCK, OP_DTYPE, DOT_PRECISION)
@@ -92,7 +103,7 @@ def _votes_kernel(Q, K, PageTable, Lse, Votes, start, count, page_size, kv_group
 
 
 def summed_soft_vote_triton(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int,
-                            start: int, count: int, sm_scale: float) -> torch.Tensor:
+                            start: int, count: int, sm_scale: float, valid: torch.Tensor | None = None) -> torch.Tensor:
     n, H, d = q_rot.shape
     Hkv = k_flat.shape[1]
     if H % Hkv or k_flat.shape[2] != d:
@@ -106,16 +117,17 @@ def summed_soft_vote_triton(q_rot: torch.Tensor, k_flat: torch.Tensor, page_tabl
     group, rows, tiles = H // Hkv, n * (H // Hkv), triton.cdiv(count, BLOCK_N)
     op_dtype = _OP_DTYPES.get(k_flat.dtype, tl.float32)
     meta = dict(D=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=BLOCK_N, ROW_BLOCK=ROW_BLOCK,
-                OP_DTYPE=op_dtype, DOT_PRECISION="ieee" if op_dtype == tl.float32 else "tf32")
+                OP_DTYPE=op_dtype, DOT_PRECISION="ieee" if op_dtype == tl.float32 else "tf32", HAS_VALID=valid is not None)
+    valid_ptr = valid if valid is not None else page_table  # unread without HAS_VALID
     strides = (q.stride(0), q.stride(1), k_flat.stride(0), k_flat.stride(1))
     table = page_table.contiguous()
     tile_max = torch.empty((Hkv, rows, tiles), dtype=torch.float32, device=device)
     tile_sum = torch.empty_like(tile_max)
-    _tile_stats_kernel[(tiles,)](q, k_flat, table, tile_max, tile_sum, start, count, page_size, group, rows, Hkv, tiles,
-                                 sm_scale, *strides, **meta)
+    _tile_stats_kernel[(tiles,)](q, k_flat, table, tile_max, tile_sum, valid_ptr, start, count, page_size, group, rows,
+                                 Hkv, tiles, sm_scale, *strides, **meta)
     m = tile_max.amax(-1, keepdim=True)
     lse = (m + (tile_sum * torch.exp(tile_max - m)).sum(-1, keepdim=True).log()).squeeze(-1).contiguous()  # [Hkv, rows]
     votes = torch.empty(count, dtype=torch.float32, device=device)
-    _votes_kernel[(tiles,)](q, k_flat, table, lse, votes, start, count, page_size, group, rows, Hkv, sm_scale, *strides,
-                            **meta)
+    _votes_kernel[(tiles,)](q, k_flat, table, lse, votes, valid_ptr, start, count, page_size, group, rows, Hkv, sm_scale,
+                            *strides, **meta)
     return votes
