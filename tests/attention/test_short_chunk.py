@@ -132,7 +132,8 @@ def test_prefix_hit_through_the_short_chunk_equals_a_cold_run(tiny_dir):
     questions = [torch.randint(5, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (24, 12)]
     params = SamplingParams(temperature=0.0, max_tokens=8)
     engines = {caching: engine_for_dir(tiny_dir, method="infinitehip", prefill_chunk_size=256, max_context_tokens=2048,
-                                       enable_prefix_caching=caching, method_config=config) for caching in (True, False)}
+                                       enable_prefix_caching=caching, method_config=config)
+               for caching in (True, False)}
 
     def run(engine, ids):
         seq = engine.add_request(ids, params)
@@ -151,7 +152,8 @@ def _replay_check(tiny_dir, device: str, recorder=None):
     length replays. Its greedy tokens equal those of a fresh engine whose first question it is (the same work,
     eagerly), and every layer was captured once, under one shape."""
     doc = _prompt(1024, seed=6)
-    first, second = (torch.randint(5, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (30, 10))
+    first, second = (torch.randint(5, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+                     for n in (30, 10))
     params = SamplingParams(temperature=0.0, max_tokens=8)
     config = dataclasses.replace(CONFIG, short_chunk_graphs=True)
 

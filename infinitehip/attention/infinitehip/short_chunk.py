@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.chunk_merge import merge_chunks
-from infinitehip.attention.infinitehip.positions import attention_extent, attention_positions
+from infinitehip.attention.infinitehip.positions import attention_positions
 from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput, assemble_keys, host_limit,
                                                       prefill_window_width, run_stage, sparse_limit)
 from infinitehip.attention.question_selection import question_chunks
@@ -124,12 +124,6 @@ def short_chunk_attention(method, layer: int, x: ShortChunkInputs, chunk: ShortC
                                    key_tokens.int(), key_counts.int(), key_rope, positions.int(), query_rope, Q,
                                    rope.cos, rope.sin, method.sm_scale, impl=impl)
     return out, (q_starts, q_lens)
-
-
-def rope_extent(config, chunk: ShortChunk, key_width: int) -> int:
-    """The RoPE positions the chunk's work reads (ensured before a capture)."""
-    return max(chunk.last_bound + 1, config.stream_tokens + 2,
-               attention_extent(config.attention_rope, key_width, config.stream_tokens, chunk.last_bound + 1, 1))
 
 
 def padded(mask: torch.Tensor | None, width: int, value: bool) -> torch.Tensor | None:

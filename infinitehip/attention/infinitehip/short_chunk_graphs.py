@@ -73,9 +73,6 @@ class ShortChunkGraphs:
         shape.recorders[layer] = recorder
         return result
 
-    def clear(self) -> None:
-        self._shapes.clear()
-
 
 def prefill_short_chunk(method, layer: int, q: torch.Tensor, seq, batch) -> torch.Tensor | None:
     """InfiniteHiP's prefill of a short prompt-ending chunk with static shapes (config.short_chunk_graphs): CUDA
@@ -95,7 +92,10 @@ def prefill_short_chunk(method, layer: int, q: torch.Tensor, seq, batch) -> torc
     repeated = repeated_candidates(seq.text, c.repeat_span, c.sink_tokens, bound, q.device)
     stage1 = -(-(host_limit(chunk.last_bound, c.sink_tokens, c.stream_tokens) - c.sink_tokens) // c.chunk_sizes[0])
     pages = -(-(chunk.last_bound + 1) // seq.cache.page_size)
-    batch.rope.ensure(chunk.last_bound + 1)
+    # every RoPE position the work reads (positions, chunk ranks, key-list ranks) up front: a table grown inside the
+    # first run would move under the key
+    reach = c.sink_tokens + c.stream_tokens + c.keep_tokens[0] + c.question_keep_tokens
+    batch.rope.ensure(chunk.last_bound + 1 + reach)
     impl = method._impl(q)
 
     def make_inputs() -> ShortChunkInputs:
