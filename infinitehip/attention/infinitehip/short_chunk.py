@@ -26,6 +26,7 @@ from infinitehip.attention.infinitehip.pruning import (QueryBlocks, StageOutput,
                                                       prefill_window_width, run_stage, sparse_limit)
 from infinitehip.attention.question_selection import question_chunks
 from infinitehip.attention.sparse import sparse_attention_prefill
+from infinitehip.config.impl import resolve_impl
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ def short_chunk_attention(method, layer: int, x: ShortChunkInputs, chunk: ShortC
     # Landmark saliency: the decode update with the chunk's queries (padded rows: no query)
     method.saliency.update_decode(layer, x.q, torch.where(row < x.n, positions, -1), x.page_table, cache, rope,
                                   impl=impl)
-    # Question-time selection: the chunk's last question_tokens queries vote over [sink, first + 1 - stream)
+    # Question-time selection: the chunk's last question_tokens queries vote over [sink, first + 1 - stream), with the
+    # eager prefill's implementation of the vote
     t = c.question_tokens
     first = chunk.start + x.n - t  # [1]
     recent = x.q[(x.n - t + torch.arange(t, device=device)).clamp(min=0)]
@@ -98,7 +100,7 @@ def short_chunk_attention(method, layer: int, x: ShortChunkInputs, chunk: ShortC
     cs = c.chunk_sizes[-1]
     q_starts, q_lens = question_chunks(
         recent, cache.flat_k(layer), x.page_table, cache.page_size, c.sink_tokens, bound, c.question_keep_tokens // cs,
-        cs, c.question_window, c.stream_tokens, rope, impl, repeated=x.repeated,
+        cs, c.question_window, c.stream_tokens, rope, resolve_impl("auto", device), repeated=x.repeated,
         valid_limit=(first + 1 - c.stream_tokens).clamp(min=c.sink_tokens))
     # The pruning stages for the one block
     blocks = QueryBlocks(x.q[None], (row < x.n)[None], positions[None], Q, None)
