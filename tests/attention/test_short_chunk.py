@@ -85,13 +85,24 @@ def _saliency(engine, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 def test_short_chunk_selects_as_the_eager_prefill(tiny_dir, monkeypatch, tail):
     """The prompt's last chunk of `tail` tokens (the question's 8 up to one 32-query block): with the static path
     every layer's question scores, question-time chunks and landmark saliency are the eager prefill's, and so are
-    the greedy tokens."""
+    the greedy tokens (the CPU formulations of the ops)."""
+    _selects_as_eager(tiny_dir, monkeypatch, tail, "auto")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tail", [8, 20])
+def test_short_chunk_selects_as_the_eager_prefill_with_the_triton_kernels(tiny_dir, monkeypatch, tail):
+    """~4 min on 2 CPU cores: the same with the Triton kernels the GPU runs (interpreted), padded rows included."""
+    _selects_as_eager(tiny_dir, monkeypatch, tail, "triton")
+
+
+def _selects_as_eager(tiny_dir, monkeypatch, tail: int, impl: str) -> None:
     seen = _spy(monkeypatch)
     ids = _prompt(1024 + tail, seed=tail)
     runs = {}
     for flag in (False, True):
         engine = engine_for_dir(tiny_dir, method="infinitehip", prefill_chunk_size=256, max_context_tokens=2048,
-                                method_config=dataclasses.replace(CONFIG, short_chunk_graphs=flag))
+                                method_config=dataclasses.replace(CONFIG, short_chunk_graphs=flag, impl=impl))
         seen.clear()
         seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=8))
         engine.step()
