@@ -193,6 +193,12 @@ class AttentionMethod(ABC):
         depend only on batch.decode_capacity). None: this step cannot be replayed from a graph."""
         return None
 
+    def decode_rope_positions(self, capacity: int) -> int:
+        """RoPE table rows a decode step sized for `capacity` tokens may read. The engine reserves them before a
+        prompt's last chunk (engine/graph_decode.py `reserve_rope`), so the tables are not regrown, and graphs
+        captured over them (decode's, the short chunk's) not invalidated, by the decode that follows."""
+        return capacity
+
     def host_counters(self, state: Any) -> Any:
         """A copy of the host-side bookkeeping that one decode step advances (restored after a capture)."""
         return None

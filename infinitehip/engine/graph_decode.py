@@ -68,6 +68,13 @@ class GraphDecoder:
             return None
         return capacity_bucket(seq.context_len, self.min_bucket, self.max_bucket), method_key
 
+    def reserve_rope(self, context_len: int) -> None:
+        """Grow the RoPE tables now to what decoding a `context_len`-token sequence reads (its capacity bucket): run
+        before a prompt's last chunk, whose short-chunk graphs (attention/infinitehip/short_chunk_graphs.py) would
+        otherwise be invalidated by the first decode step's growth and captured again by the next question."""
+        bucket = capacity_bucket(context_len, self.min_bucket, self.max_bucket)
+        self.rope.ensure(self.method.decode_rope_positions(bucket))
+
     def release(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)
         self._pools.pop(seq_id, None)

@@ -91,6 +91,10 @@ class ModelRunner:
             sample_rows.append(len(input_ids))
             samplers.append(seq)
             input_ids += seq.token_ids(seq.num_computed, seq.num_computed + 1)
+        if self.graph_decoder is not None:
+            for s in slices:
+                if s.ends_prompt:  # the decode's RoPE reach, before graphs of this chunk are captured over the tables
+                    self.graph_decoder.reserve_rope(s.start_pos + s.num_queries + 1)
         hidden = self._forward(input_ids, slices)
         logits = self.model.compute_logits(hidden[sample_rows])
         for s, (seq, _) in zip(slices, plan.prefill):

@@ -354,6 +354,11 @@ class InfiniteHiPAttention(AttentionMethod):
                                         impl=self._impl(q))
             pending_pos.fill_(-1)
 
+    def decode_rope_positions(self, capacity: int) -> int:
+        # positions every RoPE style may ask for: the capacity, its stage-1 candidates' ranks, the stream
+        c = self.config
+        return capacity + stage1_candidates(capacity, c.sink_tokens, c.chunk_sizes[0]) + c.stream_tokens + 2
+
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         """Sync-free decode (decode.py): fixed shapes, positions from batch.decode_positions; CUDA-graph capturable."""
         c = self.config
@@ -361,8 +366,7 @@ class InfiniteHiPAttention(AttentionMethod):
         capacity = batch.decode_capacity
         group = self.group(max(s.context_len for s in seqs))  # a graph key holds it: a host int is fine
         num_candidates = stage1_candidates(capacity, c.sink_tokens, c.chunk_sizes[0])
-        # Positions every RoPE style may ask for, up to the capacity (a graph runner ensures this before capture).
-        batch.rope.ensure(capacity + num_candidates + c.stream_tokens + 2)
+        batch.rope.ensure(self.decode_rope_positions(capacity))  # reserved before the prompt's last chunk
         finals = []
         for i, seq in enumerate(seqs):
             state: InfiniteHiPState = seq.state
