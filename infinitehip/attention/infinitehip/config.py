@@ -73,8 +73,9 @@ class InfiniteHiPConfig:
     hierarchy_repeat_span: int = 32
     # A short chunk that ends the prompt (<= one query block, holding the question's queries: a question after a
     # cached document) runs with static shapes, each layer replayed from a CUDA graph per chunk start
-    # (short_chunk.py); off until measured on a GPU. On the CPU the same static path runs eagerly.
-    short_chunk_graphs: bool = False
+    # (short_chunk.py): a second question on a resident document reaches its first token several times sooner
+    # (docs/prefix-caching.md). On the CPU the same static path runs eagerly. False: the eager prefill.
+    short_chunk_graphs: bool = True
 
     # Knobs of the studies in docs/ (RoPE styles, representatives, head aggregation, kernels): --help-all lists
     # them apart, as settings a user of the method does not need. Allowed values of the choice-like fields.
