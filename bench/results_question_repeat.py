@@ -13,6 +13,7 @@ from results_tables import GEMMA, SOTU, file_rows
 HREP = D27 + "gpu_hierarchy_repeat/"  # the screen on seeds 0-1 and the default before, per prompt
 QREP = D27 + "gpu_question_repeat/"  # held out and re-run with the new default (code of commit e447cc5)
 SOTU_SHORT = D27 + "gpu_sotu_short/"
+SHORT_CHUNK = D27 + "gpu_short_chunk/"  # sotu 512K at the default, a later loan (commit e706f71)
 
 
 def seed_passkey(folder: str, stem: str, seed: int) -> list[dict]:
@@ -47,6 +48,8 @@ def question_repeat_markdown() -> str:
                                                         q("ruler_ih_essays128k.json", s012))),
         ("essays 32K and 64K, seeds 0-2", "earlier", _pair(h("ruler_ih_hrep32_essays32k_64k.json", s012),
                                                                q("ruler_ih_essays32k_64k.json", s012))),
+        ("sotu 512K, seeds 0-2", "earlier", _pair(h("ruler_ih_hrep32_sotu512k.json", s012),
+                                                      file_rows(SHORT_CHUNK, "ruler_ih_sotu512k.json", s012))),
         ("sotu 128K, seeds 0-2", "2026-11-26", _pair(file_rows(SOTU, "sotu_ih_128k.json", s012),
                                                      q("ruler_ih_sotu128k.json", s012))),
         ("sotu 64K, seeds 0-2", "2026-11-27", _pair(file_rows(SOTU_SHORT, "sotu_ih_64k.json", s012),
@@ -73,8 +76,10 @@ def question_repeat_markdown() -> str:
              "within what a rerun turns; every held-out and re-run cell reads at least as well, and the held-out "
              "passkey seed gains three prompts (\"5212345\"-style digit misreads at 256K) with none lost. Text with "
              "a repeated 32-token window is what it changes: outputs of such prompts move (the sotu 64K and 128K "
-             "cells: 7 and 5 of 30 answers worded differently) and the scores stay. Not re-run: sotu 512K "
-             "(29/30 before; at 1M, where sotu repeats more, 19 of 20 answers were identical). Speed: the mask is "
+             "cells: 7 and 5 of 30 answers worded differently) and the scores stay. The sotu 512K cell ran on a later "
+             "loan the same day (commit e706f71, which its JSON names): 29/30 as before, and so every cell of the "
+             "tables above ran at the default. "
+             "Speed: the mask is "
              "the hierarchy's (one sort per prompt, shared), and decode is unchanged (the question's chunks keep "
              "their fixed width): the decode figures below stand."]
     return "\n".join(lines + _passkey_lines()) + "\n"

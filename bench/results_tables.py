@@ -28,11 +28,11 @@ POOL_NOTE = ("vote pool 15 and question budget 512: chosen on sotu 1M seeds 0-1 
 # sotu: the haystack a 1M prompt reads without repeating (the essays hold ~154K tokens)
 SOTU_SHORT = "2026-11-27/gpu_sotu_short/"  # 4K-64K, seeds 0-2
 # infinitehip's default since 2026-11-27 (hierarchy_repeat_span 32, then repeat_span 32 the same day): every cell
-# re-run or held out with it (results_question_repeat.py) but sotu 512K, which ran with the first only
+# re-run or held out with it (results_question_repeat.py)
 HREP = "2026-11-27/gpu_hierarchy_repeat/"
 QREP = "2026-11-27/gpu_question_repeat/"
 IH_SOTU = [QREP + "ruler_ih_sotu7k_32k.json", QREP + "ruler_ih_sotu64k.json", QREP + "ruler_ih_sotu128k.json",
-           HREP + "ruler_ih_hrep32_sotu512k.json", QREP + "ruler_ih_rs32_sotu1m_s01.json",
+           "2026-11-27/gpu_short_chunk/ruler_ih_sotu512k.json", QREP + "ruler_ih_rs32_sotu1m_s01.json",
            QREP + "ruler_ih_sotu1m_s2.json"]
 IH_ESSAYS = [QREP + "ruler_ih_essays32k_64k.json", QREP + "ruler_ih_essays128k.json",
              HREP + "ruler_ih_hrep32_rs32_essays512k_s01.json", QREP + "ruler_ih_rs32_essays512k_s2.json",
@@ -41,7 +41,7 @@ IH_ESSAYS = [QREP + "ruler_ih_essays32k_64k.json", QREP + "ruler_ih_essays128k.j
 IH_ESSAYS_BEFORE = [HREP + f"ruler_ih_hrep32_essays{n}.json" for n in ("32k_64k", "128k", "512k_s01", "512k_s2",
                                                                      "1m_s01", "1m_s2")]
 HREP_NOTE = ("repeated text out of the pruning stages and the question's vote (`hierarchy_repeat_span`, `repeat_span` "
-             "32): chosen on essays 512K and 1M seeds 0-1 (their sections below); sotu 512K ran with the first only")
+             "32): chosen on essays 512K and 1M seeds 0-1 (their sections below)")
 TS_SOTU_SHORT = [SOTU_SHORT + "sotu_ts_7k_32k.json", SOTU_SHORT + "sotu_ts_64k.json"]
 SOTU_CMD = GEMMA.replace("--haystacks essays", "--haystacks sotu")
 
