@@ -5,6 +5,7 @@ equal to the eager static work for a question of another length."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -45,6 +46,10 @@ def _prompt(length: int, seed: int) -> list[int]:
     return ids
 
 
+def capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _kept(starts: torch.Tensor, lens: torch.Tensor) -> list[tuple[int, int]]:
     return sorted((int(s), int(n)) for s, n in zip(starts.flatten(), lens.flatten()) if n > 0)
 
@@ -59,7 +64,8 @@ def _spy(monkeypatch) -> list[tuple[str, list, torch.Tensor]]:
 
     def record_scores(*a, **kw):
         out = inner_scores(*a, **kw)
-        scores.append(out)
+        if not capturing():
+            scores.append(out)
         return out
 
     monkeypatch.setattr(question_selection, "question_scores", record_scores)
@@ -68,7 +74,8 @@ def _spy(monkeypatch) -> list[tuple[str, list, torch.Tensor]]:
 
         def record(*a, _inner=inner, _name=name, **kw):
             starts, lens = _inner(*a, **kw)
-            seen.append((_name, _kept(starts, lens), scores[-1]))
+            if not capturing():  # a capture re-runs the work without results; reading them would end it
+                seen.append((_name, _kept(starts, lens), scores[-1]))
             return starts, lens
 
         monkeypatch.setattr(module, "question_chunks", record)
@@ -201,4 +208,31 @@ def test_replay_semantics_on_the_cpu(tiny_dir):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
 def test_graph_replay_equals_the_eager_static_work(tiny_dir):
-    _replay_check(tiny_dir, "cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failed capture warns and runs eagerly: here it fails the test
+        _replay_check(tiny_dir, "cuda")
+
+
+class _FailingRecorder(ClosureRecorder):
+    def capture(self, fn):
+        raise RuntimeError("an op that cannot be captured")
+
+
+def test_a_failed_capture_warns_once_and_runs_the_static_work_eagerly(tiny_dir):
+    """A capture that raises: one warning, no further capture, and the questions' tokens are the eager path's."""
+    doc = _prompt(1024, seed=6)
+    questions = [torch.randint(5, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (30, 10)]
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+
+    def engine(flag: bool):
+        return engine_for_dir(tiny_dir, method="infinitehip", prefill_chunk_size=256, max_context_tokens=2048,
+                              method_config=dataclasses.replace(CONFIG, short_chunk_graphs=flag))
+
+    failing = engine(True)
+    failing.method.short_graphs = ShortChunkGraphs(recorder=_FailingRecorder)
+    with pytest.warns(UserWarning, match="not captured") as caught:
+        outs = [o.token_ids for o in LLM.from_engine(failing).generate([doc + q for q in questions], params)]
+    assert len([w for w in caught if "not captured" in str(w.message)]) == 1
+    assert failing.method.short_graphs.failed and not failing.method.short_graphs._shapes
+    eager = [o.token_ids for o in LLM.from_engine(engine(False)).generate([doc + q for q in questions], params)]
+    assert outs == eager

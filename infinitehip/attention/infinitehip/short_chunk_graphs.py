@@ -31,7 +31,7 @@ Outputs = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
 class _Shape:
     inputs: ShortChunkInputs
     pool: tuple | None
-    recorders: dict[int, CudaGraphRecorder | ClosureRecorder | None] = field(default_factory=dict)  # None: eager
+    recorders: dict[int, CudaGraphRecorder | ClosureRecorder] = field(default_factory=dict)
 
 
 class ShortChunkGraphs:
@@ -41,9 +41,12 @@ class ShortChunkGraphs:
     def __init__(self, keep: int = 2, recorder: type = CudaGraphRecorder):
         self.keep, self.recorder = keep, recorder
         self._shapes: OrderedDict[tuple, _Shape] = OrderedDict()
+        # A failed capture can leave the allocator recording to its pool (PyTorch: "already recording to
+        # mempool_id" at the next capture): after one, this engine captures no more and runs the static work eagerly.
+        self.failed = False
 
     def usable(self, q: torch.Tensor, impl: str) -> bool:
-        return self.recorder is not CudaGraphRecorder or (q.is_cuda and impl == "triton")
+        return not self.failed and (self.recorder is not CudaGraphRecorder or (q.is_cuda and impl == "triton"))
 
     def run(self, key: tuple, layer: int, make_inputs: Callable[[], ShortChunkInputs],
             fill: Callable[[ShortChunkInputs], None], work: Callable[[ShortChunkInputs], Outputs]) -> Outputs:
@@ -62,14 +65,16 @@ class ShortChunkGraphs:
         if recorder is not None:
             return recorder.replay()
         result = work(shape.inputs)  # eager: this chunk's result, and every kernel compiled before the capture
-        if layer in shape.recorders:  # its capture failed before: eager from then on
+        if self.failed:
             return result
         recorder = self.recorder(shape.pool)
         try:
             recorder.capture(lambda: work(shape.inputs))
         except RuntimeError as e:  # an op that cannot be captured: say so once, keep the (correct) eager path
-            warnings.warn(f"short-chunk CUDA graph of layer {layer} not captured ({e}); that layer runs eagerly")
-            recorder = None
+            warnings.warn(f"short-chunk CUDA graph of layer {layer} not captured ({e}); short chunks run eagerly")
+            self.failed = True
+            self._shapes.clear()
+            return result
         shape.recorders[layer] = recorder
         return result
 
