@@ -191,6 +191,7 @@ def test_hierarchy_keeps_no_chunk_of_repeated_text(tiny_dir, monkeypatch):
     repeats; a prompt that does not repeat decodes the same greedy tokens as with the setting off."""
     from infinitehip.attention.infinitehip import decode as ih_decode
     from infinitehip.attention.infinitehip import pruning as ih_pruning
+    from infinitehip.attention.infinitehip import short_chunk
 
     config = InfiniteHiPConfig(**{**CONFIGS["infinitehip"].__dict__, "repeat_span": 0})
     kept = []  # (stage-1 starts, lens) of every prefill stage 1 of the prompt's last chunk and decode refresh
@@ -208,6 +209,7 @@ def test_hierarchy_keeps_no_chunk_of_repeated_text(tiny_dir, monkeypatch):
             kept.append((out.starts, out.lens))
 
     monkeypatch.setattr(ih_method, "run_stage", stage)
+    monkeypatch.setattr(short_chunk, "run_stage", stage)  # the prompt's last chunk (16 tokens) takes the short path
     monkeypatch.setattr(ih_method, "refresh_stage", refresh_stage)
     copies = _text_with_copies(3)[:400]
     copies[200:300] = copies[50:150]
