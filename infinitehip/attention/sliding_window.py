@@ -62,6 +62,19 @@ class SlidingWindowAttention:
         if row is not None:
             self._free.append(row)
 
+    def snapshot(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host copies of a sequence's rings, k and v [layers, window, kv_heads, head_dim] (a prefix boundary's
+        state: kept with the cached prefix, engine/prefix_pages.py)."""
+        row = self.row(seq_id)
+        return self.k[:, row].to("cpu", copy=True), self.v[:, row].to("cpu", copy=True)  # a copy on the CPU too
+
+    def restore(self, seq_id: int, rings: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Write a snapshot into a sequence's ring row (a prefix hit, before its first forward): slot t % window
+        holds position t's key, so the rings of the boundary serve any sequence resuming there."""
+        row = self.row(seq_id)
+        self.k[:, row].copy_(rings[0])
+        self.v[:, row].copy_(rings[1])
+
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """layer: index among the sliding layers; q [T, H, d], k/v [T, Hkv, d] without RoPE -> [T, H, d]."""
         out = torch.empty_like(q)

@@ -286,7 +286,7 @@ class LLMEngine:
         for seq in admitted:
             seq.method_state = self.method.new_state()
             if seq.prefix_hit is not None:  # a reused prefix's private pages, copied before its first forward
-                prefix_pages.apply_hit(self.cache, self.method, self.scheduler.allocator, seq)
+                prefix_pages.apply_hit(self.cache, self.method, self.sliding, self.scheduler.allocator, seq)
                 self.scheduler.copies_done(seq)
         if plan.is_empty:
             return [], 0
@@ -294,8 +294,9 @@ class LLMEngine:
         if self.prefix is not None:  # before sampling: a sequence that finishes now releases its pages as cached
             for seq, n in plan.prefill:
                 boundary = self.scheduler.cache_prefix(seq, seq.num_computed - n)
-                if boundary is not None and self.prefix.reuse.needs_snapshot:
-                    prefix_pages.snapshot(self.cache, self.method, self.scheduler.allocator, self.prefix, seq, boundary)
+                if boundary is not None and self.prefix.needs_boundary_state:
+                    prefix_pages.snapshot(self.cache, self.method, self.sliding, self.scheduler.allocator, self.prefix,
+                                          seq, boundary)
         if not plan.prefill and len(samplers) == 1 and self.ahead.may_launch_after(samplers[0]):
             return self._step_after(self.ahead.pick(samplers[0], logits), on_scheduled)
         outputs = []

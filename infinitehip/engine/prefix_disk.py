@@ -2,7 +2,9 @@
 
 A file holds, per cached page, its hash [32] uint8, owner (the sequence that computed it: methods with
 private per-slot state reuse one owner's chain only) and k/v [layers, page_size, kv_heads, head_dim] in the
-KV's dtype, plus the methods' snapshots at prefix boundaries. Its metadata carries a fingerprint of
+KV's dtype, the method's per-slot state of those keys (InfiniteHiP's landmark saliency, which selection reads
+at every later chunk: without it a loaded prefix would select other keys than the engine that computed it), plus the state kept at prefix boundaries (the methods' snapshots, the sliding-window layers'
+rings). Its metadata carries a fingerprint of
 everything the k/v depend on (model config, a sample of the weights, attention method and its settings, page
 size and prefill chunk grid, KV dtype); loading a file made under another fingerprint is refused with the
 fields that differ, since its pages would silently give other tokens.
@@ -19,9 +21,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from infinitehip.engine.prefix_pages import BoundaryState
+
 logger = logging.getLogger(__name__)
 
-FORMAT = "infinitehip-prefix-cache-v1"
+FORMAT = "infinitehip-prefix-cache-v2"  # v2: boundary state (method snapshot and sliding rings) per page
 
 
 def fingerprint(engine) -> dict[str, str]:
@@ -60,8 +64,13 @@ def _read_pages(cache, pages: list[int], page_size: int) -> tuple[torch.Tensor, 
     return (torch.stack([k.view(shape) for k in ks], 1).contiguous(), torch.stack([v.view(shape) for v in vs], 1).contiguous())
 
 
+def _slots(cache, pages: list[int], page_size: int) -> torch.Tensor:
+    """Flat slots [len(pages) * page_size] of whole pages, in page order, on the cache's device."""
+    return (torch.tensor(pages)[:, None] * page_size + torch.arange(page_size)).flatten().to(cache.device)
+
+
 def _write_pages(cache, pages: list[int], page_size: int, k: torch.Tensor, v: torch.Tensor) -> None:
-    slots = (torch.tensor(pages)[:, None] * page_size + torch.arange(page_size)).flatten().to(cache.device)
+    slots = _slots(cache, pages, page_size)
     for layer in range(cache.num_layers):
         kl = k[:, layer].reshape(-1, *k.shape[-2:]).to(cache.device)
         vl = v[:, layer].reshape(-1, *v.shape[-2:]).to(cache.device)
@@ -81,9 +90,19 @@ def save_prefix_cache(engine, path: str | Path) -> int:
         tensors["k"], tensors["v"] = _read_pages(engine.cache, pages, allocator.page_size)
     tensors["hashes"] = torch.tensor([list(h) for h, _ in entries], dtype=torch.uint8).reshape(len(entries), 32)
     tensors["owners"] = torch.tensor([allocator.owner(p) for p in pages], dtype=torch.int64)
-    for i, page in enumerate(pages):  # the methods' boundary snapshots: {layer: (sums [N, H], counts [N])}
-        for layer, (total, count) in (allocator.payload(page) or {}).items():
+    if pages:  # the method's per-slot state of every cached key: {layer: (sums [N, H], counts [N])}
+        for layer, (total, count) in (engine.method.prefix_snapshot(engine.cache, _slots(engine.cache, pages,
+                                                                                         allocator.page_size)) or {}).items():
+            tensors[f"slots.{layer}.sum"], tensors[f"slots.{layer}.count"] = total, count
+    for i, page in enumerate(pages):  # boundary state: the method's {layer: (sums [N, H], counts [N])}, rings
+        state: BoundaryState | None = allocator.payload(page)
+        if state is None:
+            continue
+        tensors[f"boundary.{i}"] = torch.ones(1, dtype=torch.uint8)  # a boundary with state, even an empty one
+        for layer, (total, count) in (state.method or {}).items():
             tensors[f"snapshot.{i}.{layer}.sum"], tensors[f"snapshot.{i}.{layer}.count"] = total, count
+        if state.rings is not None:
+            tensors[f"rings.{i}.k"], tensors[f"rings.{i}.v"] = (t.contiguous() for t in state.rings)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata=fingerprint(engine))
     logger.info("prefix cache: saved %d pages (%d tokens) to %s", len(pages), len(pages) * allocator.page_size, path)
@@ -115,16 +134,22 @@ def load_prefix_cache(engine, path: str | Path) -> int:
         return 0
     pages = allocator.allocate(n)
     _write_pages(engine.cache, pages, allocator.page_size, tensors["k"][:n], tensors["v"][:n])
+    per_slot = {int(key.split(".")[1]): (tensors[key][: n * allocator.page_size],
+                                         tensors[key[: -len("sum")] + "count"][: n * allocator.page_size])
+                for key in tensors if key.startswith("slots.") and key.endswith(".sum")}
+    if per_slot:
+        engine.method.restore_prefix(engine.cache, _slots(engine.cache, pages, allocator.page_size), per_slot)
     for i, page in enumerate(pages):
         # Owners of another process: negative, never a live sequence's id.
         owner = int(owners[i])
         allocator.register(page, bytes(hashes[i].tolist()), -1 - owner if owner >= 0 else owner)
-        snap = {}
-        for key in [k for k in tensors if k.startswith(f"snapshot.{i}.") and k.endswith(".sum")]:
-            layer = int(key.split(".")[2])
-            snap[layer] = (tensors[key], tensors[f"snapshot.{i}.{layer}.count"])
-        if snap:
-            allocator.attach(page, snap)
+        if f"boundary.{i}" in tensors:
+            snap = {}
+            for key in [k for k in tensors if k.startswith(f"snapshot.{i}.") and k.endswith(".sum")]:
+                layer = int(key.split(".")[2])
+                snap[layer] = (tensors[key], tensors[f"snapshot.{i}.{layer}.count"])
+            rings = (tensors[f"rings.{i}.k"], tensors[f"rings.{i}.v"]) if f"rings.{i}.k" in tensors else None
+            allocator.attach(page, BoundaryState(snap or None, rings))
     allocator.release(pages)  # cached, unreferenced: evictable like any finished prompt's pages
     logger.info("prefix cache: loaded %d pages (%d tokens) from %s", n, n * allocator.page_size, path)
     return n

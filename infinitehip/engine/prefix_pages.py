@@ -2,18 +2,22 @@
 
 The scheduler decides from hashes and reference counts which pages a sequence reuses (kv/prefix_cache.py);
 this module runs what that needs on the KV: copying the pages a method keeps private (their k/v and the
-method's per-slot state, `PrefixReuse.private_tail_tokens`) and taking that state's snapshot when a chunk
-reaches a prefix boundary.
+method's per-slot state, `PrefixReuse.private_tail_tokens`), taking that state's snapshot when a chunk
+reaches a prefix boundary, and the sliding-window layers' rings at a boundary (kept with it, restored into a
+hit's ring row).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from infinitehip.attention.base import AttentionMethod
 from infinitehip.attention.host_values import device_tensor
+from infinitehip.attention.sliding_window import SlidingWindowAttention
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.prefix_cache import PrefixCachingAllocator
 from infinitehip.kv.prefix_reuse import PrefixPolicy
@@ -32,12 +36,20 @@ def prefix_policy(enabled: bool, method: AttentionMethod, has_sliding_layers: bo
         why = f"method {method.name!r}: {method.prefix_reuse_note}"
     elif method.kv_token_limit is not None:
         why = f"method {method.name!r} compacts its cache"
-    elif has_sliding_layers:  # their ring buffers hold the last window per sequence, outside the paged cache
-        why = "the model's sliding-window layers keep per-sequence rings outside the paged cache"
     if why is not None:
         logger.info("prefix caching off: %s", why)
         return None
-    return PrefixPolicy(reuse, page_size, prefill_chunk_size)
+    # Sliding-window layers hold the last window per sequence outside the paged cache: boundaries carry their rings.
+    return PrefixPolicy(reuse, page_size, prefill_chunk_size, rings=has_sliding_layers)
+
+
+@dataclass
+class BoundaryState:
+    """What a cached prefix boundary keeps beside its pages (host memory): the method's snapshot of its private
+    tail (None: it keeps none) and the sliding-window layers' rings (k, v) [layers, window, kv_heads, head_dim]."""
+
+    method: Any = None
+    rings: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def _page_slots(pages: list[int], page_size: int, device: torch.device) -> torch.Tensor:
@@ -57,24 +69,36 @@ def copy_pages(cache, src: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 @torch.inference_mode()
-def apply_hit(cache, method: AttentionMethod, allocator: PrefixCachingAllocator, seq: Sequence) -> None:
-    """Run a reused prefix's page copies (before the sequence's first forward); their sources are then released."""
+def apply_hit(cache, method: AttentionMethod, sliding: SlidingWindowAttention | None,
+              allocator: PrefixCachingAllocator, seq: Sequence) -> None:
+    """Run a reused prefix's page copies and restore its boundary state (before the sequence's first forward);
+    the copies' sources are then released."""
     hit = seq.prefix_hit
     if hit is None:
         return
-    ps = allocator.page_size
-    src = _page_slots([s for s, _ in hit.copies], ps, cache.device)
-    dst = _page_slots([d for _, d in hit.copies], ps, cache.device)
-    copy_pages(cache, src, dst)
-    method.restore_prefix(cache, dst, allocator.payload(hit.snapshot_page))
+    state: BoundaryState | None = allocator.payload(hit.snapshot_page) if hit.snapshot_page is not None else None
+    if hit.copies:
+        ps = allocator.page_size
+        src = _page_slots([s for s, _ in hit.copies], ps, cache.device)
+        dst = _page_slots([d for _, d in hit.copies], ps, cache.device)
+        copy_pages(cache, src, dst)
+        method.restore_prefix(cache, dst, state.method)
+    if sliding is not None:
+        sliding.restore(seq.seq_id, state.rings)
 
 
 @torch.inference_mode()
-def snapshot(cache, method: AttentionMethod, allocator: PrefixCachingAllocator, policy: PrefixPolicy, seq: Sequence,
-             boundary: int) -> None:
-    """A chunk ended at a cached prefix boundary: keep the method's state of the boundary's private tail with the
-    boundary's last page."""
+def snapshot(cache, method: AttentionMethod, sliding: SlidingWindowAttention | None,
+             allocator: PrefixCachingAllocator, policy: PrefixPolicy, seq: Sequence, boundary: int) -> None:
+    """A chunk ended at a cached prefix boundary: keep the method's state of the boundary's private tail and the
+    sliding layers' rings with the boundary's last page. The rings hold the window before the chunk's end, so
+    only a boundary at the chunk's end keeps them; a boundary without its state is not reused (the scheduler steps
+    back to one with it)."""
+    if sliding is not None and boundary != seq.num_computed:
+        return
+    state = BoundaryState(rings=sliding.snapshot(seq.seq_id) if sliding is not None else None)
     tail = policy.tail_pages(boundary)
     if len(tail):
         slots = _page_slots([seq.page_table[i] for i in tail], allocator.page_size, cache.device)
-        allocator.attach(seq.page_table[boundary // allocator.page_size - 1], method.prefix_snapshot(cache, slots))
+        state.method = method.prefix_snapshot(cache, slots)
+    allocator.attach(seq.page_table[boundary // allocator.page_size - 1], state)

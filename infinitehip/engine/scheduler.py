@@ -119,14 +119,15 @@ class Scheduler:
             owner = a.owner(pages[0]) if pages else None
             pages = pages[: next((i for i, pg in enumerate(pages) if a.owner(pg) != owner), len(pages))]
         boundary = p.boundary(seq.num_prompt_tokens, len(pages))
-        if p.reuse.needs_snapshot:
+        if p.needs_boundary_state:
             while boundary and a.payload(pages[boundary // a.page_size - 1]) is None:
                 boundary -= p.grid
         if boundary == 0:
             return None
         tail = p.tail_pages(boundary)
         copies = [(pages[i], -1) for i in tail]
-        return PrefixHit(boundary, pages[: tail.start], copies, pages[boundary // a.page_size - 1] if copies else None)
+        state = pages[boundary // a.page_size - 1] if p.needs_boundary_state else None
+        return PrefixHit(boundary, pages[: tail.start], copies, state)
 
     def _apply_hit(self, seq: Sequence, hit: PrefixHit) -> None:
         dst = self.allocator.allocate(len(hit.copies))
@@ -136,7 +137,7 @@ class Scheduler:
         seq.cached_prompt_tokens = hit.tokens
         # The copies hold the content of cached pages (named there), so registration goes on after the boundary.
         seq.registered_pages = hit.tokens // self.allocator.page_size
-        seq.prefix_hit = hit if hit.copies else None
+        seq.prefix_hit = hit if hit.copies or hit.snapshot_page is not None else None
         self.allocator.stats.hits += hit.tokens
 
     def copies_done(self, seq: Sequence) -> None:

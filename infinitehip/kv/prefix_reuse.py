@@ -11,7 +11,10 @@ A reused prefix must give exactly what recomputing it would. What that takes dep
   queries): `min_recompute_tokens` of them are always recomputed (at least one: the first output's logits);
 - per-slot state that later queries still change (InfiniteHiP's landmark saliency of the last window of
   keys) cannot be shared: the pages holding the last `private_tail_tokens` keys before the boundary are
-  copied into pages of the new sequence, with the method's snapshot of that state taken at the boundary.
+  copied into pages of the new sequence, with the method's snapshot of that state taken at the boundary;
+- a model's sliding-window layers keep the last window of keys per sequence outside the paged cache
+  (attention/sliding_window.py): a boundary is reusable only where a copy of those rings was taken, at the end
+  of a prefill chunk (`rings`). Their keys depend on the prefix's tokens alone, so any owner's copy serves.
 """
 
 from __future__ import annotations
@@ -45,9 +48,14 @@ class PrefixHit:
 class PrefixPolicy:
     """A method's PrefixReuse resolved against the engine's page size and prefill chunk size."""
 
-    def __init__(self, reuse: PrefixReuse, page_size: int, prefill_chunk_size: int):
-        self.reuse, self.page_size = reuse, page_size
+    def __init__(self, reuse: PrefixReuse, page_size: int, prefill_chunk_size: int, rings: bool = False):
+        self.reuse, self.page_size, self.rings = reuse, page_size, rings
         self.grid = math.lcm(page_size, prefill_chunk_size) if reuse.chunk_aligned else page_size
+
+    @property
+    def needs_boundary_state(self) -> bool:
+        """A boundary is reusable only with state kept at it (the method's snapshot, the sliding layers' rings)."""
+        return self.reuse.needs_snapshot or self.rings
 
     def boundary(self, prompt_tokens: int, matched_pages: int) -> int:
         """Longest reusable prefix (tokens, a multiple of the grid) of a prompt whose first matched_pages are cached."""
