@@ -3,11 +3,11 @@
 A file holds, per cached page, its hash [32] uint8, owner (the sequence that computed it: methods with
 private per-slot state reuse one owner's chain only) and k/v [layers, page_size, kv_heads, head_dim] in the
 KV's dtype, the method's per-slot state of those keys (InfiniteHiP's landmark saliency, which selection reads
-at every later chunk: without it a loaded prefix would select other keys than the engine that computed it), plus the state kept at prefix boundaries (the methods' snapshots, the sliding-window layers'
-rings). Its metadata carries a fingerprint of
-everything the k/v depend on (model config, a sample of the weights, attention method and its settings, page
-size and prefill chunk grid, KV dtype); loading a file made under another fingerprint is refused with the
-fields that differ, since its pages would silently give other tokens.
+at every later chunk: without it a loaded prefix would select other keys than the engine that computed it),
+plus the state kept at prefix boundaries (the methods' snapshots, the sliding-window layers' rings). Its
+metadata carries a fingerprint of everything the k/v depend on (model config, a sample of the weights,
+attention method and its settings, page size and prefill chunk grid, KV dtype); loading a file made under
+another fingerprint is refused with the fields that differ, since its pages would silently give other tokens.
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ def save_prefix_cache(engine, path: str | Path) -> int:
     tensors["hashes"] = torch.tensor([list(h) for h, _ in entries], dtype=torch.uint8).reshape(len(entries), 32)
     tensors["owners"] = torch.tensor([allocator.owner(p) for p in pages], dtype=torch.int64)
     if pages:  # the method's per-slot state of every cached key: {layer: (sums [N, H], counts [N])}
-        for layer, (total, count) in (engine.method.prefix_snapshot(engine.cache, _slots(engine.cache, pages,
-                                                                                         allocator.page_size)) or {}).items():
+        per_slot = engine.method.prefix_snapshot(engine.cache, _slots(engine.cache, pages, allocator.page_size))
+        for layer, (total, count) in (per_slot or {}).items():
             tensors[f"slots.{layer}.sum"], tensors[f"slots.{layer}.count"] = total, count
     for i, page in enumerate(pages):  # boundary state: the method's {layer: (sums [N, H], counts [N])}, rings
         state: BoundaryState | None = allocator.payload(page)
