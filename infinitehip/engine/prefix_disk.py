@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from infinitehip.engine.prefix_pages import BoundaryState
+from infinitehip.engine.prefix_pages import BoundaryState, page_slots
 
 logger = logging.getLogger(__name__)
 
@@ -64,13 +64,8 @@ def _read_pages(cache, pages: list[int], page_size: int) -> tuple[torch.Tensor, 
     return (torch.stack([k.view(shape) for k in ks], 1).contiguous(), torch.stack([v.view(shape) for v in vs], 1).contiguous())
 
 
-def _slots(cache, pages: list[int], page_size: int) -> torch.Tensor:
-    """Flat slots [len(pages) * page_size] of whole pages, in page order, on the cache's device."""
-    return (torch.tensor(pages)[:, None] * page_size + torch.arange(page_size)).flatten().to(cache.device)
-
-
 def _write_pages(cache, pages: list[int], page_size: int, k: torch.Tensor, v: torch.Tensor) -> None:
-    slots = _slots(cache, pages, page_size)
+    slots = page_slots(pages, page_size, cache.device)
     for layer in range(cache.num_layers):
         kl = k[:, layer].reshape(-1, *k.shape[-2:]).to(cache.device)
         vl = v[:, layer].reshape(-1, *v.shape[-2:]).to(cache.device)
@@ -91,7 +86,7 @@ def save_prefix_cache(engine, path: str | Path) -> int:
     tensors["hashes"] = torch.tensor([list(h) for h, _ in entries], dtype=torch.uint8).reshape(len(entries), 32)
     tensors["owners"] = torch.tensor([allocator.owner(p) for p in pages], dtype=torch.int64)
     if pages:  # the method's per-slot state of every cached key: {layer: (sums [N, H], counts [N])}
-        per_slot = engine.method.prefix_snapshot(engine.cache, _slots(engine.cache, pages, allocator.page_size))
+        per_slot = engine.method.prefix_snapshot(engine.cache, page_slots(pages, allocator.page_size, engine.cache.device))
         for layer, (total, count) in (per_slot or {}).items():
             tensors[f"slots.{layer}.sum"], tensors[f"slots.{layer}.count"] = total, count
     for i, page in enumerate(pages):  # boundary state: the method's {layer: (sums [N, H], counts [N])}, rings
@@ -138,7 +133,7 @@ def load_prefix_cache(engine, path: str | Path) -> int:
                                          tensors[key[: -len("sum")] + "count"][: n * allocator.page_size])
                 for key in tensors if key.startswith("slots.") and key.endswith(".sum")}
     if per_slot:
-        engine.method.restore_prefix(engine.cache, _slots(engine.cache, pages, allocator.page_size), per_slot)
+        engine.method.restore_prefix(engine.cache, page_slots(pages, allocator.page_size, engine.cache.device), per_slot)
     for i, page in enumerate(pages):
         # Owners of another process: negative, never a live sequence's id.
         owner = int(owners[i])

@@ -52,7 +52,7 @@ class BoundaryState:
     rings: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-def _page_slots(pages: list[int], page_size: int, device: torch.device) -> torch.Tensor:
+def page_slots(pages: list[int], page_size: int, device: torch.device) -> torch.Tensor:
     """Flat slots [len(pages) * page_size] (int64) of whole pages."""
     p = device_tensor(pages, torch.long, device)
     return (p[:, None] * page_size + torch.arange(page_size, device=device)).flatten()
@@ -79,8 +79,8 @@ def apply_hit(cache, method: AttentionMethod, sliding: SlidingWindowAttention | 
     state: BoundaryState | None = allocator.payload(hit.snapshot_page) if hit.snapshot_page is not None else None
     if hit.copies:
         ps = allocator.page_size
-        src = _page_slots([s for s, _ in hit.copies], ps, cache.device)
-        dst = _page_slots([d for _, d in hit.copies], ps, cache.device)
+        src = page_slots([s for s, _ in hit.copies], ps, cache.device)
+        dst = page_slots([d for _, d in hit.copies], ps, cache.device)
         copy_pages(cache, src, dst)
         method.restore_prefix(cache, dst, state.method)
     if sliding is not None:
@@ -99,6 +99,6 @@ def snapshot(cache, method: AttentionMethod, sliding: SlidingWindowAttention | N
     state = BoundaryState(rings=sliding.snapshot(seq.seq_id) if sliding is not None else None)
     tail = policy.tail_pages(boundary)
     if len(tail):
-        slots = _page_slots([seq.page_table[i] for i in tail], allocator.page_size, cache.device)
+        slots = page_slots([seq.page_table[i] for i in tail], allocator.page_size, cache.device)
         state.method = method.prefix_snapshot(cache, slots)
     allocator.attach(seq.page_table[boundary // allocator.page_size - 1], state)
