@@ -35,9 +35,12 @@ def gemma_dir(tmp_path_factory):
     return path
 
 
-def _engine(path, method: str, **config):
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # on a GPU: its kernels and decode graphs too
+
+
+def _engine(path, method: str, device: str = "cpu", **config):
     return engine_for_dir(path, method=method, method_config=METHODS[method], max_context_tokens=1024, page_size=16,
-                          prefill_chunk_size=64, **config)
+                          prefill_chunk_size=64, device=device, **config)
 
 
 def _ask(engine, prompt) -> tuple[list[int], list[torch.Tensor], int]:
@@ -56,15 +59,16 @@ def _same(hit, plain) -> None:
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_a_hit_restores_the_rings_and_equals_caching_off(gemma_dir, method):
-    on = _engine(gemma_dir, method)
+def test_a_hit_restores_the_rings_and_equals_caching_off(gemma_dir, method, device):
+    on = _engine(gemma_dir, method, device)
     assert on.prefix is not None and on.prefix.rings and on.sliding is not None
     assert _ask(on, Q1)[2] == 0
     for prompt, cached in ((Q2, 192), (Q3, 128)):  # Q3: 176 tokens match, the last chunk end with rings is 128
         hit = _ask(on, prompt)
         assert hit[2] == cached
-        _same(hit, _ask(_engine(gemma_dir, method, enable_prefix_caching=False), prompt))
+        _same(hit, _ask(_engine(gemma_dir, method, device, enable_prefix_caching=False), prompt))
 
 
 def test_without_the_rings_restored_the_hit_differs(gemma_dir, monkeypatch):
