@@ -40,6 +40,7 @@ class RequestOutput:
     # With SamplingParams.logprobs / prompt_logprobs: TokenLogprob per output token / per prompt token after the first
     logprobs: list | None = None
     prompt_logprobs: list | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (vLLM's name; 0 with caching off)
 
     @property
     def outputs(self) -> list[CompletionOutput]:
@@ -116,5 +117,6 @@ class LLM:
         return [RequestOutput(ids, s.output_ids, s.output_text, s.finish_reason, s.dropped_prompt_tokens,
                               None if s.probe is None else s.probe.summary(),
                               s.output_logprobs if params.logprobs is not None else None,
-                              s.prompt_logprobs if params.prompt_logprobs is not None else None)
+                              s.prompt_logprobs if params.prompt_logprobs is not None else None,
+                              s.cached_prompt_tokens)
                 for ids, s in zip(prompt_ids, seqs)]

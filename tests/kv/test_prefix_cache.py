@@ -216,3 +216,15 @@ def test_disk_round_trip_through_server_restarts_and_mismatch_refused(embedded, 
     assert second.usage.prompt_tokens_details.cached_tokens == 192 and sum(prefilled) == len(Q2) - 192
     with pytest.raises(ValueError, match="page_size"):
         _engine(embedded, page_size=32).load_prefix_cache(tmp_path / PREFIX_CACHE_FILE)
+
+
+def test_llm_outputs_report_the_cached_prompt_tokens(embedded):
+    """The Python API says how much of each prompt came from the cache (vLLM's RequestOutput.num_cached_tokens)."""
+    from infinitehip import LLM
+
+    llm = LLM.from_engine(_engine(embedded))
+    (first,) = llm.generate([Q1], GREEDY)
+    (second,) = llm.generate([Q2], GREEDY)
+    assert (first.num_cached_tokens, second.num_cached_tokens) == (0, 192)
+    (plain,) = LLM.from_engine(_engine(embedded, enable_prefix_caching=False)).generate([Q2], GREEDY)
+    assert plain.num_cached_tokens == 0 and plain.token_ids == second.token_ids
