@@ -285,8 +285,10 @@ class LLMEngine:
             seq.method_state = None
         for seq in admitted:
             seq.method_state = self.method.new_state()
-            if seq.prefix_hit is not None:  # a reused prefix's private pages, copied before its first forward
-                prefix_pages.apply_hit(self.cache, self.method, self.sliding, self.scheduler.allocator, seq)
+            if seq.prefix_hit is not None:  # a reused prefix's private pages and state, before its first forward
+                hit, allocator = seq.prefix_hit, self.scheduler.allocator
+                state = None if hit.snapshot_page is None else allocator.payload(hit.snapshot_page)
+                self.runner.apply_prefix_hit(seq, hit, state, allocator.page_size)
                 self.scheduler.copies_done(seq)
         if plan.is_empty:
             return [], 0
@@ -295,8 +297,9 @@ class LLMEngine:
             for seq, n in plan.prefill:
                 boundary = self.scheduler.cache_prefix(seq, seq.num_computed - n)
                 if boundary is not None and self.prefix.needs_boundary_state:
-                    prefix_pages.snapshot(self.cache, self.method, self.sliding, self.scheduler.allocator, self.prefix,
-                                          seq, boundary)
+                    state = self.runner.keep_boundary(seq, self.prefix, boundary)
+                    if state is not None:
+                        self.scheduler.allocator.attach(seq.page_table[boundary // self.prefix.page_size - 1], state)
         if not plan.prefill and len(samplers) == 1 and self.ahead.may_launch_after(samplers[0]):
             return self._step_after(self.ahead.pick(samplers[0], logits), on_scheduled)
         outputs = []

@@ -19,8 +19,7 @@ from infinitehip.attention.base import AttentionMethod
 from infinitehip.attention.host_values import device_tensor
 from infinitehip.attention.sliding_window import SlidingWindowAttention
 from infinitehip.engine.sequence import Sequence
-from infinitehip.kv.prefix_cache import PrefixCachingAllocator
-from infinitehip.kv.prefix_reuse import PrefixPolicy
+from infinitehip.kv.prefix_reuse import PrefixHit, PrefixPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -69,18 +68,13 @@ def copy_pages(cache, src: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 @torch.inference_mode()
-def apply_hit(cache, method: AttentionMethod, sliding: SlidingWindowAttention | None,
-              allocator: PrefixCachingAllocator, seq: Sequence) -> None:
-    """Run a reused prefix's page copies and restore its boundary state (before the sequence's first forward);
-    the copies' sources are then released."""
-    hit = seq.prefix_hit
-    if hit is None:
-        return
-    state: BoundaryState | None = allocator.payload(hit.snapshot_page) if hit.snapshot_page is not None else None
+def apply_hit(cache, method: AttentionMethod, sliding: SlidingWindowAttention | None, seq: Sequence, hit: PrefixHit,
+              state: BoundaryState | None, page_size: int) -> None:
+    """Run a reused prefix's page copies and restore its boundary state `state` (the payload of
+    hit.snapshot_page), before the sequence's first forward."""
     if hit.copies:
-        ps = allocator.page_size
-        src = page_slots([s for s, _ in hit.copies], ps, cache.device)
-        dst = page_slots([d for _, d in hit.copies], ps, cache.device)
+        src = page_slots([s for s, _ in hit.copies], page_size, cache.device)
+        dst = page_slots([d for _, d in hit.copies], page_size, cache.device)
         copy_pages(cache, src, dst)
         method.restore_prefix(cache, dst, state.method)
     if sliding is not None:
@@ -88,17 +82,17 @@ def apply_hit(cache, method: AttentionMethod, sliding: SlidingWindowAttention | 
 
 
 @torch.inference_mode()
-def snapshot(cache, method: AttentionMethod, sliding: SlidingWindowAttention | None,
-             allocator: PrefixCachingAllocator, policy: PrefixPolicy, seq: Sequence, boundary: int) -> None:
-    """A chunk ended at a cached prefix boundary: keep the method's state of the boundary's private tail and the
-    sliding layers' rings with the boundary's last page. The rings hold the window before the chunk's end, so
-    only a boundary at the chunk's end keeps them; a boundary without its state is not reused (the scheduler steps
-    back to one with it)."""
+def boundary_state(cache, method: AttentionMethod, sliding: SlidingWindowAttention | None, policy: PrefixPolicy,
+                   seq: Sequence, boundary: int) -> BoundaryState | None:
+    """A chunk ended at a cached prefix boundary: the method's state of the boundary's private tail and the
+    sliding layers' rings, kept with the boundary's last page. The rings hold the window before the chunk's end, so
+    only a boundary at the chunk's end keeps them (None otherwise: a boundary without its state is not reused, the
+    scheduler steps back to one with it)."""
     if sliding is not None and boundary != seq.num_computed:
-        return
+        return None
     state = BoundaryState(rings=sliding.snapshot(seq.seq_id) if sliding is not None else None)
     tail = policy.tail_pages(boundary)
     if len(tail):
-        slots = page_slots([seq.page_table[i] for i in tail], allocator.page_size, cache.device)
+        slots = page_slots([seq.page_table[i] for i in tail], policy.page_size, cache.device)
         state.method = method.prefix_snapshot(cache, slots)
-    allocator.attach(seq.page_table[boundary // allocator.page_size - 1], state)
+    return state

@@ -7,11 +7,15 @@ import torch
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
 from infinitehip.attention.hybrid import LayerRouter
 from infinitehip.attention.repeated_text import PromptText
+from infinitehip.attention.sliding_window import SlidingWindowAttention
+from infinitehip.engine import prefix_pages
 from infinitehip.engine.graph_decode import GraphDecoder
+from infinitehip.engine.prefix_pages import BoundaryState
 from infinitehip.engine.logprobs import prompt_logprobs
 from infinitehip.engine.scheduler import StepPlan
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.paged_cache import PagedKVCache
+from infinitehip.kv.prefix_reuse import PrefixHit, PrefixPolicy
 from infinitehip.model.loading import Decoder
 from infinitehip.model.rope import RotaryEmbedding
 
@@ -44,6 +48,18 @@ class ModelRunner:
             table[valid:n] = torch.tensor(seq.page_table[valid:n], dtype=torch.int32).to(self.device)
         self._page_tables[seq.seq_id] = (table, n)
         return table[:n]
+
+    @property
+    def sliding(self) -> SlidingWindowAttention | None:
+        return None if self.router is None else self.router.sliding
+
+    def apply_prefix_hit(self, seq: Sequence, hit: PrefixHit, state: BoundaryState | None, page_size: int) -> None:
+        """A reused prefix's page copies and boundary state, before the sequence's first forward."""
+        prefix_pages.apply_hit(self.cache, self.method, self.sliding, seq, hit, state, page_size)
+
+    def keep_boundary(self, seq: Sequence, policy: PrefixPolicy, boundary: int) -> BoundaryState | None:
+        """The state a cached prefix boundary keeps (after the chunk that reached it ran)."""
+        return prefix_pages.boundary_state(self.cache, self.method, self.sliding, policy, seq, boundary)
 
     def release(self, seq: Sequence) -> None:
         self._page_tables.pop(seq.seq_id, None)
