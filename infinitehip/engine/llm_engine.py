@@ -85,12 +85,10 @@ class LLMEngine:
         self.method, self.cache, self.kv_plan, self.rope = parts.method, parts.cache, parts.kv_plan, parts.rope
         self.sliding, self.max_context_tokens = parts.sliding, parts.max_context_tokens
         # Prefix caching: on where the method declares how a reused prefix stays exact (engine/prefix_pages.py).
-        # Off with tensor parallelism: a hit copies pages and saliency on the driver's rank only.
-        self.prefix = prefix_pages.prefix_policy(config.enable_prefix_caching and self.parallel is None, self.method,
+        # With tensor parallelism every rank copies its shard of a hit's pages (parallel/step_sync.py).
+        self.prefix = prefix_pages.prefix_policy(config.enable_prefix_caching, self.method,
                                                  bool(loaded.config.sliding_layers), config.page_size,
                                                  config.prefill_chunk_size)
-        if config.enable_prefix_caching and self.parallel is not None:
-            logger.info("prefix caching off: not supported with tensor_parallel_size > 1")
         allocator = (PageAllocator if self.prefix is None else PrefixCachingAllocator)(parts.num_pages, config.page_size)
         self.scheduler = Scheduler(allocator, config.max_num_seqs, config.prefill_chunk_size, parts.kv_token_limit,
                                    parts.kv_scratch_tokens, self.prefix)
@@ -257,13 +255,20 @@ class LLMEngine:
         """Write the cached prefixes to a safetensors file (engine/prefix_disk.py); call between steps."""
         from infinitehip.engine.prefix_disk import save_prefix_cache
 
+        self._check_prefix_file()
         return save_prefix_cache(self, path)
 
     def load_prefix_cache(self, path) -> int:
         """Load cached prefixes saved by an engine of the same model, method and KV layout (else ValueError)."""
         from infinitehip.engine.prefix_disk import load_prefix_cache
 
+        self._check_prefix_file()
         return load_prefix_cache(self, path)
+
+    def _check_prefix_file(self) -> None:
+        if self.parallel is not None:  # each rank holds its heads' share of every page
+            raise ValueError("prefix cache files hold one process's KV: not available with tensor_parallel_size > 1 "
+                             "(prefix caching itself is)")
 
     @property
     def has_work(self) -> bool:

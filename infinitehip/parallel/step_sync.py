@@ -7,6 +7,10 @@ counters). Every rank keeps a mirror `Sequence` per running sequence with its ow
 runs the same call on it with its own `ModelRunner`: the collectives inside the model and the methods then meet
 in the same order on every rank. Token ids and page tables are sent incrementally, so a decode step of a
 million-token sequence sends one token.
+
+Prefix caching: the page ids a hit copies and the boundaries whose state is kept go with the next call; each rank
+copies its own shard of those pages and keeps its own heads' boundary state, by page id (rank 0's allocator
+decides, the other ranks follow it).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.runner import ModelRunner
 from infinitehip.engine.scheduler import StepPlan
 from infinitehip.engine.sequence import Sequence
+from infinitehip.kv.prefix_reuse import PrefixHit, PrefixPolicy
 from infinitehip.parallel.state import ParallelState
 
 
@@ -34,12 +39,22 @@ class SeqSync:
 
 
 @dataclass
+class HitSync:
+    seq_id: int
+    copies: list[tuple[int, int]]  # (source page, private copy) pairs
+    state_page: int | None  # the page whose boundary state the hit restores
+
+
+@dataclass
 class StepMessage:
     op: str  # "run" (a scheduled step) | "forward_logits" (one prefill chunk of prompt_logits)
+    # Boundary states kept after the last call, (seq_id, boundary, page): taken before `released` is applied.
+    boundaries: list[tuple[int, int, int]] = field(default_factory=list)
     released: list[int] = field(default_factory=list)
     syncs: list[SeqSync] = field(default_factory=list)
     prefill: list[tuple[int, int]] = field(default_factory=list)  # (seq_id, tokens this step)
     decode: list[int] = field(default_factory=list)
+    hits: list[HitSync] = field(default_factory=list)  # applied after the syncs, before the call
 
 
 class DriverRunner:
@@ -49,6 +64,8 @@ class DriverRunner:
         self.local, self.parallel = local, parallel
         self._sent: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens sent, page-table entries sent)
         self._released: list[int] = []
+        self._boundaries: list[tuple[int, int, int]] = []
+        self._hits: list[tuple[Sequence, HitSync]] = []
 
     def __getattr__(self, name: str):
         return getattr(self.local, name)
@@ -67,10 +84,23 @@ class DriverRunner:
 
     def _broadcast(self, op: str, prefill: list[tuple[Sequence, int]], decode: list[Sequence]) -> None:
         seqs = [seq for seq, _ in prefill] + decode
-        message = StepMessage(op, self._released, [self._sync(seq) for seq in seqs],
-                              [(seq.seq_id, n) for seq, n in prefill], [seq.seq_id for seq in decode])
-        self._released = []
+        ids = {seq.seq_id for seq in seqs}
+        seqs += [seq for seq, _ in self._hits if seq.seq_id not in ids]  # admitted, not in this call: sent anyway
+        message = StepMessage(op, self._boundaries, self._released, [self._sync(seq) for seq in seqs],
+                              [(seq.seq_id, n) for seq, n in prefill], [seq.seq_id for seq in decode],
+                              [hit for _, hit in self._hits])
+        self._released, self._boundaries, self._hits = [], [], []
         self.parallel.broadcast_object(message)
+
+    def apply_prefix_hit(self, seq: Sequence, hit, state, page_size: int) -> None:
+        self._hits.append((seq, HitSync(seq.seq_id, list(hit.copies), hit.snapshot_page)))
+        self.local.apply_prefix_hit(seq, hit, state, page_size)
+
+    def keep_boundary(self, seq: Sequence, policy, boundary: int):
+        state = self.local.keep_boundary(seq, policy, boundary)
+        if state is not None:
+            self._boundaries.append((seq.seq_id, boundary, seq.page_table[boundary // policy.page_size - 1]))
+        return state
 
     def run(self, plan: StepPlan):
         self._broadcast("run", plan.prefill, plan.decode)
@@ -89,11 +119,16 @@ class DriverRunner:
 class StepMirror:
     """A rank > 0: mirror sequences (with this rank's method state) and the calls rank 0 made on them."""
 
-    def __init__(self, runner: ModelRunner, method):
-        self.runner, self.method = runner, method
+    def __init__(self, runner: ModelRunner, method, prefix: PrefixPolicy | None = None):
+        self.runner, self.method, self.prefix = runner, method, prefix
         self.seqs: dict[int, Sequence] = {}
+        # This rank's boundary states by page (rank 0's allocator holds its own; a page's state is replaced when
+        # the page is a boundary again, so at most one per page).
+        self.boundary_states: dict[int, object] = {}
 
     def apply(self, message: StepMessage) -> None:
+        for seq_id, boundary, page in message.boundaries:
+            self.boundary_states[page] = self.runner.keep_boundary(self.seqs[seq_id], self.prefix, boundary)
         for seq_id in message.released:
             seq = self.seqs.pop(seq_id, None)
             if seq is not None:
@@ -101,6 +136,10 @@ class StepMirror:
                 self.runner.release(seq)
         for sync in message.syncs:
             self._sync(sync)
+        for h in message.hits:
+            hit = PrefixHit(0, [], h.copies, h.state_page)
+            state = None if h.state_page is None else self.boundary_states[h.state_page]
+            self.runner.apply_prefix_hit(self.seqs[h.seq_id], hit, state, self.prefix.page_size)
         prefill = [(self.seqs[seq_id], n) for seq_id, n in message.prefill]
         decode = [self.seqs[seq_id] for seq_id in message.decode]
         if message.op == "run":

@@ -8,6 +8,7 @@ import os
 import torch
 
 from infinitehip.config.engine import EngineConfig
+from infinitehip.engine.prefix_pages import prefix_policy
 from infinitehip.engine.rank import build_rank
 from infinitehip.parallel.rank_weights import RankWeights
 from infinitehip.parallel.state import ParallelState, init_parallel, shutdown_parallel
@@ -35,7 +36,9 @@ def run_worker(parallel: ParallelState, config: EngineConfig, weights: RankWeigh
     if parallel.first_error(error) is not None:
         parallel.broadcast_object()  # rank 0 closes the engine (None)
         return
-    mirror = StepMirror(parts.runner, parts.method)
+    prefix = prefix_policy(config.enable_prefix_caching, parts.method, parts.sliding is not None, config.page_size,
+                           config.prefill_chunk_size)
+    mirror = StepMirror(parts.runner, parts.method, prefix)
     with torch.inference_mode():
         while (message := parallel.broadcast_object()) is not None:
             mirror.apply(message)

@@ -67,6 +67,9 @@ PREFIX_CACHE_FILE = "prefix_cache.safetensors"  # in ServerConfig.prefix_cache_d
 def create_app(engine: LLMEngine, server_config: ServerConfig | None = None) -> FastAPI:
     config = server_config or ServerConfig()
     metrics = ServerMetrics()
+    if config.prefix_cache_dir and engine.parallel is not None:  # refused at start, not at the first save
+        raise ValueError("--prefix-cache-dir is not available with tensor_parallel_size > 1: a prefix cache file "
+                         "holds one process's KV")
     async_engine = AsyncEngine(engine, config.max_waiting_requests, metrics)
     model_name, aliases = served_model_name(engine, config)
     serving = OpenAIServing(async_engine, config, model_name, aliases)

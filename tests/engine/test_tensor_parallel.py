@@ -100,14 +100,16 @@ def test_tp2_tokens_equal_single_process(llama, method):
         assert (tokens, pytest.approx(logprobs, abs=1e-4)) != dense_run(llama)
 
 
+GEMMA3 = dataclasses.replace(LLAMA, model_type="gemma3_text", num_layers=3, num_kv_heads=1, qk_norm=True,
+                             tie_word_embeddings=True, layer_types=("sliding_attention", "sliding_attention",
+                                                                    "full_attention"),
+                             sliding_window=16, sliding_rope_theta=10000.0, query_pre_attn_scalar=24.0,
+                             final_logit_softcapping=30.0)
+
+
 def test_tp2_replicated_kv_head_gemma3():
     """Gemma 3 (sliding-window + full layers, sandwich norms, tied embeddings) with one KV head: both ranks hold it."""
-    gemma = dataclasses.replace(LLAMA, model_type="gemma3_text", num_layers=3, num_kv_heads=1, qk_norm=True,
-                                tie_word_embeddings=True, layer_types=("sliding_attention", "sliding_attention",
-                                                                       "full_attention"),
-                                sliding_window=16, sliding_rope_theta=10000.0, query_pre_attn_scalar=24.0,
-                                final_logit_softcapping=30.0)
-    loaded = loaded_model(gemma)
+    loaded = loaded_model(GEMMA3)
     for method in ("dense", "infinitehip"):
         tokens, logprobs = generate(loaded, method, 1)
         tp_tokens, tp_logprobs = generate(loaded, method, 2)
@@ -137,3 +139,53 @@ def test_row_and_column_parallel_layers_equal_unsharded():
     for rank, mlp_err, logits_err, shape in out:
         assert shape == (5, 101)  # 101 rows split 51 + 50, the short block padded then cut
         assert mlp_err < 1e-5 and logits_err < 1e-5, (rank, mlp_err, logits_err)
+
+
+DOC = PROMPT[:256]  # two prefill chunks of 128: the second question reuses both
+QUESTIONS = [DOC + torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (20, 23)]
+
+
+def ask_twice(loaded: LoadedModel, method: str, size: int, caching: bool) -> list[tuple[list[int], list[float], int]]:
+    """Both questions on one engine: (greedy tokens, their log-probabilities, prompt tokens from the cache) each."""
+    config = EngineConfig(device="cpu", dtype="float32", show_progress=False, method=method, max_context_tokens=512,
+                          page_size=16, prefill_chunk_size=128, use_generation_config=False, tensor_parallel_size=size,
+                          method_config=METHOD_CONFIGS.get(method), enable_prefix_caching=caching)
+    engine = LLMEngine(config, loaded)
+    try:
+        out = []
+        for prompt in QUESTIONS:
+            seq = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0))
+            while engine.has_work:
+                engine.step()
+            out.append((seq.output_ids, [lp.logprob for lp in seq.output_logprobs], seq.cached_prompt_tokens))
+        return out
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("model", ["llama", "gemma3"])
+@pytest.mark.parametrize("method", ["dense", "infinitehip"])
+def test_tp2_prefix_hit_equals_single_process_without_caching(llama, model, method):
+    """Prefix caching with 2 ranks: every rank copies its shard of the hit's private pages and keeps its heads'
+    boundary state (InfiniteHiP's landmark saliency, Gemma 3's sliding rings); the second question reuses the
+    document and answers as one process with caching off."""
+    loaded = llama if model == "llama" else loaded_model(GEMMA3)
+    tp = ask_twice(loaded, method, 2, caching=True)
+    plain = ask_twice(loaded, method, 1, caching=False)
+    # the prefill-chunk grid and the recomputed question (infinitehip: 32 tokens) leave 128 of the 256 for it
+    assert [c for _, _, c in tp] == [0, 256 if method == "dense" else 128]
+    for (tokens, logprobs, _), (plain_tokens, plain_logprobs, _) in zip(tp, plain):
+        assert tokens == plain_tokens
+        assert logprobs == pytest.approx(plain_logprobs, abs=1e-4)
+
+
+def test_tp2_refuses_prefix_cache_files(llama, tmp_path):
+    config = EngineConfig(device="cpu", dtype="float32", show_progress=False, max_context_tokens=512, page_size=16,
+                          tensor_parallel_size=2)
+    engine = LLMEngine(config, llama)
+    try:
+        with pytest.raises(ValueError, match="tensor_parallel_size > 1"):
+            engine.save_prefix_cache(tmp_path / "cache.safetensors")
+    finally:
+        engine.close()
+
