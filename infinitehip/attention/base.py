@@ -50,6 +50,9 @@ class SequenceSlice:
     probe: Any = None  # a NeedleProbe (attention/needle_probe.py) when the request is being diagnosed
     scratch: bool = False  # ChunkHooks.extra_forward tokens: their k/v are never kept (later tokens overwrite them)
     text: Any = None  # the prompt's token ids (attention/repeated_text.py PromptText) in the chunk that ends the prompt
+    # A prefix boundary inside this chunk (start_pos < it < context_len) at which sliding-window layers keep a copy
+    # of their rings (attention/sliding_window.py): prefix caching reuses the chunk's full pages with them.
+    ring_boundary: int | None = None
 
     @property
     def context_len(self) -> int:

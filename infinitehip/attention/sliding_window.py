@@ -38,6 +38,9 @@ class SlidingWindowAttention:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._rows: dict[int, int] = {}  # seq_id -> ring row
         self._free = list(range(max_rows - 1, -1, -1))
+        # seq_id -> (boundary, k, v [layers, window, kv_heads, head_dim]): the rings as they were at a prefix
+        # boundary inside the sequence's last prefill chunk (SequenceSlice.ring_boundary)
+        self._at_boundary: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
 
     @property
     def bytes(self) -> int:
@@ -58,15 +61,22 @@ class SlidingWindowAttention:
         return row
 
     def release(self, seq_id: int) -> None:
+        self._at_boundary.pop(seq_id, None)
         row = self._rows.pop(seq_id, None)
         if row is not None:
             self._free.append(row)
 
-    def snapshot(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Host copies of a sequence's rings, k and v [layers, window, kv_heads, head_dim] (a prefix boundary's
-        state: kept with the cached prefix, engine/prefix_pages.py)."""
-        row = self.row(seq_id)
-        return self.k[:, row].to("cpu", copy=True), self.v[:, row].to("cpu", copy=True)  # a copy on the CPU too
+    def snapshot(self, seq_id: int, boundary: int, num_computed: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Host copies of a sequence's rings at token `boundary`, k and v [layers, window, kv_heads, head_dim] (a
+        prefix boundary's state: kept with the cached prefix, engine/prefix_pages.py): its rings now when the
+        boundary is the sequence's end (num_computed), the copy its last chunk kept there, or None."""
+        if boundary == num_computed:
+            row = self.row(seq_id)
+            return self.k[:, row].to("cpu", copy=True), self.v[:, row].to("cpu", copy=True)  # a copy on the CPU too
+        kept = self._at_boundary.get(seq_id)
+        if kept is None or kept[0] != boundary:
+            return None
+        return kept[1].cpu(), kept[2].cpu()
 
     def restore(self, seq_id: int, rings: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Write a snapshot into a sequence's ring row (a prefix hit, before its first forward): slot t % window
@@ -112,12 +122,27 @@ class SlidingWindowAttention:
         mask = band[None] & (key_pos >= 0)[:, None, :]  # keys before the sequence's start do not exist
         out = attend(qb, kb, vb, mask[:, None], self.softcap)
         out = out.transpose(1, 2).reshape(nb * W, *q.shape[1:])[:n]
+        if s.ring_boundary is not None and not s.scratch:  # the ring as it stands at the boundary, kept aside
+            self._keep_at(layer, s, keys, vals, s.ring_boundary - (p - W + 1))
         if not s.scratch:  # the chunk's last W keys become the ring (extra_forward tokens are never kept)
             m = min(n, W)
             kept = torch.arange(p + n - m, p + n, device=device).remainder(W)
             ring_k.index_copy_(0, kept, k[n - m :].to(ring_k.dtype))
             ring_v.index_copy_(0, kept, v[n - m :].to(ring_v.dtype))
         return out
+
+    def _keep_at(self, layer: int, s: SequenceSlice, keys: torch.Tensor, vals: torch.Tensor, end: int) -> None:
+        """keys/vals [W - 1 + ..., Hkv, d] from position p - W + 1 on; the W positions before index `end` (the
+        boundary) into a ring laid out as the live one (position t in slot t % W)."""
+        W, b = self.window, s.ring_boundary
+        kept = self._at_boundary.get(s.seq_id)
+        if kept is None or kept[0] != b:
+            shape = (self.k.shape[0], W, *self.k.shape[3:])
+            kept = self._at_boundary[s.seq_id] = (b, self.k.new_zeros(shape), self.v.new_zeros(shape))
+        lo = max(0, end - W)  # positions before the sequence's start do not exist (masked when read)
+        slots = torch.arange(b - (end - lo), b, device=keys.device).remainder(W)
+        kept[1][layer].index_copy_(0, slots, keys[lo:end].to(kept[1].dtype))
+        kept[2][layer].index_copy_(0, slots, vals[lo:end].to(kept[2].dtype))
 
     def _decode(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         seqs, W, device = batch.decode, self.window, q.device

@@ -93,6 +93,7 @@ class LLMEngine:
         self.scheduler = Scheduler(allocator, config.max_num_seqs, config.prefill_chunk_size, parts.kv_token_limit,
                                    parts.kv_scratch_tokens, self.prefix)
         self.runner = parts.runner
+        self.runner.prefix = self.prefix
         if self.parallel is not None:  # every model call is broadcast to the other ranks first
             from infinitehip.parallel.step_sync import DriverRunner
 

@@ -85,12 +85,13 @@ def apply_hit(cache, method: AttentionMethod, sliding: SlidingWindowAttention | 
 def boundary_state(cache, method: AttentionMethod, sliding: SlidingWindowAttention | None, policy: PrefixPolicy,
                    seq: Sequence, boundary: int) -> BoundaryState | None:
     """A chunk ended at a cached prefix boundary: the method's state of the boundary's private tail and the
-    sliding layers' rings, kept with the boundary's last page. The rings hold the window before the chunk's end, so
-    only a boundary at the chunk's end keeps them (None otherwise: a boundary without its state is not reused, the
-    scheduler steps back to one with it)."""
-    if sliding is not None and boundary != seq.num_computed:
+    sliding layers' rings, kept with the boundary's last page. The rings are those at the chunk's end, or the copy
+    the chunk kept at a boundary inside it (`SequenceSlice.ring_boundary`); None without them (a boundary without
+    its state is not reused: the scheduler steps back to one with it)."""
+    rings = None if sliding is None else sliding.snapshot(seq.seq_id, boundary, seq.num_computed)
+    if sliding is not None and rings is None:
         return None
-    state = BoundaryState(rings=sliding.snapshot(seq.seq_id) if sliding is not None else None)
+    state = BoundaryState(rings=rings)
     tail = policy.tail_pages(boundary)
     if len(tail):
         slots = page_slots([seq.page_table[i] for i in tail], policy.page_size, cache.device)

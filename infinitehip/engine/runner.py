@@ -29,6 +29,7 @@ class ModelRunner:
         self.router = router
         self.device = cache.device
         self.graph_decoder = graph_decoder  # decode-only steps of one sequence replay CUDA graphs (CUDA only)
+        self.prefix: PrefixPolicy | None = None  # prefix caching's policy (set by the engine): ring copies at boundaries
         # Per sequence: a device copy of its page table [capacity] (int32) and how many entries are valid.
         self._page_tables: dict[int, tuple[torch.Tensor, int]] = {}
 
@@ -70,11 +71,16 @@ class ModelRunner:
 
     def _slice(self, seq: Sequence, offset: int, n: int, is_prefill: bool, scratch: bool = False) -> SequenceSlice:
         ends_prompt = is_prefill and not seq.output_ids and seq.num_computed + n == seq.prefill_target and not scratch
+        ring_boundary = None
+        if is_prefill and not scratch and self.prefix is not None and self.prefix.rings:
+            # a boundary this chunk registers before its end: the sliding layers keep their rings there too
+            b = self.prefix.registrable(seq.num_computed, seq.num_computed + n, seq.num_prompt_tokens)
+            ring_boundary = b if b is not None and seq.num_computed < b < seq.num_computed + n else None
         return SequenceSlice(
             seq_id=seq.seq_id, query_start=offset, num_queries=n, start_pos=seq.num_cached, token_start=seq.num_computed,
             page_table=self.page_table(seq), cache=self.cache, state=seq.method_state, is_prefill=is_prefill,
             ends_prompt=ends_prompt, probe=seq.probe, scratch=scratch,
-            text=PromptText(seq.prompt_ids) if ends_prompt else None,
+            text=PromptText(seq.prompt_ids) if ends_prompt else None, ring_boundary=ring_boundary,
         )
 
     def _forward(self, input_ids: list[int], slices: list[SequenceSlice]) -> torch.Tensor:

@@ -38,6 +38,7 @@ def run_worker(parallel: ParallelState, config: EngineConfig, weights: RankWeigh
         return
     prefix = prefix_policy(config.enable_prefix_caching, parts.method, parts.sliding is not None, config.page_size,
                            config.prefill_chunk_size)
+    parts.runner.prefix = prefix
     mirror = StepMirror(parts.runner, parts.method, prefix)
     with torch.inference_mode():
         while (message := parallel.broadcast_object()) is not None:

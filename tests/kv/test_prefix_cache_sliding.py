@@ -1,6 +1,7 @@
 """Prefix caching on a model with sliding-window layers (tiny Gemma 3: sliding, sliding, full, x2; a 16-token
 window): a boundary keeps the layers' rings, a hit restores them, and its logits are those of a run with caching off.
-Boundaries are reused only where the rings were kept (the end of a prefill chunk); on disk the rings travel too."""
+Boundaries are reused only where the rings were kept (a prefill chunk's end, or the last page boundary inside it);
+on disk the rings travel too."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 DOC = random_ids(192, 1)  # three prefill chunks of 64
 Q1, Q2 = DOC + random_ids(20, 2), DOC + random_ids(21, 3)
 Q3 = DOC[:180] + random_ids(30, 5)  # shares 180 tokens: its boundary steps back to the chunk end at 128
+Q4 = Q1[:208] + random_ids(12, 7)  # Q1's last full page ends inside its last chunk: rings kept there (dense)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +41,8 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # on a GPU:
 
 
 def _engine(path, method: str, device: str = "cpu", **config):
-    return engine_for_dir(path, method=method, method_config=METHODS[method], max_context_tokens=1024, page_size=16,
-                          prefill_chunk_size=64, device=device, **config)
+    config = {"max_context_tokens": 1024, "page_size": 16, "prefill_chunk_size": 64, **config}
+    return engine_for_dir(path, method=method, method_config=METHODS[method], device=device, **config)
 
 
 def _ask(engine, prompt) -> tuple[list[int], list[torch.Tensor], int]:
@@ -65,7 +67,9 @@ def test_a_hit_restores_the_rings_and_equals_caching_off(gemma_dir, method, devi
     on = _engine(gemma_dir, method, device)
     assert on.prefix is not None and on.prefix.rings and on.sliding is not None
     assert _ask(on, Q1)[2] == 0
-    for prompt, cached in ((Q2, 192), (Q3, 128)):  # Q3: 176 tokens match, the last chunk end with rings is 128
+    # Q3: 176 tokens match, the last boundary with rings is 128; Q4: 208, the page boundary inside Q1's last chunk
+    # (infinitehip reuses the prefill-chunk grid only: 192)
+    for prompt, cached in ((Q2, 192), (Q3, 128), (Q4, 208 if method == "dense" else 192)):
         hit = _ask(on, prompt)
         assert hit[2] == cached
         _same(hit, _ask(_engine(gemma_dir, method, device, enable_prefix_caching=False), prompt))
@@ -93,3 +97,15 @@ def test_rings_travel_through_the_disk_file(gemma_dir, tmp_path):
     hit = _ask(loaded, Q2)
     assert hit[2] == 192
     _same(hit, _ask(_engine(gemma_dir, "infinitehip", enable_prefix_caching=False), Q2))
+
+
+def test_rings_kept_inside_a_chunk_span_the_chunk_start(gemma_dir):
+    """8-token pages: a first prompt of 202 tokens keeps rings at its last page boundary, 200, 8 tokens into its last
+    chunk (from 192), so the 16-token window kept there takes 8 keys from the ring before the chunk and 8 from it."""
+    on = _engine(gemma_dir, "dense", page_size=8)
+    first = DOC + random_ids(10, 8)
+    _ask(on, first)
+    prompt = first[:200] + random_ids(14, 9)
+    hit = _ask(on, prompt)
+    assert hit[2] == 200
+    _same(hit, _ask(_engine(gemma_dir, "dense", page_size=8, enable_prefix_caching=False), prompt))
