@@ -76,7 +76,7 @@ class SlidingWindowAttention:
         kept = self._at_boundary.get(seq_id)
         if kept is None or kept[0] != boundary:
             return None
-        return kept[1].cpu(), kept[2].cpu()
+        return kept[1].to("cpu", copy=True), kept[2].to("cpu", copy=True)
 
     def restore(self, seq_id: int, rings: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Write a snapshot into a sequence's ring row (a prefix hit, before its first forward): slot t % window
