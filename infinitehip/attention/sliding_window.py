@@ -133,16 +133,15 @@ class SlidingWindowAttention:
 
     def _keep_at(self, layer: int, s: SequenceSlice, keys: torch.Tensor, vals: torch.Tensor, end: int) -> None:
         """keys/vals [W - 1 + ..., Hkv, d] from position p - W + 1 on; the W positions before index `end` (the
-        boundary) into a ring laid out as the live one (position t in slot t % W)."""
+        boundary b, p < b: end >= W) into a ring laid out as the live one (position t in slot t % W)."""
         W, b = self.window, s.ring_boundary
         kept = self._at_boundary.get(s.seq_id)
         if kept is None or kept[0] != b:
             shape = (self.k.shape[0], W, *self.k.shape[3:])
             kept = self._at_boundary[s.seq_id] = (b, self.k.new_zeros(shape), self.v.new_zeros(shape))
-        lo = max(0, end - W)  # positions before the sequence's start do not exist (masked when read)
-        slots = torch.arange(b - (end - lo), b, device=keys.device).remainder(W)
-        kept[1][layer].index_copy_(0, slots, keys[lo:end].to(kept[1].dtype))
-        kept[2][layer].index_copy_(0, slots, vals[lo:end].to(kept[2].dtype))
+        slots = torch.arange(b - W, b, device=keys.device).remainder(W)  # negative positions: masked when read
+        kept[1][layer].index_copy_(0, slots, keys[end - W : end].to(kept[1].dtype))
+        kept[2][layer].index_copy_(0, slots, vals[end - W : end].to(kept[2].dtype))
 
     def _decode(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         seqs, W, device = batch.decode, self.window, q.device

@@ -10,8 +10,8 @@ from infinitehip.attention.repeated_text import PromptText
 from infinitehip.attention.sliding_window import SlidingWindowAttention
 from infinitehip.engine import prefix_pages
 from infinitehip.engine.graph_decode import GraphDecoder
-from infinitehip.engine.prefix_pages import BoundaryState
 from infinitehip.engine.logprobs import prompt_logprobs
+from infinitehip.engine.prefix_pages import BoundaryState
 from infinitehip.engine.scheduler import StepPlan
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.paged_cache import PagedKVCache
