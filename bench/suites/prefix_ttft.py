@@ -1,9 +1,12 @@
 """Prefix caching: time to first token of a first question on a long document vs a second question on the same
-document (its prefix served from the cache, only the question prefilled). InfiniteHiP, Llama-3.1-8B shape with
-RANDOM bf16 weights (tokens are noise), resident KV and/or offloaded KV.
+document (its prefix served from the cache, only the question prefilled). InfiniteHiP, by default the Llama-3.1-8B
+shape with RANDOM bf16 weights (tokens are noise; `--model` for a real one), resident KV and/or offloaded KV.
 
     python -m bench prefix-ttft --resident 131072 --offloaded 1048576 --fast-prefill-offloaded --output prefix_ttft.json
     python -m bench prefix-ttft --smoke                                                   # CPU, tiny model
+    python -m bench prefix-ttft --model gemma3-270m --resident 131072 --verify            # a real model (Gemma 3)
+
+Documents and questions are random token ids of the model's vocabulary (timing only, also with a real model).
 
 The document is a multiple of --chunk tokens and each question --question tokens (>= the preset's question_tokens),
 so the second request reuses the whole document: InfiniteHiP reuses prefixes on the prefill-chunk grid only
@@ -23,6 +26,7 @@ import json
 import torch
 
 from bench.common import models
+from bench.common.models import add_model_flags
 from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
 from bench.common.gpu_profile import print_report, profile_region
 from bench.common.instrument import use_fast_prefill
@@ -98,6 +102,7 @@ def add_arguments(p) -> None:
                    help="first a cell of a document this long (both questions) per KV mode timed, untimed: the Triton "
                         "kernels of a first request and of a hit compiled before timing, as in a running server")
     add_smoke_flag(p, "tiny random model, 512-token document, verified")
+    add_model_flags(p)
     add_method_flags(p, preset="3k-fast")
     add_offload_flags(p)
 
@@ -115,7 +120,7 @@ def run(args, out) -> dict:
     if args.question < max(1, method.question_tokens):
         raise ValueError(f"--question must be >= the preset's question_tokens ({method.question_tokens})")
     args.dtype = "float32" if args.smoke else "bfloat16"
-    loaded = models.load("tiny" if args.smoke else "random8b", device, getattr(torch, args.dtype))
+    loaded = models.load("tiny" if args.smoke else args.model, device, getattr(torch, args.dtype), args.model_cache_dir)
     warm = args.warmup_tokens // args.chunk * args.chunk
     if warm:  # both requests of a smaller cell first, per KV mode timed: every kernel of a hit compiled before timing
         for mode, contexts in ((False, args.resident), (True, args.offloaded)):
