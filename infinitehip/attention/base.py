@@ -249,13 +249,16 @@ class AttentionMethod(ABC):
         new method is correct before it opts in."""
         return None
 
-    def prefix_snapshot(self, cache: PagedKVCache, slots: torch.Tensor) -> Any:
+    def prefix_snapshot(self, cache: PagedKVCache, slots: torch.Tensor,
+                        state: Any = None) -> dict[str, torch.Tensor] | None:
         """With PrefixReuse.private_tail_tokens: the per-slot state of slots [N] (the keys just before a prefix
-        boundary, at the end of the chunk that reached it), kept with the cached page (host memory)."""
+        boundary, at the end of the chunk that reached it) and, given the sequence's state, what of it a hit resuming
+        at the boundary needs; named host tensors, kept with the cached page (and saved to disk as they are)."""
         return None
 
-    def restore_prefix(self, cache: PagedKVCache, slots: torch.Tensor, snapshot: Any) -> None:
-        """Write a prefix_snapshot into the slots [N] of a sequence's private copies of those keys."""
+    def restore_prefix(self, cache: PagedKVCache, slots: torch.Tensor, snapshot: dict[str, torch.Tensor] | None,
+                       state: Any = None) -> None:
+        """Write a prefix_snapshot into the slots [N] of a sequence's private copies of those keys (and its state)."""
 
     def bind_tokenizer(self, tokenizer: Any) -> None:
         """Called by the engine once, right after creating the method and before reading kv_token_limit, with

@@ -85,17 +85,16 @@ def save_prefix_cache(engine, path: str | Path) -> int:
         tensors["k"], tensors["v"] = _read_pages(engine.cache, pages, allocator.page_size)
     tensors["hashes"] = torch.tensor([list(h) for h, _ in entries], dtype=torch.uint8).reshape(len(entries), 32)
     tensors["owners"] = torch.tensor([allocator.owner(p) for p in pages], dtype=torch.int64)
-    if pages:  # the method's per-slot state of every cached key: {layer: (sums [N, H], counts [N])}
-        per_slot = engine.method.prefix_snapshot(engine.cache, page_slots(pages, allocator.page_size, engine.cache.device))
-        for layer, (total, count) in (per_slot or {}).items():
-            tensors[f"slots.{layer}.sum"], tensors[f"slots.{layer}.count"] = total, count
-    for i, page in enumerate(pages):  # boundary state: the method's {layer: (sums [N, H], counts [N])}, rings
+    if pages:  # the method's per-slot state of every cached key (named tensors of N rows: InfiniteHiP's saliency)
+        slots = page_slots(pages, allocator.page_size, engine.cache.device)
+        per_slot = engine.method.prefix_snapshot(engine.cache, slots)
+        tensors.update({f"slots.{name}": t for name, t in (per_slot or {}).items()})
+    for i, page in enumerate(pages):  # boundary state: the method's named snapshot tensors, the sliding rings
         state: BoundaryState | None = allocator.payload(page)
         if state is None:
             continue
         tensors[f"boundary.{i}"] = torch.ones(1, dtype=torch.uint8)  # a boundary with state, even an empty one
-        for layer, (total, count) in (state.method or {}).items():
-            tensors[f"snapshot.{i}.{layer}.sum"], tensors[f"snapshot.{i}.{layer}.count"] = total, count
+        tensors.update({f"snapshot.{i}.{name}": t.contiguous() for name, t in (state.method or {}).items()})
         if state.rings is not None:
             tensors[f"rings.{i}.k"], tensors[f"rings.{i}.v"] = (t.contiguous() for t in state.rings)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -129,9 +128,8 @@ def load_prefix_cache(engine, path: str | Path) -> int:
         return 0
     pages = allocator.allocate(n)
     _write_pages(engine.cache, pages, allocator.page_size, tensors["k"][:n], tensors["v"][:n])
-    per_slot = {int(key.split(".")[1]): (tensors[key][: n * allocator.page_size],
-                                         tensors[key[: -len("sum")] + "count"][: n * allocator.page_size])
-                for key in tensors if key.startswith("slots.") and key.endswith(".sum")}
+    rows = n * allocator.page_size
+    per_slot = {key[len("slots."):]: t[:rows] for key, t in tensors.items() if key.startswith("slots.")}
     if per_slot:
         engine.method.restore_prefix(engine.cache, page_slots(pages, allocator.page_size, engine.cache.device), per_slot)
     for i, page in enumerate(pages):
@@ -139,10 +137,8 @@ def load_prefix_cache(engine, path: str | Path) -> int:
         owner = int(owners[i])
         allocator.register(page, bytes(hashes[i].tolist()), -1 - owner if owner >= 0 else owner)
         if f"boundary.{i}" in tensors:
-            snap = {}
-            for key in [k for k in tensors if k.startswith(f"snapshot.{i}.") and k.endswith(".sum")]:
-                layer = int(key.split(".")[2])
-                snap[layer] = (tensors[key], tensors[f"snapshot.{i}.{layer}.count"])
+            named = f"snapshot.{i}."
+            snap = {key[len(named):]: t for key, t in tensors.items() if key.startswith(named)}
             rings = (tensors[f"rings.{i}.k"], tensors[f"rings.{i}.v"]) if f"rings.{i}.k" in tensors else None
             allocator.attach(page, BoundaryState(snap or None, rings))
     allocator.release(pages)  # cached, unreferenced: evictable like any finished prompt's pages

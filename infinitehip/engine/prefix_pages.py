@@ -76,7 +76,7 @@ def apply_hit(cache, method: AttentionMethod, sliding: SlidingWindowAttention | 
         src = page_slots([s for s, _ in hit.copies], page_size, cache.device)
         dst = page_slots([d for _, d in hit.copies], page_size, cache.device)
         copy_pages(cache, src, dst)
-        method.restore_prefix(cache, dst, state.method)
+        method.restore_prefix(cache, dst, state.method, seq.method_state)
     if sliding is not None:
         sliding.restore(seq.seq_id, state.rings)
 
@@ -95,5 +95,5 @@ def boundary_state(cache, method: AttentionMethod, sliding: SlidingWindowAttenti
     tail = policy.tail_pages(boundary)
     if len(tail):
         slots = page_slots([seq.page_table[i] for i in tail], policy.page_size, cache.device)
-        state.method = method.prefix_snapshot(cache, slots)
+        state.method = method.prefix_snapshot(cache, slots, seq.method_state)
     return state

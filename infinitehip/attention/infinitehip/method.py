@@ -118,20 +118,35 @@ class InfiniteHiPAttention(AttentionMethod):
     # ---- prefix caching ----------------------------------------------------------------------------------
     def prefix_reuse(self) -> PrefixReuse:
         """Prefill selection depends on the chunk (its context length; landmark saliency from the chunk's later
-        queries): exact on the prefill-chunk grid only. The question's queries are recomputed (they may start in
-        the chunk before the last). Landmark saliency of a key changes until `landmark_window` later queries saw it:
-        the keys of that window before the boundary are private copies, their sums restored from a snapshot taken
-        at the boundary. The rest of the state (stage caches, question selection) is made after the boundary."""
-        tail = self.config.landmark_window - 1 if self.saliency is not None else 0
-        return PrefixReuse(chunk_aligned=True, min_recompute_tokens=max(1, self.config.question_tokens),
-                           private_tail_tokens=tail)
+        queries): exact on the prefill-chunk grid only. Landmark saliency of a key changes until `landmark_window`
+        later queries saw it: the keys of that window before the boundary are private copies, their sums restored
+        from a snapshot taken at the boundary, with the last question_tokens queries before it (a short question's
+        vote reads them). The rest of the state (stage caches, question selection) is made after the boundary.
+        Without landmark saliency there is no snapshot: the question's queries are recomputed instead."""
+        if self.saliency is None:
+            return PrefixReuse(chunk_aligned=True, min_recompute_tokens=max(1, self.config.question_tokens))
+        return PrefixReuse(chunk_aligned=True, private_tail_tokens=self.config.landmark_window - 1)
 
-    def prefix_snapshot(self, cache, slots: torch.Tensor):
-        return None if self.saliency is None else self.saliency.snapshot(slots)
+    def prefix_snapshot(self, cache, slots: torch.Tensor, state: InfiniteHiPState | None = None):
+        if self.saliency is None:
+            return None
+        out = {f"{kind}.{layer}": t for layer, (total, count) in self.saliency.snapshot(slots).items()
+               for kind, t in (("sum", total), ("count", count))}
+        for layer, q in enumerate(state.recent_q if state is not None else []):
+            if q is not None:  # [<= question_tokens, H, d]: the queries a question after the boundary votes with
+                out[f"recent_q.{layer}"] = q.to("cpu", copy=True)
+        return out
 
-    def restore_prefix(self, cache, slots: torch.Tensor, snapshot) -> None:
-        if self.saliency is not None and snapshot is not None:
-            self.saliency.restore(cache, slots, snapshot)
+    def restore_prefix(self, cache, slots: torch.Tensor, snapshot, state: InfiniteHiPState | None = None) -> None:
+        if self.saliency is None or snapshot is None:
+            return
+        layers = sorted(int(name.split(".")[1]) for name in snapshot if name.startswith("sum."))
+        self.saliency.restore(cache, slots, {layer: (snapshot[f"sum.{layer}"], snapshot[f"count.{layer}"])
+                                             for layer in layers})
+        if state is not None:
+            for name, q in snapshot.items():
+                if name.startswith("recent_q."):
+                    state.recent_q[int(name.split(".")[1])] = q.to(cache.device)
 
     def _impl(self, x: torch.Tensor) -> str:
         """Every op's implementation for x's device (config/impl.py): Triton on CUDA; on CPU the ops' CPU
@@ -230,7 +245,7 @@ class InfiniteHiPAttention(AttentionMethod):
         state: InfiniteHiPState = seq.state
         previous = state.recent_q[layer]
         recent = (q if previous is None else torch.cat([previous, q]))[-c.question_tokens :].clone()
-        state.recent_q[layer] = None if seq.ends_prompt else recent
+        state.recent_q[layer] = recent  # kept at the prompt's end too: a prefix boundary there snapshots it
         if not seq.ends_prompt:
             return None
         first = seq.context_len - recent.shape[0]

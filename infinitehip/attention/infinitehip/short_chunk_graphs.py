@@ -91,7 +91,7 @@ def prefill_short_chunk(method, layer: int, q: torch.Tensor, seq, batch) -> torc
     if not qualifies(c, chunk, n) or method._keeps_every_key(layer, seq.start_pos + c.question_tokens):
         return None
     state = seq.state
-    state.recent_q[layer] = None
+    state.recent_q[layer] = q[-c.question_tokens :].clone()  # as the eager prefill keeps them (n >= question_tokens)
     novel = method.prompt_novel(seq, q.device)
     _, bound = question_bounds(c, chunk)
     repeated = repeated_candidates(seq.text, c.repeat_span, c.sink_tokens, bound, q.device)
