@@ -126,8 +126,8 @@ class Scheduler:
             return None
         tail = p.tail_pages(boundary)
         copies = [(pages[i], -1) for i in tail]
-        state = pages[boundary // a.page_size - 1] if p.needs_boundary_state else None
-        return PrefixHit(boundary, pages[: tail.start], copies, state)
+        state_page = pages[boundary // a.page_size - 1] if p.needs_boundary_state else None
+        return PrefixHit(boundary, pages[: tail.start], copies, state_page)
 
     def _apply_hit(self, seq: Sequence, hit: PrefixHit) -> None:
         dst = self.allocator.allocate(len(hit.copies))

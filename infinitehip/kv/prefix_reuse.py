@@ -13,8 +13,9 @@ A reused prefix must give exactly what recomputing it would. What that takes dep
   keys) cannot be shared: the pages holding the last `private_tail_tokens` keys before the boundary are
   copied into pages of the new sequence, with the method's snapshot of that state taken at the boundary;
 - a model's sliding-window layers keep the last window of keys per sequence outside the paged cache
-  (attention/sliding_window.py): a boundary is reusable only where a copy of those rings was taken, at the end
-  of a prefill chunk (`rings`). Their keys depend on the prefix's tokens alone, so any owner's copy serves.
+  (attention/sliding_window.py): a boundary is reusable only where a copy of those rings was taken: a prefill
+  chunk's end, or the last full page inside it (`rings`). Their keys depend on the prefix's tokens alone, so any
+  owner's copy serves.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class PrefixReuse:
 @dataclass(frozen=True)
 class PrefixHit:
     """A reused prefix of `tokens` tokens: `shared` pages referenced as they are, then `copies` (src, dst) pages
-    whose K/V (and the method's snapshot, taken at page `snapshot_page`) are copied before the next forward."""
+    whose K/V are copied before the next forward, and the boundary state kept with page `snapshot_page` (the
+    method's snapshot, the sliding rings) restored then."""
 
     tokens: int
     shared: list[int]
