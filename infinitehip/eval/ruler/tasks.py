@@ -6,7 +6,9 @@ of a haystack and asks for the value(s) of one or more keys; the question repeat
 - ``niah_single_{word,number,uuid}``: one needle, one value of that kind;
 - ``niah_multikey``: the target plus 3 distractor needles with other keys and values;
 - ``niah_multivalue``: 4 needles with the same key, all 4 values must be named;
-- ``niah_multiquery``: 4 keys, one needle each, all asked at once.
+- ``niah_multiquery``: 4 keys, one needle each, all asked at once;
+- ``vt_chain``, ``niah_paraphrase``, ``niah_two_part``: variable tracking (multi-hop), a key phrased unlike the
+  question, two halves of one answer (:mod:`infinitehip.eval.ruler.plans`).
 
 The target needle sits at ``depth``; the others at seed-drawn depths at least 0.05 away. The
 templated prompt is sized like :func:`infinitehip.eval.niah.make_niah_sample`: estimate the
@@ -27,6 +29,7 @@ from infinitehip.eval.sample import completion_suffix, fit_to_length, length_tol
 
 from .haystacks import get_haystack
 from .needles import KINDS, draw_keys, draw_values, needle_sentence, spread_depths
+from .plans import Plan, chain_plan, paraphrase_plan, two_part_plan
 
 __all__ = ["TASKS", "RulerSample", "TaskSpec", "make_ruler_sample"]
 
@@ -38,6 +41,7 @@ class TaskSpec:
     values_per_key: int = 1  # needles sharing the asked key (multivalue)
     distractors: int = 0  # needles with other keys, not asked
     answer_tokens: int = 32  # max_tokens of the reply
+    form: str = "niah"  # niah: key-value needles (above); chain / paraphrase / two_part: plans.py
 
 
 TASKS: dict[str, TaskSpec] = {
@@ -47,9 +51,14 @@ TASKS: dict[str, TaskSpec] = {
     "niah_multikey": TaskSpec("number", distractors=3),
     "niah_multivalue": TaskSpec("number", values_per_key=4, answer_tokens=64),
     "niah_multiquery": TaskSpec("number", queries=4, answer_tokens=64),
+    "vt_chain": TaskSpec("number", answer_tokens=48, form="chain"),
+    "niah_paraphrase": TaskSpec("word", form="paraphrase"),
+    "niah_two_part": TaskSpec("number", answer_tokens=48, form="two_part"),
 }
+_FORMS = {"chain": chain_plan, "paraphrase": paraphrase_plan, "two_part": two_part_plan}
 
 _LARGE = 262_144  # above this, accept any length within tolerance (each measurement is costly)
+_LINE_WINDOW = 2000  # chars either side of a cut to look for a line break
 
 
 @dataclass(frozen=True)
@@ -79,20 +88,10 @@ class RulerSample:
         return self.score(output) == 1.0
 
 
-@dataclass(frozen=True)
-class _Plan:
-    instruction: str
-    question: str
-    placed: list[tuple[float, str]]  # (depth, sentence) for every needle
-    expected: tuple[str, ...]
-    needle_texts: tuple[str, ...]
-    needle_depths: tuple[float, ...]
-    distractor_texts: tuple[str, ...]
-    answer_prefix: str  # a base model's completion starts here (eval/sample.completion_suffix)
-
-
-def _plan(task: str, depth: float, seed: int) -> _Plan:
+def _plan(task: str, depth: float, seed: int) -> Plan:
     spec = TASKS[task]
+    if spec.form != "niah":
+        return _FORMS[spec.form](depth, seed)
     rng = random.Random(seed)
     kind = KINDS[spec.kind]
     keys = draw_keys(rng, spec.queries + spec.distractors)
@@ -122,11 +121,11 @@ def _plan(task: str, depth: float, seed: int) -> _Plan:
         prefix = f"The secret {kind.singular} for the {asked[0]} is"
     instruction = (f"Some secret {kind.plural} are hidden inside the long text below. "
                    "Find and memorize them; a question about them follows the text.")
-    return _Plan(instruction, question, placed, tuple(v for _, v in targets), tuple(needle_texts),
+    return Plan(instruction, question, placed, tuple(v for _, v in targets), tuple(needle_texts),
                  tuple(depths[: len(needle_texts)]), tuple(distractor_texts), prefix)
 
 
-def _content(plan: _Plan, haystack: str, suffix: str = "") -> str:
+def _content(plan: Plan, haystack: str, suffix: str = "") -> str:
     return f"{plan.instruction}\n\n{haystack}\n\n{plan.question}{suffix}"
 
 
@@ -134,15 +133,29 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
-def _with_needles(tokenizer: Any, ids: list[int], placed: list[tuple[float, str]]) -> str:
-    """Haystack ids cut at each needle's depth, decoded piecewise, each needle joined in at a sentence end."""
+def _at_line(before: str, after: str, needle: str) -> str:
+    """Join ``before + after`` with ``needle`` as a line of its own at the line break nearest the join (code and
+    records); no line break within reach: at a sentence end (`insert_needle`)."""
+    text, cut = before + after, len(before)
+    lo, hi = max(0, cut - _LINE_WINDOW), min(len(text), cut + _LINE_WINDOW)
+    breaks = [i + 1 for i in range(lo, hi) if text[i] == "\n"]
+    if not breaks:
+        return insert_needle(before, after, needle)
+    j = min(breaks, key=lambda b: (abs(b - cut), b))
+    return f"{text[:j]}{needle}\n{text[j:]}"
+
+
+def _with_needles(tokenizer: Any, ids: list[int], placed: list[tuple[float, str]], boundary: str = "sentence") -> str:
+    """Haystack ids cut at each needle's depth, decoded piecewise, each needle joined in at a sentence end (or a
+    line break: `Haystack.boundary`)."""
+    join = _at_line if boundary == "line" else insert_needle
     order = sorted(placed, key=lambda p: p[0])
     cuts = [round(d * len(ids)) for d, _ in order]
     bounds = [0] + cuts + [len(ids)]
     pieces = [_decode(tokenizer, ids[a:b]) for a, b in zip(bounds, bounds[1:])]
     text = pieces[0]
     for (_, sentence), piece in zip(order, pieces[1:]):
-        text = insert_needle(text, piece, sentence)
+        text = join(text, piece, sentence)
     return text
 
 
@@ -154,14 +167,16 @@ def haystack_start(seed: int) -> float:
 
 
 def make_ruler_sample(tokenizer: Any, task: str, haystack: str, context_tokens: int, depth: float,
-                      seed: int, vary_haystack: bool = False, haystack_span: int = 0) -> RulerSample:
+                      seed: int, vary_haystack: bool = False, haystack_span: int = 0,
+                      haystack_dir: str | None = None) -> RulerSample:
     """One sample whose chat-templated prompt is ~``context_tokens`` tokens long; ``vary_haystack``: the haystack
     begins at a seed-drawn point of the corpus (`haystack_start`) instead of its first token; ``haystack_span``:
-    only that many corpus tokens, repeated (`Haystack.token_ids`)."""
+    only that many corpus tokens, repeated (`Haystack.token_ids`); ``haystack_dir``: exported texts instead of the
+    installed packages (`get_haystack`)."""
     if task not in TASKS:
         raise ValueError(f"unknown RULER task {task!r}; available: {', '.join(TASKS)}")
     validate_request(context_tokens, depth)
-    hay = get_haystack(haystack)
+    hay = get_haystack(haystack, haystack_dir)
     depth = float(depth)
     plan = _plan(task, depth, seed)
     tol = length_tolerance(context_tokens)
@@ -175,7 +190,7 @@ def make_ruler_sample(tokenizer: Any, task: str, haystack: str, context_tokens: 
 
     def build(n_hay: int) -> str:
         ids = hay.token_ids(tokenizer, n_hay, start, haystack_span)
-        return _content(plan, _with_needles(tokenizer, ids, plan.placed), suffix)
+        return _content(plan, _with_needles(tokenizer, ids, plan.placed, hay.boundary), suffix)
 
     rounds = 3 if context_tokens <= _LARGE else 2  # at most two full tokenizations of a long prompt
     actual, content = fit_to_length(tokenizer, context_tokens, max(0, context_tokens - base), build, rounds, _LARGE)

@@ -1,0 +1,128 @@
+"""Haystack genres beyond prose (their texts, the tuning / held-out split, exported copies for another machine),
+the held-out protocol of bench/pick_setting.py, and the tasks beyond key-value retrieval (variable tracking, a
+paraphrased key, a two-part answer)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+
+import pytest
+
+from bench import pick_setting
+from infinitehip.eval.ruler import corpora
+from infinitehip.eval.ruler.haystacks import HAYSTACKS, HELD_OUT, TUNING, genre_text, get_haystack
+from infinitehip.eval.ruler.tasks import TASKS, make_ruler_sample
+from infinitehip.eval.sample import length_tolerance, prompt_length
+
+NEW_GENRES = ("licenses", "code", "shakespeare", "cmudict")
+
+
+@pytest.fixture(scope="module")
+def tok(tokenizer):
+    return tokenizer
+
+
+def test_split_covers_every_genre_once():
+    assert set(TUNING) | set(HELD_OUT) == set(HAYSTACKS) and not set(TUNING) & set(HELD_OUT)
+    assert len(HAYSTACKS) >= 7 and len(HELD_OUT) >= 3
+    assert {"sotu", "essays"} <= set(TUNING)  # the genres every earlier setting was chosen on
+    assert len({h.genre for h in HAYSTACKS.values()}) == len(HAYSTACKS)
+
+
+@pytest.mark.parametrize("name", NEW_GENRES)
+def test_genre_texts_are_long_real_and_read_without_import(name):
+    text = genre_text(name)
+    # > 4M characters: over 1M tokens of any tokenizer here, so a 1M-token prompt does not repeat its text
+    assert corpora.MAX_CHARS * 0.5 < len(text) <= corpora.MAX_CHARS + 1_000_000
+    assert text == genre_text(name)  # deterministic
+    assert {"licensedcode", "shksprdata", "cmudict"}.isdisjoint(sys.modules)  # located, never imported
+    markers = {"licenses": "WITHOUT WARRANTY", "code": "# file: sympy/", "shakespeare": "ACT I",
+               "cmudict": "\nabandon AH0 B AE1 N D AH0 N\n"}
+    assert markers[name] in text
+    if name == "licenses":
+        assert "\nkey: " not in text[:5000]  # YAML headers dropped
+    if name == "shakespeare":
+        assert text.count("THE TRAGEDY OF KING LEAR") == 1  # one edition of each work
+
+
+def test_exported_texts_round_trip_and_refuse_damage(tmp_path, tok):
+    corpora.export_corpus("pydoc", genre_text("pydoc"), tmp_path, "test")
+    hay = get_haystack("pydoc", str(tmp_path))
+    assert hay.token_ids(tok, 500, 0.3) == HAYSTACKS["pydoc"].token_ids(tok, 500, 0.3)
+    with gzip.open(tmp_path / "pydoc.txt.gz", "wt", encoding="utf-8") as f:
+        f.write(genre_text("pydoc").replace("the", "teh", 1))  # one changed word
+    with pytest.raises(RuntimeError, match=r"pydoc\.txt\.gz does not match the sha256"):
+        corpora.read_exported("pydoc", tmp_path)
+    (tmp_path / "pydoc.txt.gz").write_bytes(b"not gzip")
+    with pytest.raises(RuntimeError, match=r"cannot read .*pydoc\.txt\.gz"):
+        corpora.read_exported("pydoc", tmp_path)
+    with pytest.raises(RuntimeError, match="cannot read"):
+        corpora.read_exported("sotu", tmp_path)  # not exported: no manifest entry
+
+
+def _results(tmp_path, name, haystack, hits):
+    path = tmp_path / f"{name}.json"
+    samples = [{"haystack": haystack, "correct": i < hits} for i in range(10)]
+    path.write_text(json.dumps({"samples": samples}))
+    return str(path)
+
+
+def test_pick_setting_chooses_on_tuning_genres_and_refuses_held_out(tmp_path):
+    a = _results(tmp_path, "a", "licenses", 6)
+    b = _results(tmp_path, "b", "sotu", 8)
+    assert pick_setting.pick([f"a={a}=--x 1", f"b={b}=--x 2"]) == ("b", "--x 2")
+    for genre in HELD_OUT:
+        held = _results(tmp_path, "h", genre, 10)
+        with pytest.raises(pick_setting.HeldOutError, match=f"held-out genre '{genre}'"):
+            pick_setting.pick([f"a={a}=--x 1", f"h={held}=--x 3"])
+    unknown = _results(tmp_path, "u", "novels", 10)
+    with pytest.raises(pick_setting.HeldOutError, match="no known genre"):
+        pick_setting.pick([f"u={unknown}=--x 4"])
+
+
+@pytest.mark.parametrize("haystack", ["essays", "cmudict", "code"])
+def test_variable_tracking_hides_a_chain_in_text_order(tok, haystack):
+    s = make_ruler_sample(tok, "vt_chain", haystack, 3000, 0.3, seed=11, vary_haystack=True)
+    assert abs(prompt_length(tok, s.messages) - 3000) <= length_tolerance(3000)
+    content = s.messages[0]["content"]
+    positions = [content.index(t) for t in s.needle_texts]
+    assert positions == sorted(positions) and len(s.expected) == 5  # the value, then 4 hops after it
+    value = s.needle_texts[0].rsplit(" = ", 1)[1].rstrip(".")
+    assert value in content.rsplit("\n\n", 1)[1]  # the question names the value, not the variables
+    for prev, name, text in zip(s.expected, s.expected[1:], s.needle_texts[1:]):
+        assert text == f"VAR {name} = VAR {prev}."
+    assert s.is_correct(" ".join(s.expected)) and not s.is_correct(" ".join(s.expected[:-1]))
+    if HAYSTACKS[haystack].boundary == "line":  # code and records: each needle a line of its own
+        assert all(f"\n{t}\n" in content for t in s.needle_texts)
+
+
+def test_paraphrased_key_shares_no_content_word_with_the_question(tok):
+    stop = {"the", "a", "of", "to", "is", "that", "secret", "code", "word", "what", "answer", "with", "only", "at",
+            "on", "in", "by", "when", "before", "every", "after", "up", "his", "her", "each", "into", "under"}
+    for seed in range(12):
+        s = make_ruler_sample(tok, "niah_paraphrase", "sotu" if seed % 2 else "licenses", 1500, 0.5, seed)
+        question = s.messages[0]["content"].rsplit("\n\n", 1)[1]
+        needle_words = {w.strip(".?,'").lower() for w in s.needle_texts[0].rsplit(" is ", 1)[0].split()} - stop
+        question_words = {w.strip(".?,:'").lower() for w in question.split()} - stop
+        assert needle_words and not needle_words & question_words, (needle_words & question_words)
+        assert s.expected[0] in s.needle_texts[0] and s.expected[0] not in question
+
+
+def test_two_part_answer_needs_both_needles(tok):
+    s = make_ruler_sample(tok, "niah_two_part", "shakespeare", 2000, 0.7, seed=3)
+    content = s.messages[0]["content"]
+    assert len(s.needle_texts) == 2 and all(content.count(t) == 1 for t in s.needle_texts)
+    assert "first half" in s.needle_texts[0] and "second half" in s.needle_texts[1]
+    first, second = s.expected
+    assert s.is_correct(f"{first}{second}") and s.is_correct(f"{first} and {second}")
+    assert not s.is_correct(first) and s.score(first) == 0.5
+
+
+def test_every_task_builds_on_every_new_genre(tok):
+    for task, spec in TASKS.items():
+        for haystack in NEW_GENRES:
+            s = make_ruler_sample(tok, task, haystack, 1200, 0.9, seed=2, vary_haystack=True)
+            content = s.messages[0]["content"]
+            assert all(content.count(t) == 1 for t in s.needle_texts + s.distractor_texts), (task, haystack)
