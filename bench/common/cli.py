@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from infinitehip.attention.registry import method_spec
+from infinitehip.config.methods import method_spec
 from infinitehip.cli import method_options
 from infinitehip.cli.options import add_dataclass_flags, parse_int
 from infinitehip.config.engine import EngineConfig

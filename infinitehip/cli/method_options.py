@@ -14,7 +14,7 @@ import dataclasses
 import json
 import textwrap
 
-from infinitehip.attention.registry import METHODS
+from infinitehip.config.methods import METHODS
 from infinitehip.cli.options import add_dataclass_flags
 from infinitehip.cli.parser import CommandParser
 from infinitehip.config.engine import EngineConfig

@@ -4,7 +4,7 @@ method's own config and the KV offloading config nested in it, so that one objec
     EngineConfig(method="infinitehip", method_config=PRESETS["3k-fast"], max_context_tokens=1 << 20,
                  offload=OffloadConfig(offload_enabled=True))
 
-`method_config` is typed by `method` through the method registry (attention/registry.py: the one place that knows
+`method_config` is typed by `method` through the method registry (config/methods.py: the one place that knows
 each method's config class and presets); None stands for the method's default preset and is replaced by it.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from infinitehip.attention.registry import METHODS, method_spec
+from infinitehip.config.methods import METHODS, method_spec
 from infinitehip.config.offload import OffloadConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -16,7 +16,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from infinitehip.attention.registry import METHODS, MethodSpec, method_spec
+from infinitehip.config.methods import METHODS, MethodSpec, method_spec
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 

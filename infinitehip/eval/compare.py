@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 import torch
 from rich.console import Console
 
-from infinitehip.attention.registry import create_method, method_spec
+from infinitehip.attention.registry import create_method
 from infinitehip.config.engine import EngineConfig
+from infinitehip.config.methods import method_spec
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.llm_engine import ContextLengthError, LLMEngine, load_engine_model
 from infinitehip.eval.runner import ANSWER_TOKENS, TASKS, context_tokens_needed

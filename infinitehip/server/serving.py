@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from infinitehip.attention.registry import method_spec
+from infinitehip.config.methods import method_spec
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.config.server import ServerConfig
 from infinitehip.engine.llm_engine import ContextLengthError

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from infinitehip.attention.registry import METHODS
+from infinitehip.config.methods import METHODS
 from infinitehip.cli.field_docs import field_docs
 from infinitehip.cli.main import build_parser, main
 from infinitehip.cli.parser import CommandParser

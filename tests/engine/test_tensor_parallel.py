@@ -15,7 +15,7 @@ import torch
 
 from infinitehip.attention.infinipot.config import InfiniPotConfig
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.registry import METHODS
+from infinitehip.config.methods import METHODS
 from infinitehip.attention.streaming.config import StreamingConfig
 from infinitehip.attention.tokenselect.config import TokenSelectConfig
 from infinitehip.attention.truncate.config import TruncateConfig

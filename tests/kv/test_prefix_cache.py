@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from infinitehip import EngineConfig, SamplingParams
-from infinitehip.attention.registry import method_spec
+from infinitehip.config.methods import method_spec
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.kv.prefix_cache import PrefixCachingAllocator, page_hashes
 from infinitehip.model.gguf_convert import default_cache_root

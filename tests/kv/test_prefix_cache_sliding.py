@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from infinitehip import SamplingParams
-from infinitehip.attention.registry import method_spec
+from infinitehip.config.methods import method_spec
 from infinitehip.engine import prefix_pages
 from tests.conftest import TINY_CONFIGS, engine_for_dir, random_ids, record_step_logits
 

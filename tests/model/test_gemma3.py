@@ -10,8 +10,9 @@ import torch
 
 from infinitehip import SamplingParams
 from infinitehip.attention.infinipot.config import InfiniPotConfig
-from infinitehip.attention.registry import METHODS, create_method, method_spec
+from infinitehip.attention.registry import create_method
 from infinitehip.attention.streaming.config import StreamingConfig
+from infinitehip.config.methods import METHODS, method_spec
 from infinitehip.config.model import ModelConfig
 from tests.conftest import TINY_CONFIGS, closure_graph_decoder, engine_for_dir, random_ids, record_step_logits
 from tests.attention.test_infinitehip_method import SMALL as SMALL_IH

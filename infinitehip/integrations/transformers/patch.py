@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from infinitehip.attention.registry import create_method, method_spec
+from infinitehip.attention.registry import create_method
+from infinitehip.config.methods import method_spec
 from infinitehip.config.model import ModelConfig
 from infinitehip.integrations.transformers.attention import ATTN_IMPLEMENTATION, identity_rotary
 from infinitehip.integrations.transformers.cache import MethodCache
