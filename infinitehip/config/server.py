@@ -26,9 +26,10 @@ class ServerConfig:
     # Directory of the prefix cache on disk: loaded at start when it holds one (refused if made for another model,
     # method or KV layout), saved at shutdown, so a restarted server answers on a known document without its prefill.
     prefix_cache_dir: str | None = None
+    ui: bool = True  # serve the page at / to ask questions of a long document (server/ui/); false: the API only
 
     # For the CLI (cli/options.py): the fields `--help` lists (--help-all lists all), allowed values.
-    HELP_FIELDS: ClassVar[tuple[str, ...]] = ("host", "port", "api_key", "served_model_name")
+    HELP_FIELDS: ClassVar[tuple[str, ...]] = ("host", "port", "api_key", "served_model_name", "ui")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"log_level": LOG_LEVELS}
 
     def __post_init__(self) -> None:
@@ -49,5 +50,7 @@ class ServerConfig:
         object.__setattr__(self, "allowed_origins", tuple(self.allowed_origins))
         if any(not isinstance(o, str) or not o.strip() for o in self.allowed_origins):
             raise ValueError("allowed_origins must be non-empty strings (an origin such as https://host:port, or *)")
+        if not isinstance(self.ui, bool):
+            raise ValueError(f"ui must be true or false, got {self.ui!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {'/'.join(LOG_LEVELS)}, got {self.log_level!r}")

@@ -4,7 +4,8 @@
     uvicorn.run(app, host=..., port=...)
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], POST /tokenize, POST /detokenize,
-GET /tokenizer_info (vLLM's; also under /v1), GET /health, GET /metrics (Prometheus). With an API key, everything but /health, /metrics and the API docs needs
+GET /tokenizer_info (vLLM's; also under /v1), GET /server_info, GET /health, GET /metrics (Prometheus), and the page
+at / (unless ui is off). With an API key, everything but /health, /metrics and the API docs needs
 `Authorization: Bearer <key>`.
 """
 
@@ -25,13 +26,14 @@ from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.server.async_engine import AsyncEngine
 from infinitehip.server.errors import APIError, error_response, install_error_handlers
 from infinitehip.server.metrics import ServerMetrics
-from infinitehip.server.middleware import ServerMiddleware
+from infinitehip.server.middleware import OPEN_PATHS, ServerMiddleware
 from infinitehip.server.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, ErrorResponse, ModelCard,
     ModelList,
 )
 from infinitehip.server.serving import OpenAIServing
 from infinitehip.server.tokenizer_routes import tokenizer_router
+from infinitehip.server.ui_routes import UI_PATHS, server_info_router, ui_router
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 422, 503)}
 
@@ -97,7 +99,8 @@ def create_app(engine: LLMEngine, server_config: ServerConfig | None = None) -> 
     app.state.metrics = metrics
     app.state.model_name = model_name
     install_error_handlers(app)
-    app.add_middleware(ServerMiddleware, metrics=metrics, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(ServerMiddleware, metrics=metrics, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                       open_paths=OPEN_PATHS | UI_PATHS if config.ui else OPEN_PATHS)
     if config.allowed_origins:  # added last = outermost: a browser's preflight is answered before the key check
         app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
@@ -129,6 +132,9 @@ def create_app(engine: LLMEngine, server_config: ServerConfig | None = None) -> 
 
     app.include_router(v1)
     app.include_router(tokenizer_router(engine, serving.check_model, serving.message_dict), responses=_ERRORS)
+    app.include_router(server_info_router(engine, model_name, serving.preset, config.max_waiting_requests))
+    if config.ui:  # the page at / (server/ui_routes.py)
+        app.include_router(ui_router())
 
     @app.get("/health")
     async def health():

@@ -30,8 +30,9 @@ async def send_json(send: Send, status: int, body: dict, headers: list[tuple[byt
 
 
 class ServerMiddleware:
-    def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, api_key: str | None, max_body_bytes: int):
-        self.app, self.metrics, self.max_body_bytes = app, metrics, max_body_bytes
+    def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, api_key: str | None, max_body_bytes: int,
+                 open_paths: frozenset[str] = OPEN_PATHS):
+        self.app, self.metrics, self.max_body_bytes, self.open_paths = app, metrics, max_body_bytes, open_paths
         self.api_key = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -45,7 +46,7 @@ class ServerMiddleware:
                 self.metrics.count_request(path, message["status"])
             await send(message)
 
-        if self.api_key is not None and path not in OPEN_PATHS and not self._authorized(scope):
+        if self.api_key is not None and path not in self.open_paths and not self._authorized(scope):
             await send_json(
                 counting_send, 401,
                 error_body("missing or invalid API key (send `Authorization: Bearer <key>`)", "authentication_error",
