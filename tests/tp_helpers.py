@@ -26,9 +26,9 @@ def sharded_mlp_rank(rank: int, size: int, init_method: str, results) -> None:
     torch.set_num_threads(1)
     from infinitehip.config.model import ModelConfig
     from infinitehip.model.llama import MLP
-    from infinitehip.parallel.linear import VocabParallelLogits
-    from infinitehip.parallel.shard import hf_tensors, shard_hf_tensor, shard_of
-    from infinitehip.parallel.state import init_parallel, shutdown_parallel
+    from infinitehip.distributed.linear import VocabParallelLogits
+    from infinitehip.distributed.shard import hf_tensors, shard_hf_tensor, shard_of
+    from infinitehip.distributed.state import init_parallel, shutdown_parallel
 
     config = ModelConfig(model_type="llama", vocab_size=101, hidden_size=32, intermediate_size=64, num_layers=1,
                          num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=1e4,

@@ -35,7 +35,7 @@ from infinitehip.cli.options import parse_int
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.llm_engine import LLMEngine
-from infinitehip.parallel.rank_weights import RankWeights
+from infinitehip.model.rank_weights import RankWeights
 
 
 def sync(args) -> None:

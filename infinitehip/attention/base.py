@@ -131,7 +131,7 @@ class ChunkHooks:
 
 class AttentionMethod(ABC):
     name: ClassVar[str]
-    # A tensor-parallel rank (parallel/state.ParallelState) when the engine runs several: model_config then holds
+    # A tensor-parallel rank (distributed/state.ParallelState) when the engine runs several: model_config then holds
     # this rank's heads only. None single-process.
     parallel: Any = None
     # Whether the method applies ModelConfig.attn_logit_softcapping (Gemma 2); the registry refuses others.

@@ -55,7 +55,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
         """config: the whole run, the method's config (config.method_config) and KV offloading (config.offload: host
         store + GPU banks when its offload_enabled is set) included.
-        loaded: the model (None: the one config.model names); a `parallel.rank_weights.RankWeights` gives each
+        loaded: the model (None: the one config.model names); a `model.rank_weights.RankWeights` gives each
         rank its weights its own way (random weights of a shape, for benchmarks).
         config.tensor_parallel_size > 1: this process is rank 0 (scheduler, sampling, API) of N ranks; call
         close() (or let the process end) to stop the others."""
@@ -63,13 +63,13 @@ class LLMEngine:
         self.device, self.dtype = config.torch_device(), config.torch_dtype()
         self.parallel = None
         if config.tensor_parallel_size > 1:  # ranks 1..N-1 start here and follow this rank's steps
-            from infinitehip.parallel.launch import start_ranks
+            from infinitehip.engine.parallel.launch import start_ranks
 
             self.parallel, loaded = start_ranks(config, loaded)
             self.device = self.parallel.device
         error, parts = None, None
         try:
-            if loaded is not None and not isinstance(loaded, LoadedModel):  # parallel.rank_weights.RankWeights
+            if loaded is not None and not isinstance(loaded, LoadedModel):  # model.rank_weights.RankWeights
                 loaded = loaded.load(self.parallel, self.device, self.dtype)
             self.loaded = loaded = loaded or load_engine_model(config)
             parts = build_rank(config, loaded, self.device, self.dtype, self.parallel, config.show_progress)
@@ -85,7 +85,7 @@ class LLMEngine:
         self.method, self.cache, self.kv_plan, self.rope = parts.method, parts.cache, parts.kv_plan, parts.rope
         self.sliding, self.max_context_tokens = parts.sliding, parts.max_context_tokens
         # Prefix caching: on where the method declares how a reused prefix stays exact (engine/prefix_pages.py).
-        # With tensor parallelism every rank copies its shard of a hit's pages (parallel/step_sync.py).
+        # With tensor parallelism every rank copies its shard of a hit's pages (engine/parallel/step_sync.py).
         self.prefix = prefix_pages.prefix_policy(config.enable_prefix_caching, self.method,
                                                  bool(loaded.config.sliding_layers), config.page_size,
                                                  config.prefill_chunk_size)
@@ -95,7 +95,7 @@ class LLMEngine:
         self.runner = parts.runner
         self.runner.prefix = self.prefix
         if self.parallel is not None:  # every model call is broadcast to the other ranks first
-            from infinitehip.parallel.step_sync import DriverRunner
+            from infinitehip.engine.parallel.step_sync import DriverRunner
 
             self.runner = DriverRunner(parts.runner, self.parallel)
         # a lone greedy sequence's next graph step launched before its token is read (off with tensor parallelism:
@@ -240,7 +240,7 @@ class LLMEngine:
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing single-process); the engine cannot step afterwards."""
         if self.parallel is not None:
-            from infinitehip.parallel.launch import stop_ranks
+            from infinitehip.engine.parallel.launch import stop_ranks
 
             stop_ranks(self.parallel)
 

@@ -41,7 +41,7 @@ class RankParts:
 
 def build_rank(config: EngineConfig, loaded: LoadedModel, device: torch.device, dtype: torch.dtype,
                parallel=None, show: bool = True) -> RankParts:
-    """parallel: this rank's `parallel.state.ParallelState` (None single-process): the method combines its heads'
+    """parallel: this rank's `distributed.state.ParallelState` (None single-process): the method combines its heads'
     selection scores with the other ranks' through it."""
     # The method and its KV cache see only the layers it governs (all of them, unless the model has
     # sliding-window layers: those keep a ring buffer of their window, attention/sliding_window.py), and only this

@@ -27,7 +27,7 @@ from infinitehip.config.model import ModelConfig
 from infinitehip.model.llama import MLP, Attention, AttentionFn, OutputHead
 from infinitehip.model.rms_norm import rms_norm
 from infinitehip.model.weights import load_hf_weights
-from infinitehip.parallel.state import ParallelState
+from infinitehip.distributed.state import ParallelState
 
 
 class GemmaRMSNorm(nn.Module):
@@ -59,7 +59,7 @@ class Gemma3DecoderLayer(nn.Module):
 
 class Gemma3Model(nn.Module):
     def __init__(self, config: ModelConfig, parallel: ParallelState | None = None):
-        """parallel: build one tensor-parallel rank (parallel/shard.py)."""
+        """parallel: build one tensor-parallel rank (distributed/shard.py)."""
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)

@@ -17,9 +17,9 @@ from torch import nn
 from infinitehip.config.model import ModelConfig
 from infinitehip.model.rms_norm import add_rms_norm, rms_norm
 from infinitehip.model.weights import load_hf_weights
-from infinitehip.parallel.linear import VocabParallelLogits, row_linear
-from infinitehip.parallel.shard import local_config, shard_hf_tensor, shard_of
-from infinitehip.parallel.state import ParallelState
+from infinitehip.distributed.linear import VocabParallelLogits, row_linear
+from infinitehip.distributed.shard import local_config, shard_hf_tensor, shard_of
+from infinitehip.distributed.state import ParallelState
 
 
 class AttentionFn(Protocol):
@@ -118,7 +118,7 @@ class DecoderLayer(nn.Module):
 
 
 class OutputHead:
-    """The decoder's output projection, single-process or vocab-parallel (parallel/shard.py says why).
+    """The decoder's output projection, single-process or vocab-parallel (distributed/shard.py says why).
 
     layer_config: the config the decoder's layers are built with (the rank's heads under tensor parallelism);
     rows: the lm_head's rows (the rank's vocabulary rows)."""
@@ -150,7 +150,7 @@ class OutputHead:
 
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, parallel: ParallelState | None = None):
-        """parallel: build one tensor-parallel rank (its heads, MLP rows and vocabulary rows; parallel/shard.py)."""
+        """parallel: build one tensor-parallel rank (its heads, MLP rows and vocabulary rows; distributed/shard.py)."""
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)

@@ -12,7 +12,7 @@ from infinitehip.config.model import ModelConfig
 from infinitehip.model.fp8 import dequantize_fp8
 from infinitehip.model.gemma3 import Gemma3Model
 from infinitehip.model.llama import LlamaModel
-from infinitehip.parallel.state import ParallelState
+from infinitehip.distributed.state import ParallelState
 
 Decoder = LlamaModel | Gemma3Model
 

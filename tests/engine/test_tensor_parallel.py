@@ -128,7 +128,7 @@ def test_unsupported_head_split_is_refused():
 def test_row_and_column_parallel_layers_equal_unsharded():
     context = torch.multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = __import__("infinitehip.parallel.launch", fromlist=["_free_port"])._free_port()
+    port = __import__("infinitehip.engine.parallel.launch", fromlist=["_free_port"])._free_port()
     procs = [context.Process(target=sharded_mlp_rank, args=(rank, 2, f"tcp://127.0.0.1:{port}", results))
              for rank in range(2)]
     for p in procs:

@@ -1,7 +1,7 @@
 """How each tensor-parallel rank gets its part of the weights (and the tokenizer its method may need).
 
 Three sources, all ending in `model/weights.load_hf_weights` on the rank's decoder, which slices every
-Hugging Face-named tensor to the rank's part (`shard.shard_hf_tensor`):
+Hugging Face-named tensor to the rank's part (`distributed.shard.shard_hf_tensor`):
 - a checkpoint directory (safetensors): every rank reads it and keeps its slices;
 - an in-memory model (`LoadedModel`): its tensors under HF names, on the CPU (spawned ranks receive them through
   shared memory, not copies);
@@ -18,8 +18,8 @@ import torch
 
 from infinitehip.config.model import ModelConfig
 from infinitehip.model.loading import LoadedModel, empty_model, load_weights_from_dir, random_model
-from infinitehip.parallel.shard import check_shardable, hf_tensors
-from infinitehip.parallel.state import ParallelState
+from infinitehip.distributed.shard import check_shardable, hf_tensors
+from infinitehip.distributed.state import ParallelState
 
 
 @dataclass

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infinitehip.parallel.shard import Shard
-from infinitehip.parallel.state import ParallelState
+from infinitehip.distributed.shard import Shard
+from infinitehip.distributed.state import ParallelState
 
 
 class RowParallelLinear(nn.Linear):

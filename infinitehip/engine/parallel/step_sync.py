@@ -22,7 +22,7 @@ from infinitehip.engine.runner import ModelRunner
 from infinitehip.engine.scheduler import StepPlan
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.prefix_reuse import PrefixHit, PrefixPolicy
-from infinitehip.parallel.state import ParallelState
+from infinitehip.distributed.state import ParallelState
 
 
 @dataclass

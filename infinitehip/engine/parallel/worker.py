@@ -10,9 +10,9 @@ import torch
 from infinitehip.config.engine import EngineConfig
 from infinitehip.engine.prefix_pages import prefix_policy
 from infinitehip.engine.rank import build_rank
-from infinitehip.parallel.rank_weights import RankWeights
-from infinitehip.parallel.state import ParallelState, init_parallel, shutdown_parallel
-from infinitehip.parallel.step_sync import StepMirror
+from infinitehip.model.rank_weights import RankWeights
+from infinitehip.distributed.state import ParallelState, init_parallel, shutdown_parallel
+from infinitehip.engine.parallel.step_sync import StepMirror
 
 
 def rank_device(config: EngineConfig, local_rank: int) -> torch.device:

@@ -31,10 +31,10 @@ import torch
 
 from infinitehip.config.engine import EngineConfig
 from infinitehip.model.loading import LoadedModel
-from infinitehip.parallel.rank_weights import RankWeights
-from infinitehip.parallel.shard import check_shardable
-from infinitehip.parallel.state import ParallelState, init_parallel, shutdown_parallel
-from infinitehip.parallel.worker import rank_device, serve, worker_main
+from infinitehip.model.rank_weights import RankWeights
+from infinitehip.distributed.shard import check_shardable
+from infinitehip.distributed.state import ParallelState, init_parallel, shutdown_parallel
+from infinitehip.engine.parallel.worker import rank_device, serve, worker_main
 
 
 def rank_weights(config: EngineConfig, loaded: LoadedModel | RankWeights | None) -> RankWeights:
