@@ -1,0 +1,84 @@
+"""`python -m bench.report add RUN.json --table ID --label TEXT`: a new run into the store under its canonical name,
+and its [[row]] appended to the manifest (command, device and date read from the file unless given)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from bench.report.manifest import load_manifest
+from bench.report.store import MANIFEST, STORE, ResultsError, canonical_name, model_tag, read_json, recorded_runs
+
+DROP = {"--output", "--model-cache-dir", "--plots"}  # flags that say where files went, not what ran
+
+
+def ruler_command(data: dict, model: str) -> str:
+    """`infinitehip eval ruler` as it ran: the file's own argv when it has one, else rebuilt from its ruler_config
+    (method flags beyond --method are then the caller's to give with --command)."""
+    argv = (data.get("meta") or {}).get("argv")
+    if argv:
+        out, skip = [], False
+        for i, arg in enumerate(argv):
+            if skip:
+                skip = False
+                continue
+            if arg in DROP:
+                skip = True
+                continue
+            out.append(model if i and argv[i - 1] == "--model" else arg)
+        return "infinitehip eval ruler " + shlex.join(out)
+    cfg, engine = data["ruler_config"], data.get("engine") or {}
+    method = data["method"]["name"] if isinstance(data.get("method"), dict) else data.get("method")
+    parts = ["infinitehip eval ruler", "--model", model, "--haystacks", *cfg["haystacks"], "--tasks", *cfg["tasks"],
+             "--method", str(method), "--lengths", *map(str, cfg["lengths"]), "--seeds", *map(str, cfg["seeds"])]
+    if engine.get("prefill_chunk_size"):
+        parts += ["--prefill-chunk-size", str(engine["prefill_chunk_size"])]
+    if cfg.get("vary_haystack") is False:
+        parts += ["--vary-haystack", "false"]
+    if cfg.get("samples_per_depth", 2) != 2:
+        parts += ["--samples-per-depth", str(cfg["samples_per_depth"])]
+    return " ".join(parts)
+
+
+def _toml(value) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def add(run: Path, table: str, label: str, setting: str = "default", note: str = "", command: str | None = None,
+        device_tag: str | None = None, model: str | None = None, name: str | None = None,
+        manifest_path: Path = MANIFEST) -> Path:
+    manifest = load_manifest(manifest_path)
+    if table not in {t.id for t in manifest.tables}:
+        raise ResultsError(f"table {table!r} is not in {manifest_path}: add its [[table]] first "
+                           f"(tables: {', '.join(t.id for t in manifest.tables)})")
+    data = read_json(run, "add")
+    if model is None and "ruler_config" in data:
+        model = model_tag((data.get("model") or {}).get("source", ""))
+    rel = name or canonical_name(data, setting, device=device_tag, model=model)
+    target = manifest.store / rel
+    if target.exists() and target.read_bytes() != run.read_bytes():
+        raise ResultsError(f"{target} exists and differs from {run}: a second run of the same setting needs its own "
+                           "name (--name) or replaces the first by hand")
+    runs = recorded_runs(data)
+    dates = sorted({str(r["date"])[:10] for r in runs if r.get("date")})
+    devices = sorted({str(r["device"]) for r in runs if r.get("device")})
+    if not dates or not devices:
+        raise ResultsError(f"{run} records no date or device: the page needs both")
+    if command is None:
+        if "ruler_config" not in data:
+            raise ResultsError(f"{run} is not a ruler run: pass --command")
+        command = ruler_command(data, model or "MODEL")
+    dtype = next((str(r["dtype"]).replace("torch.", "") for r in runs if r.get("dtype")), "")
+    row = {"table": table, "label": label, "files": [rel], "command": command,
+           "device": ", ".join(devices) + (f", {dtype}" if dtype else ""),
+           "date": dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}", "note": note}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(run.read_bytes())
+    text = manifest_path.read_text().rstrip("\n") + "\n\n[[row]]\n"
+    text += "".join(f"{key} = {_toml(value)}\n" for key, value in row.items() if value != "")
+    manifest_path.write_text(text)
+    load_manifest(manifest_path)  # the appended row parses
+    return target

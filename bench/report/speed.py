@@ -1,0 +1,121 @@
+"""Speed tables, one function per bench suite's JSON: each manifest row shows the entries of its files that its
+`select` picks (one line per entry), with the dense baseline of the same run where the suite measures one."""
+
+from __future__ import annotations
+
+from bench.report.accuracy import Curves, Lines, length_label
+from bench.report.manifest import Manifest, Row, Table
+from bench.report.store import ResultsError
+
+
+def entries(manifest: Manifest, row: Row, default_source: str, match: bool = True) -> list[tuple[dict, dict]]:
+    """(file, entry) for every entry of the row's files' `source` list that its select matches."""
+    source = row.source or default_source
+    out = []
+    for name in row.files:
+        data = manifest.load(row, name)
+        items = data.get(source)
+        if not isinstance(items, list) or not all(isinstance(e, dict) for e in items):
+            raise ResultsError(f"{row.where}: {manifest.store / name} has no list `{source}`")
+        for item in items:
+            if not match or all(item.get(k) == v or (isinstance(v, list) and item.get(k) in v)
+                                for k, v in row.select.items()):
+                out.append((data, item))
+    if not out:
+        raise ResultsError(f"{row.where}: no entry of `{source}` in its files matches select {row.select}")
+    return out
+
+
+def field(row: Row, entry: dict, *keys: str):
+    value = entry
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            raise ResultsError(f"{row.where}: an entry of its file lacks `{'.'.join(keys)}`")
+        value = value[key]
+    return value
+
+
+def layer_decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    lines = []
+    for row in rows:
+        preset = row.select.get("preset", "default")
+        for _, r in entries(manifest, row, "results", match=False):
+            us = field(row, r, "ours_decode", preset, "engine_graph_amortized_us")
+            dense = field(row, r, "dense", "decode_us")
+            lines.append((row, [length_label(r["T"]), f"{us:.1f}", f"{dense:.0f}", f"{dense / us:.2f}x"]))
+    return ["context", "decode us", "dense SDPA-flash us (same run)", "speedup"], lines, {}
+
+
+def decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    lines = []
+    for row in rows:
+        for data, r in entries(manifest, row, "rows"):
+            step = field(row, r, "step_ms")
+            dense = {d["context"]: d["dense_ms"] for d in data.get("dense_layerwise") or []}
+            ref = dense.get(r["context"])
+            graph = "-" if r.get("graph_ms") is None else f"{r['graph_ms']:.2f}"
+            lines.append((row, [length_label(r["context"]), r.get("mode", "-"), f"{step:.2f}", f"{1e3 / step:.1f}",
+                                graph, "-" if ref is None else f"{ref:.2f} ({1e3 / ref:.1f} tokens/s)",
+                                "-" if ref is None else f"{ref / step:.2f}x"]))
+    return ["context", "KV", "ms/step", "tokens/s", "graph GPU ms/step", "dense layer-wise ms/step",
+            "speedup"], lines, {}
+
+
+def hip_attn(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    def patterns(d: dict) -> str:
+        return " / ".join(f"{v['ms'] * 1e3:.0f}" for v in sorted(d.values(), key=lambda v: v["ms"]))
+
+    lines = []
+    for row in rows:
+        for _, r in entries(manifest, row, "results", match=False):
+            ours, hip = field(row, r, "ours", "default"), field(row, r, "hip", "default")
+            hip_prefill = min(v["prefill_ms"] for v in hip["prefill"].values() if "prefill_ms" in v)
+            od, hd = ours["decode"], hip["decode"]
+            lines.append((row, [
+                length_label(r["T"]), f"{ours['prefill']['prefill_ms']:.1f}", f"{hip_prefill:.1f}",
+                f"{r['dense']['decode_us']:.0f}", f"{od['engine_graph_amortized_us']:.1f}",
+                f"{hd['graph_amortized_us']:.1f}", patterns(od["engine_graph_patterns"]),
+                patterns(hd["graph_patterns"])]))
+    return ["context", "ours prefill ms", "hip-attn prefill ms", "dense decode us", "ours decode us",
+            "hip-attn decode us", "ours us by refresh pattern", "hip-attn us by refresh pattern"], lines, {}
+
+
+def ttft(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    lines, curves = [], {}
+    for row in rows:
+        for _, r in entries(manifest, row, "rows"):
+            if row.source == "dense_layerwise":
+                mode, warm, cold = "-", field(row, r, "dense_ttft_s"), "-"
+            else:
+                mode, warm = r.get("mode", "-"), field(row, r, "warm_ttft_s")
+                cold = (f"{r['cold_ttft_s']:.1f} ({length_label(r['cold_context'])})"
+                        if r.get("cold_ttft_s") is not None else "-")
+            lines.append((row, [length_label(r["context"]), mode, f"{warm:.1f}", cold]))
+            curves.setdefault(row.label + ("" if mode == "-" else f", KV {mode}"), {})[r["context"]] = warm
+    return ["context", "KV", "warm TTFT s", "cold TTFT s (length)"], lines, curves
+
+
+def prefix_ttft(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    lines = []
+    for row in rows:
+        for _, r in entries(manifest, row, "rows"):
+            verified = {True: "yes", False: "NO"}.get(r.get("verified_equal_to_caching_off"), "-")
+            lines.append((row, [length_label(r["context"]), r["mode"], f"{field(row, r, 'ttft_first_s'):.2f}",
+                                f"{field(row, r, 'ttft_second_s'):.3f}", f"**{100 * r['ratio']:.2f}%**", verified]))
+    return ["document", "KV", "first TTFT s", "second TTFT s", "second / first", "verified"], lines, {}
+
+
+def tensor_parallel(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    lines = []
+    for row in rows:
+        for _, r in entries(manifest, row, "rows"):
+            if "error" in r:
+                raise ResultsError(f"{row.where}: its TP={r.get('tp')} entry is an error: {r['error'][:200]}")
+            cold = f"{r['cold_ttft_s']:.1f} ({length_label(r['cold_context'])})" if r.get("cold_ttft_s") else "-"
+            lines.append((row, [
+                str(r["tp"]), f"{r['context']:,}", f"{field(row, r, 'ttft_s'):.1f}", cold,
+                "real" if r["ttft_real"] else "fast", f"{r['decode_tok_s']:.1f}",
+                f"{r['decode_ms']:.1f} / {r['decode_ms_median']:.1f}", f"{r['rank0_peak_gpu_gb']:.1f}",
+                r["rank0_plan"].split(": ", 1)[-1]]))
+    return ["TP", "context", "TTFT s", "cold TTFT s (length)", "prefill", "decode tokens/s",
+            "decode ms/step mean / median", "rank-0 peak GPU GB", "KV capacity per rank (planner)"], lines, {}

@@ -1,0 +1,134 @@
+"""The results store and its page (bench/report/): every manifest row reads existing JSON with the fields its table
+needs and agrees with the date and device the files record; docs/results.md is the manifest's rendering; a missing
+or malformed file is a clear error naming it; `add` files a run under its canonical name and its row renders."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.report.add import add
+from bench.report.check import check_records, check_store
+from bench.report.manifest import load_manifest
+from bench.report.page import PAGE, render, table_markdown
+from bench.report.store import STORE, ResultsError, canonical_name, length_tag
+
+RULER_RUN = "ruler/h100/gemma3-270m/sotu.niah_single_word.infinitehip-default.64k.s0-2.json"
+TABLE = """[[table]]
+id = "t"
+kind = "accuracy"
+title = "T"
+text = "what it measures"
+lengths = [65536]
+task = "niah_single_word"
+"""
+
+
+@pytest.fixture(scope="module")
+def manifest():
+    return load_manifest()
+
+
+def test_every_row_reads_existing_files_with_its_fields(manifest):
+    assert manifest.rows and all((manifest.store / f).is_file() for row in manifest.rows for f in row.files)
+    for table in manifest.tables:
+        assert manifest.rows_of(table), table.id  # a table without rows would vanish from the page
+        assert f"## {table.title}" in table_markdown(manifest, table, figures=None)
+    check_records(manifest)  # each row's date range and device hold what its files record
+    check_store(manifest)  # no file in the store that no row reads
+
+
+def test_page_is_the_manifests_rendering(manifest):
+    page = render(manifest)
+    assert PAGE.read_text() == page, "docs/results.md is stale: run `python -m bench.report`"
+    for row in manifest.rows:
+        assert f"`{row.command}` | {row.device.replace('|', chr(92) + '|')} | {row.date} |" in page, row.label
+
+
+def test_documented_ruler_commands_parse(manifest):
+    from infinitehip.cli.config_file import parse_args
+    from infinitehip.cli.main import build_parser
+
+    commands = [shlex.split(r.command) for r in manifest.rows if r.command.startswith("infinitehip ")]
+    assert commands
+    for argv in commands:
+        parse_args(build_parser(), argv[1:])
+
+
+def _store(tmp_path: Path, rows: str) -> Path:
+    (tmp_path / "manifest.toml").write_text(TABLE + rows)
+    return tmp_path / "manifest.toml"
+
+
+def test_missing_file_is_an_error_naming_it(tmp_path):
+    path = _store(tmp_path, '[[row]]\ntable = "t"\nlabel = "gone"\nfiles = ["ruler/x.json"]\ncommand = "c"\n'
+                            'device = "d"\ndate = "2026-11-27"\n')
+    with pytest.raises(ResultsError, match=r"manifest row 'gone' of table 't': result file .*ruler/x\.json does not exist"):
+        render(load_manifest(path))
+
+
+def test_file_without_the_fields_a_cell_needs_is_an_error(tmp_path):
+    data = json.loads((STORE / RULER_RUN).read_text())
+    for s in data["samples"]:
+        del s["correct"]
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    path = _store(tmp_path, '[[row]]\ntable = "t"\nlabel = "r"\nfiles = ["run.json"]\ncommand = "c"\n'
+                            'device = "NVIDIA H100 80GB HBM3"\ndate = "2026-11-27"\n')
+    with pytest.raises(ResultsError, match=r"run\.json: a sample lacks correct"):
+        render(load_manifest(path))
+
+
+def test_bad_manifest_entries_are_errors(tmp_path):
+    with pytest.raises(ResultsError, match="unknown field"):
+        load_manifest(_store(tmp_path, '[[row]]\ntable = "t"\nlabel = "r"\nfiles = ["a.json"]\ncommand = "c"\n'
+                                       'device = "d"\ndate = "2026-11-27"\ncolour = "red"\n'))
+    with pytest.raises(ResultsError, match="table 'nope' is not defined"):
+        load_manifest(_store(tmp_path, '[[row]]\ntable = "nope"\nlabel = "r"\nfiles = ["a.json"]\ncommand = "c"\n'
+                                       'device = "d"\ndate = "2026-11-27"\n'))
+    with pytest.raises(ResultsError, match="not valid TOML"):
+        load_manifest(_store(tmp_path, "[[row]\n"))
+
+
+def test_a_date_outside_the_row_is_caught(tmp_path):
+    shutil.copyfile(STORE / RULER_RUN, tmp_path / "run.json")
+    path = _store(tmp_path, '[[row]]\ntable = "t"\nlabel = "r"\nfiles = ["run.json"]\ncommand = "c"\n'
+                            'device = "NVIDIA H100 80GB HBM3"\ndate = "2026-11-20"\n')
+    with pytest.raises(ResultsError, match="records date 2026-11-27, outside the row's 2026-11-20"):
+        check_records(load_manifest(path))
+
+
+@pytest.mark.parametrize("with_meta", [True, False], ids=["bench-ruler", "eval-ruler"])
+def test_add_files_a_run_under_its_canonical_name(tmp_path, with_meta):
+    data = json.loads((STORE / RULER_RUN).read_text())
+    if not with_meta:  # `infinitehip eval ruler --output` writes no meta block: the command is rebuilt
+        del data["meta"]
+    run = tmp_path / "incoming" / "out.json"
+    run.parent.mkdir()
+    run.write_text(json.dumps(data))
+    path = _store(tmp_path, "")
+    target = add(run, "t", "infinitehip", note="a new genre", manifest_path=path)
+    assert target == tmp_path / RULER_RUN and target.read_text() == run.read_text()
+    manifest = load_manifest(path)
+    (row,) = manifest.rows
+    assert row.files == (RULER_RUN,) and row.date == "2026-11-27" and row.device == "NVIDIA H100 80GB HBM3, bfloat16"
+    argv = shlex.split(row.command)
+    assert argv[:3] == ["infinitehip", "eval", "ruler"] and argv[argv.index("--model") + 1] == "gemma3-270m"
+    assert "--output" not in argv and argv[argv.index("--lengths") + 1] == "65536"
+    right = sum(s["correct"] for s in data["samples"])
+    assert f"| infinitehip | {right}/{len(data['samples'])} |" in render(manifest)
+    check_records(manifest)
+    with pytest.raises(ResultsError, match="exists and differs"):  # a second run never overwrites the first
+        data["samples"][0]["correct"] = not data["samples"][0]["correct"]
+        run.write_text(json.dumps(data))
+        add(run, "t", "again", manifest_path=path)
+
+
+def test_names_say_what_a_run_measures():
+    assert len({length_tag(n) for n in (32000, 32768, 65536, 1048576)}) == 4
+    data = json.loads((STORE / RULER_RUN).read_text())
+    data["ruler_config"]["vary_haystack"] = False
+    assert canonical_name(data, "q512") == RULER_RUN.replace("sotu.", "sotu-fixed.").replace("-default", "-q512")
