@@ -8,6 +8,7 @@ from typing import ClassVar
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+BAD_PREFIX_CACHE = ("refuse", "skip")  # ServerConfig.on_bad_prefix_cache
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,19 @@ class ServerConfig:
     # Directory of the prefix cache on disk: loaded at start when it holds one (refused if made for another model,
     # method or KV layout), saved at shutdown, so a restarted server answers on a known document without its prefill.
     prefix_cache_dir: str | None = None
+    # A prefix cache file that fails its checks (unreadable, a checksum or finite-values check, another model or
+    # method): "refuse" to start, naming the file and what failed; "skip": move it aside to <file>.rejected (kept)
+    # and start with an empty cache, with a warning.
+    on_bad_prefix_cache: str = "refuse"
+    # After SIGTERM / Ctrl-C: new requests get 503, running ones get this many seconds to finish; the rest then end
+    # with an error (JSON, or an SSE error event and [DONE]); the prefix cache is saved and the process exits 0.
+    drain_timeout_s: float = 20.0
+    body_read_timeout_s: float = 30.0  # a request body not fully received within this: 408 and the connection closed
     ui: bool = True  # serve the page at / to ask questions of a long document (server/ui/); false: the API only
 
     # For the CLI (cli/options.py): the fields `--help` lists (--help-all lists all), allowed values.
     HELP_FIELDS: ClassVar[tuple[str, ...]] = ("host", "port", "api_key", "served_model_name", "ui")
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"log_level": LOG_LEVELS}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"log_level": LOG_LEVELS, "on_bad_prefix_cache": BAD_PREFIX_CACHE}
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -52,5 +61,12 @@ class ServerConfig:
             raise ValueError("allowed_origins must be non-empty strings (an origin such as https://host:port, or *)")
         if not isinstance(self.ui, bool):
             raise ValueError(f"ui must be true or false, got {self.ui!r}")
+        for name in ("drain_timeout_s", "body_read_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.on_bad_prefix_cache not in BAD_PREFIX_CACHE:
+            raise ValueError(f"on_bad_prefix_cache must be one of {'/'.join(BAD_PREFIX_CACHE)}, "
+                             f"got {self.on_bad_prefix_cache!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {'/'.join(LOG_LEVELS)}, got {self.log_level!r}")

@@ -8,6 +8,8 @@ plus the state kept at prefix boundaries (the methods' snapshots, the sliding-wi
 metadata carries a fingerprint of everything the k/v depend on (model config, a sample of the weights,
 attention method and its settings, page size and prefill chunk grid, KV dtype); loading a file made under
 another fingerprint is refused with the fields that differ, since its pages would silently give other tokens.
+Each tensor's checksum is written with it, and a file is read back through engine/prefix_file_check.py: a damaged,
+truncated or foreign file is refused with a message naming it before any page is written.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from infinitehip.engine.prefix_file_check import CHECKSUMS_KEY, PrefixCacheFileError, read_checked, tensor_checksums
 from infinitehip.engine.prefix_pages import BoundaryState, page_slots
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "infinitehip-prefix-cache-v2"  # v2: boundary state (method snapshot and sliding rings) per page
+FORMAT = "infinitehip-prefix-cache-v3"  # v2: boundary state per page; v3: a checksum per tensor
 
 
 def fingerprint(engine) -> dict[str, str]:
@@ -98,7 +101,7 @@ def save_prefix_cache(engine, path: str | Path) -> int:
         if state.rings is not None:
             tensors[f"rings.{i}.k"], tensors[f"rings.{i}.v"] = (t.contiguous() for t in state.rings)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata=fingerprint(engine))
+    save_file(tensors, str(path), metadata={**fingerprint(engine), CHECKSUMS_KEY: tensor_checksums(tensors)})
     logger.info("prefix cache: saved %d pages (%d tokens) to %s", len(pages), len(pages) * allocator.page_size, path)
     return len(pages)
 
@@ -106,19 +109,12 @@ def save_prefix_cache(engine, path: str | Path) -> int:
 @torch.inference_mode()
 def load_prefix_cache(engine, path: str | Path) -> int:
     """Load a saved prefix cache into the engine's free pages (before requests run); returns the pages loaded.
-    ValueError when the file was made for another model, method or KV layout."""
+    PrefixCacheFileError (a ValueError naming the file) when the file is unreadable, damaged, or was made for
+    another model, method or KV layout; the engine is then left as it was."""
     if engine.prefix is None:
         raise ValueError("prefix caching is off for this engine: cannot load a prefix cache")
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        saved = f.metadata() or {}
-    mine = fingerprint(engine)
-    differ = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
-    if differ:
-        raise ValueError(f"prefix cache {path} was saved for another configuration (differs in: {', '.join(differ)}); "
-                         "it cannot be reused with this model / method / KV layout")
-    tensors = load_file(str(path))
+    tensors = read_checked(path, fingerprint(engine))
+    _check_shapes(engine, path, tensors)
     allocator = engine.scheduler.allocator
     hashes, owners = tensors["hashes"], tensors["owners"]
     n = min(hashes.shape[0], allocator.num_unused)  # never-used pages only: loading must not evict
@@ -144,3 +140,17 @@ def load_prefix_cache(engine, path: str | Path) -> int:
     allocator.release(pages)  # cached, unreferenced: evictable like any finished prompt's pages
     logger.info("prefix cache: loaded %d pages (%d tokens) from %s", n, n * allocator.page_size, path)
     return n
+
+
+def _check_shapes(engine, path, tensors: dict[str, torch.Tensor]) -> None:
+    """The page tensors agree with each other and with this engine's KV pages (checksums prove the bytes only)."""
+    hashes, owners = tensors.get("hashes"), tensors.get("owners")
+    n = hashes.shape[0] if hashes is not None and hashes.dim() == 2 else -1
+    mc = engine.model_config
+    page = (engine.cache.num_layers, engine.config.page_size, mc.num_kv_heads, mc.head_dim)
+    ok = (n >= 0 and hashes.dtype == torch.uint8 and hashes.shape[1] == 32 and owners is not None
+          and tuple(owners.shape) == (n,)
+          and all(name in tensors and tuple(tensors[name].shape) == (n, *page) for name in ("k", "v") if n > 0))
+    if not ok:
+        raise PrefixCacheFileError(f"prefix cache file {path}: its page tensors (hashes, owners, k, v) do not have "
+                                   f"the shapes of this engine's KV pages {list(page)}")

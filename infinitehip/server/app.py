@@ -27,6 +27,7 @@ from infinitehip.server.async_engine import AsyncEngine
 from infinitehip.server.errors import APIError, error_response, install_error_handlers
 from infinitehip.server.metrics import ServerMetrics
 from infinitehip.server.middleware import OPEN_PATHS, ServerMiddleware
+from infinitehip.server.prefix_cache_file import PREFIX_CACHE_FILE, PrefixCacheFile  # noqa: F401 (the file's name)
 from infinitehip.server.protocol import (
     ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse, ErrorResponse, ModelCard,
     ModelList,
@@ -63,9 +64,6 @@ def served_model_name(engine: LLMEngine, config: ServerConfig) -> tuple[str, set
     return name, aliases
 
 
-PREFIX_CACHE_FILE = "prefix_cache.safetensors"  # in ServerConfig.prefix_cache_dir
-
-
 def create_app(engine: LLMEngine, server_config: ServerConfig | None = None) -> FastAPI:
     config = server_config or ServerConfig()
     metrics = ServerMetrics()
@@ -77,18 +75,17 @@ def create_app(engine: LLMEngine, server_config: ServerConfig | None = None) -> 
     serving = OpenAIServing(async_engine, config, model_name, aliases)
     created = int(time.time())
 
+    cache_file = PrefixCacheFile(engine, config)
+    cache_file.load()  # before the loop starts: nothing else touches the KV; a bad file: ValueError naming it
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        cache_file = Path(config.prefix_cache_dir) / PREFIX_CACHE_FILE if config.prefix_cache_dir else None
-        if cache_file is not None and cache_file.exists():  # before the loop starts: nothing else touches the KV
-            engine.load_prefix_cache(cache_file)
         async_engine.start()
         try:
             yield
         finally:
             await asyncio.to_thread(async_engine.shutdown)
-            if cache_file is not None and engine.prefix is not None:  # the loop has stopped: the KV is still
-                await asyncio.to_thread(engine.save_prefix_cache, cache_file)
+            await asyncio.to_thread(cache_file.save)  # the loop has stopped: the KV is still
 
     app = FastAPI(
         title="infinitehip", version=_version(), lifespan=lifespan,

@@ -175,6 +175,7 @@ class AsyncEngine:
     def start(self) -> None:
         with self._cv:
             if self._thread is None:
+                self._publish_state()  # the engine's state before any request: a prefix cache loaded from disk
                 self._thread = threading.Thread(target=self._run, name="infinitehip-engine", daemon=True)
                 self._thread.start()
 
