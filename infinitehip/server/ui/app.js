@@ -257,6 +257,11 @@ function showStats(view, timing, usage) {
   view.el.dataset.cachedTokens = cached;
   view.el.dataset.promptTokens = usage.prompt_tokens;
   const ttft = timing.firstToken === null ? null : (timing.firstToken - timing.start) / 1000;
+  if (!view.progress.hidden && ttft !== null) { // the prefill's summary, now that the cache hits are known
+    const computed = usage.prompt_tokens - cached;
+    view.barText.textContent = `prefill ${fmt(usage.prompt_tokens)} / ${fmt(usage.prompt_tokens)} tokens · ` +
+      `${fmt(computed)} computed at ${fmt(computed / ttft)} tokens/s` + (cached ? `, ${fmt(cached)} from the cache` : "");
+  }
   view.stats.hidden = false;
   view.stats.textContent =
     (ttft === null ? "no token generated" : `first token after ${ttft.toFixed(2)} s`) +
