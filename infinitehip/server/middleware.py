@@ -2,11 +2,14 @@
 
 Pure ASGI (not BaseHTTPMiddleware) so that streaming responses and client-disconnect messages pass
 through untouched. The body is read here, up to the limit, and replayed to the app: an oversized body
-gets a 413 before any JSON parsing, whether it announces its length or streams it chunked.
+gets a 413 before any JSON parsing, whether it announces its length or streams it chunked. A body that does
+not arrive whole within body_read_timeout_s (shorter than its Content-Length, or sent slowly) gets a 408 and
+its connection is closed, so it cannot hold a connection open.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 
@@ -15,7 +18,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from infinitehip.server.errors import error_body
 from infinitehip.server.metrics import ServerMetrics
 
-# Routes that stay open with an API key set (probes, scrapers, API docs).
+# Routes that stay open with an API key set (probes, scrapers, API docs); the app adds the page's files when it
+# serves the page (server/ui_routes.py), which ask for the key themselves.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
@@ -31,8 +35,9 @@ async def send_json(send: Send, status: int, body: dict, headers: list[tuple[byt
 
 class ServerMiddleware:
     def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, api_key: str | None, max_body_bytes: int,
-                 open_paths: frozenset[str] = OPEN_PATHS):
+                 open_paths: frozenset[str] = OPEN_PATHS, body_read_timeout_s: float = 30.0):
         self.app, self.metrics, self.max_body_bytes, self.open_paths = app, metrics, max_body_bytes, open_paths
+        self.body_read_timeout_s = body_read_timeout_s
         self.api_key = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -84,8 +89,16 @@ class ServerMiddleware:
                     await send_json(send, 413, too_large, [(b"connection", b"close")])
                     return None
         chunks, size = [], 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_read_timeout_s
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                timeout = error_body(f"the request body did not arrive within {self.body_read_timeout_s:g} s "
+                                     f"({size} bytes received)", "invalid_request_error", code="request_timeout")
+                await send_json(send, 408, timeout, [(b"connection", b"close")])
+                return None
             if message["type"] == "http.disconnect":
                 return None  # nobody to answer
             body = message.get("body", b"")
