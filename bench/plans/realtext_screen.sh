@@ -5,8 +5,8 @@
 # SETTINGS: a file of lines "NAME JSON" (the method's fields, --method-config), e.g.
 #   default {}
 #   q512 {"question_select_tokens": 512}
-# (METHOD=infinitehip: its fields, e.g. q512 {"question_keep_tokens": 512}; the run of 2026-11-26 that chose
-# tokenselect's question budget: docs/results.md, "TokenSelect: question-time budget").
+# (METHOD=infinitehip: its fields, e.g. q512 {"question_keep_tokens": 512}; the run that chose tokenselect's
+# question budget: docs/devlog.md, "TokenSelect").
 # MODEL_DIR holds smol.gguf and gemma.gguf with its conversion cache, carried by bench/device_models.py (which touches
 # smol_ready / gemma_ready). Passkey first: the SmolLM2 parts are the first to arrive.
 MODEL_DIR=${MODEL_DIR:-/root}

@@ -1,6 +1,6 @@
 # Tensor parallelism on 2 GPUs of one host (kind nvidia-h100-x2 or larger; 4M needs ~256 GiB of host memory or GPU
 # spill), KV offloaded, 8B-shaped model (RANDOM bf16 weights), infinitehip default, CUDA-graph decode; TP=1 and
-# TP=2 one after the other on the same machine. Makes docs/results.md's tensor-parallel tables: 1M with a real,
+# TP=2 one after the other on the same machine. Rows of docs/results.md's tensor-parallel table: 1M with a real,
 # warm prefill (~6 device minutes), the largest context with TP=2 (~6), then the short 32K/256K pair (~4).
 #   bench/detached_gpu.sh start bench/plans/tensor_parallel.sh DIR; then bench/detached_gpu.sh poll DIR SECS
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -1,6 +1,6 @@
 # Time to first token, 8B-shaped model (RANDOM bf16 weights), infinitehip default, one GPU (~20 minutes): resident
 # and offloaded (FP8 host store) against dense in the same run (the engine's dense where its KV fits, layer-wise to
-# 1M), then prefix caching's second-question TTFT (128K resident, 1M offloaded). Makes docs/results.md's TTFT table.
+# 1M), then prefix caching's second-question TTFT (128K resident, 1M offloaded). Rows of docs/results.md's TTFT tables (file each JSON with `python -m bench.report add`).
 #   bench/detached_gpu.sh start bench/plans/ttft.sh DIR; then bench/detached_gpu.sh poll DIR SECS
 run ttft_128k python3 -m bench prefill --contexts 131072 --methods infinitehip dense --modes resident offloaded --kv-dtype fp8_e4m3 --phase-times --dense-layerwise --dense-contexts 131072 262144 524288 1048576 --output $OUT_DIR/ttft_128k.json
 run ttft_256k python3 -m bench prefill --contexts 262144 --methods infinitehip dense --modes resident offloaded --kv-dtype fp8_e4m3 --cold-context 32768 --phase-times --output $OUT_DIR/ttft_256k.json

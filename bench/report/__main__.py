@@ -1,6 +1,6 @@
 """python -m bench.report                 render docs/results.md and docs/figures/ from bench/results/manifest.toml
 python -m bench.report check           the manifest, its files, the store and the page agree (no writes)
-python -m bench.report add RUN.json --table ID --label TEXT [--setting NAME] [--note TEXT] [--command CMD]
+python -m bench.report add RUN.json --table ID --label TEXT [--setting NAME] [--note TEXT] [--per-haystack]
                                        file a run under its canonical name and append its manifest row"""
 
 from __future__ import annotations
@@ -33,11 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="the store's model folder (default: from the file, e.g. gemma3-270m)")
     p.add_argument("--name", help="the path under bench/results/ (default: the canonical name of a ruler or "
                                   "passkey run; required for other suites)")
+    p.add_argument("--per-haystack", action="store_true",
+                   help="one row per haystack of a ruler file that holds several genres, labelled 'LABEL, GENRE'")
     args = parser.parse_args(argv)
     try:
         if args.command == "add":
             target = add(args.run, args.table, args.label, args.setting, args.note, args.command, args.device_tag,
-                         args.model, args.name)
+                         args.model, args.name, args.per_haystack)
             print(f"stored {target}; appended its row: now run `python -m bench.report`")
         elif args.command == "check":
             check(load_manifest())

@@ -26,7 +26,7 @@ def column_labels(lengths: list[int]) -> list[str]:
 
 
 def row_samples(manifest: Manifest, row: Row, task: str | None) -> list[dict]:
-    """Every sample of the row's files with its task (and its --seeds values), each checked for the fields a cell needs."""
+    """The samples of the row's files with its task (haystack, --seeds values), each with the fields a cell needs."""
     pooled = []
     for name in row.files:
         data = manifest.load(row, name)
@@ -43,9 +43,11 @@ def row_samples(manifest: Manifest, row: Row, task: str | None) -> list[dict]:
             keep = set(row.seeds)
             rows = ([s for s in rows if s["seed"] // 100_000 in keep] if "samples" in data
                     else rows if data.get("seed") in keep else [])
-        pooled += [s for s in rows if task is None or s["task"] == task]
+        pooled += [s for s in rows if (task is None or s["task"] == task)
+                   and (row.haystack is None or s.get("haystack") == row.haystack)]
     if not pooled:
         raise ResultsError(f"{row.where}: its files hold no {task or ''} samples"
+                           + (f" of haystack {row.haystack}" if row.haystack else "")
                            + (f" of seeds {list(row.seeds)}" if row.seeds is not None else ""))
     return pooled
 
@@ -84,5 +86,6 @@ def kv_memory(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[s
             longest = max(s["length"] for s in samples(data))  # the engine sizes its cache for the longest prompt
             points[longest] = sum(v["bytes"] for v in kv.values()) / MIB
     lengths = sorted({n for points in per_row for n in points})
-    lines = [(row, [f"{points[n]:,.0f}" if n in points else "–" for n in lengths]) for row, points in zip(rows, per_row)]
+    lines = [(row, [f"{points[n]:,.0f}" if n in points else "–" for n in lengths])
+             for row, points in zip(rows, per_row)]
     return column_labels(lengths), lines, {row.label: points for row, points in zip(rows, per_row)}

@@ -8,9 +8,23 @@ import shlex
 from pathlib import Path
 
 from bench.report.manifest import load_manifest
-from bench.report.store import MANIFEST, STORE, ResultsError, canonical_name, model_tag, read_json, recorded_runs
+from bench.report.store import MANIFEST, ResultsError, canonical_name, model_tag, read_json, recorded_runs, suite_name
 
 DROP = {"--output", "--model-cache-dir", "--plots"}  # flags that say where files went, not what ran
+
+
+def _without_paths(argv: list[str], model: str | None) -> list[str]:
+    """A run's argv without the flags that name this machine's files; --model by `model` or its file's name."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg in DROP:
+            skip = True
+            continue
+        out.append((model or Path(arg).name) if i and argv[i - 1] == "--model" else arg)
+    return out
 
 
 def ruler_command(data: dict, model: str) -> str:
@@ -18,16 +32,7 @@ def ruler_command(data: dict, model: str) -> str:
     (method flags beyond --method are then the caller's to give with --command)."""
     argv = (data.get("meta") or {}).get("argv")
     if argv:
-        out, skip = [], False
-        for i, arg in enumerate(argv):
-            if skip:
-                skip = False
-                continue
-            if arg in DROP:
-                skip = True
-                continue
-            out.append(model if i and argv[i - 1] == "--model" else arg)
-        return "infinitehip eval ruler " + shlex.join(out)
+        return "infinitehip eval ruler " + shlex.join(_without_paths(argv, model))
     cfg, engine = data["ruler_config"], data.get("engine") or {}
     method = data["method"]["name"] if isinstance(data.get("method"), dict) else data.get("method")
     parts = ["infinitehip eval ruler", "--model", model, "--haystacks", *cfg["haystacks"], "--tasks", *cfg["tasks"],
@@ -49,7 +54,8 @@ def _toml(value) -> str:
 
 def add(run: Path, table: str, label: str, setting: str = "default", note: str = "", command: str | None = None,
         device_tag: str | None = None, model: str | None = None, name: str | None = None,
-        manifest_path: Path = MANIFEST) -> Path:
+        per_haystack: bool = False, manifest_path: Path = MANIFEST) -> Path:
+    """Store `run`, append its row (per_haystack: one row per haystack of a ruler file, labelled "LABEL, GENRE")."""
     manifest = load_manifest(manifest_path)
     if table not in {t.id for t in manifest.tables}:
         raise ResultsError(f"table {table!r} is not in {manifest_path}: add its [[table]] first "
@@ -57,7 +63,10 @@ def add(run: Path, table: str, label: str, setting: str = "default", note: str =
     data = read_json(run, "add")
     if model is None and "ruler_config" in data:
         model = model_tag((data.get("model") or {}).get("source", ""))
-    rel = name or canonical_name(data, setting, device=device_tag, model=model)
+    if name is None:
+        ruler_or_passkey = "ruler_config" in data or (data.get("meta") or {}).get("suite") == "accuracy"
+        name = (canonical_name if ruler_or_passkey else suite_name)(data, setting, device=device_tag, model=model)
+    rel = name
     target = manifest.store / rel
     if target.exists() and target.read_bytes() != run.read_bytes():
         raise ResultsError(f"{target} exists and differs from {run}: a second run of the same setting needs its own "
@@ -67,18 +76,28 @@ def add(run: Path, table: str, label: str, setting: str = "default", note: str =
     devices = sorted({str(r["device"]) for r in runs if r.get("device")})
     if not dates or not devices:
         raise ResultsError(f"{run} records no date or device: the page needs both")
-    if command is None:
-        if "ruler_config" not in data:
-            raise ResultsError(f"{run} is not a ruler run: pass --command")
+    if command is None and "ruler_config" in data:
         command = ruler_command(data, model or "MODEL")
+    elif command is None:
+        argv = (data.get("meta") or {}).get("argv")
+        if not argv:
+            raise ResultsError(f"{run} records no command (no meta.argv): pass --command")
+        command = f"python -m bench {data['meta']['suite']} " + shlex.join(_without_paths(argv, model))
     dtype = next((str(r["dtype"]).replace("torch.", "") for r in runs if r.get("dtype")), "")
     row = {"table": table, "label": label, "files": [rel], "command": command,
            "device": ", ".join(devices) + (f", {dtype}" if dtype else ""),
            "date": dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}", "note": note}
+    rows = [row]
+    if per_haystack:
+        haystacks = sorted({s["haystack"] for s in data.get("samples") or [] if "haystack" in s})
+        if not haystacks:
+            raise ResultsError(f"{run} holds no ruler samples with a haystack: --per-haystack needs a ruler run")
+        rows = [{**row, "label": f"{label}, {h}", "haystack": h} for h in haystacks]
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(run.read_bytes())
-    text = manifest_path.read_text().rstrip("\n") + "\n\n[[row]]\n"
-    text += "".join(f"{key} = {_toml(value)}\n" for key, value in row.items() if value != "")
+    text = manifest_path.read_text().rstrip("\n")
+    for entry in rows:
+        text += "\n\n[[row]]\n" + "".join(f"{key} = {_toml(value)}\n" for key, value in entry.items() if value != "")
     manifest_path.write_text(text)
     load_manifest(manifest_path)  # the appended row parses
     return target

@@ -44,6 +44,7 @@ class Row:
     date: str  # "YYYY-MM-DD" or "YYYY-MM-DD to YYYY-MM-DD"
     note: str = ""
     task: str | None = None
+    haystack: str | None = None  # accuracy: only the samples of this haystack (a file may hold several genres)
     seeds: tuple[int, ...] | None = None  # accuracy: only the samples of these --seeds values
     select: dict = field(default_factory=dict)  # speed kinds: which entries of the JSON the row shows
     source: str | None = None  # speed kinds: the JSON list the row reads (e.g. dense_layerwise)

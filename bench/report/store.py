@@ -105,3 +105,21 @@ def canonical_name(data: dict, setting: str, device: str | None = None, model: s
     if model is None:
         model = model_tag(str((data.get("meta") or {}).get("args", {}).get("model", "")))
     return f"accuracy/{device}/{model}/{tasks}.{method}-{setting}.{lengths}.{seeds_tag([data.get('seed', 0)])}.json"
+
+
+def suite_name(data: dict, setting: str, device: str | None = None, model: str | None = None) -> str:
+    """The store path of any `python -m bench` suite's JSON: suite, device, model, setting and contexts from meta."""
+    meta = data.get("meta")
+    if not isinstance(meta, dict) or not meta.get("suite"):
+        raise ResultsError("the file has no `meta` block naming its suite: pass --name")
+    args = meta.get("args") or {}
+    if device is None:
+        if not meta.get("device"):
+            raise ResultsError("the file records no device: pass --device-tag")
+        device = device_tag(str(meta["device"]), int(meta.get("gpus") or 1))
+    if model is None:  # the one-layer suites time random K/V of Llama-3-8B shapes, no model
+        model = model_tag(str(args["model"])) if args.get("model") else "llama3-8b-layer"
+    contexts = args.get("contexts") or args.get("lengths") or ([args["context"]] if args.get("context") else [])
+    method = args.get("method") or "infinitehip"
+    tag = "-".join(length_tag(int(n)) for n in contexts) or "all"
+    return f"{meta['suite']}/{device}/{model}/{method}-{setting}.{tag}.json"

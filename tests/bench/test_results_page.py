@@ -67,7 +67,7 @@ def _store(tmp_path: Path, rows: str) -> Path:
 def test_missing_file_is_an_error_naming_it(tmp_path):
     path = _store(tmp_path, '[[row]]\ntable = "t"\nlabel = "gone"\nfiles = ["ruler/x.json"]\ncommand = "c"\n'
                             'device = "d"\ndate = "2026-11-27"\n')
-    with pytest.raises(ResultsError, match=r"manifest row 'gone' of table 't': result file .*ruler/x\.json does not exist"):
+    with pytest.raises(ResultsError, match=r"row 'gone' of table 't': result file .*ruler/x\.json does not exist"):
         render(load_manifest(path))
 
 
@@ -132,3 +132,42 @@ def test_names_say_what_a_run_measures():
     data = json.loads((STORE / RULER_RUN).read_text())
     data["ruler_config"]["vary_haystack"] = False
     assert canonical_name(data, "q512") == RULER_RUN.replace("sotu.", "sotu-fixed.").replace("-default", "-q512")
+
+
+@pytest.mark.parametrize("run, expected", [
+    ("accuracy/h100/smollm2-135m/passkey.tokenselect-default.64k-128k-256k-512k-1m.s1.json",
+     "python -m bench accuracy --model smol.gguf --method tokenselect --lengths 65536 131072 262144 524288 1048576 "
+     "--seed 1 --method-config '{\"question_select_tokens\": 512}'"),
+    ("offload-decode/h100/llama3-8b-random/infinitehip-default.offloaded-fp8.1m.json",
+     "python -m bench offload-decode --kv-dtype fp8_e4m3 --fast-prefill --graph-times --contexts 1048576 --preset "
+     "default --dense-layerwise"),
+])
+def test_add_names_and_commands_bench_suites(tmp_path, run, expected):
+    incoming = tmp_path / "in.json"
+    shutil.copyfile(STORE / run, incoming)
+    path = _store(tmp_path, "")
+    target = add(incoming, "t", "r", manifest_path=path)
+    (row,) = load_manifest(path).rows
+    assert row.command == expected and "/root" not in row.command
+    assert target.parent.relative_to(tmp_path) == Path(run).parent  # suite / device / model
+
+
+def test_add_per_haystack_splits_a_multi_genre_file(tmp_path):
+    data = json.loads((STORE / RULER_RUN).read_text())
+    other = json.loads((STORE / RULER_RUN.replace("sotu.", "essays.").replace(".64k.", ".128k.")).read_text())
+    data["samples"] += other["samples"]  # one file, two genres, as `--haystacks sotu essays` writes
+    data["ruler_config"]["haystacks"] = ["sotu", "essays"]
+    data["ruler_config"]["lengths"] = [65536, 131072]
+    run = tmp_path / "genres.json"
+    run.write_text(json.dumps(data))
+    path = _store(tmp_path, "").parent / "manifest.toml"
+    path.write_text(TABLE.replace("lengths = [65536]", "lengths = [65536, 131072]"))
+    target = add(run, "t", "ih", per_haystack=True, manifest_path=path)
+    assert target.name == "essays+sotu.niah_single_word.infinitehip-default.64k-128k.s0-2.json"
+    manifest = load_manifest(path)
+    assert [(r.label, r.haystack) for r in manifest.rows] == [("ih, essays", "essays"), ("ih, sotu", "sotu")]
+    page = render(manifest)
+    for genre, n in (("essays", 131072), ("sotu", 65536)):
+        rows = [s for s in data["samples"] if s["haystack"] == genre and s["length"] == n]
+        cells = ["–", f"{sum(s['correct'] for s in rows)}/{len(rows)}"]
+        assert f"| ih, {genre} | {' | '.join(cells if genre == 'essays' else cells[::-1])} |" in page

@@ -49,7 +49,7 @@ class InfiniteHiPConfig:
     landmark_window: int = 512  # later queries whose mean logit picks a chunk's landmark key
     # How the heads' chunk scores combine into a block's chunk ranking: "max" over heads of raw logits (the
     # paper, Alg. 2 line 11), "softmax" (sum over heads of each head's softmax over the chunks) or "zscore"
-    # (max over heads of per-head standardised scores); docs/results/recall_study_cpu.md.
+    # (max over heads of per-head standardised scores); docs/devlog.md, "InfiniteHiP: selection".
     head_aggregation: str = "max"
     # Prefill chunks whose every query keeps every key (context <= sink + stream + last stage's keep) run as
     # dense causal SDPA: the same keys and, for the streaming/none attention RoPE, the same positions.
@@ -63,8 +63,8 @@ class InfiniteHiPConfig:
     question_window: int = 9  # odd width over which the question's votes are averaged and spread
     # The question's vote skips text that repeats earlier prompt text (attention/repeated_text.py): inside a window of
     # repeat_span tokens seen before, a token gets no vote, so the budget holds one copy of a repeated passage; a
-    # chunk whose every token repeats is never kept (repetitive filler leaves budget unused). The default since
-    # 2026-11-27 (with hierarchy_repeat_span): chosen on seeds 0-1, it read every held-out cell at least as well.
+    # chunk whose every token repeats is never kept (repetitive filler leaves budget unused). Default 32 (with
+    # hierarchy_repeat_span): chosen on seeds 0-1, it read every held-out cell at least as well (docs/real-text.md).
     repeat_span: int = 32
     # The pruning stages leave repeated text out (attention/repeated_text.py; not in the paper): at the prompt's last
     # chunk and in decode, a stage-1 chunk whose every token lies in a window of hierarchy_repeat_span tokens seen

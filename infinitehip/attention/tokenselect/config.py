@@ -29,7 +29,7 @@ class TokenSelectConfig:
     # their neighbours back; on real prose a selection of a few-token fragments from all over a long document is what
     # the model reads instead of the needle's sentence (docs/devlog.md, "TokenSelect"; docs/real-text.md). Default 15:
     # chosen on the real-text suite's 1M screen over 5 (fragments) and 31 (about as good, half as many places); it
-    # reads more pass keys than 5 as well (docs/results.md, "TokenSelect: vote pool width").
+    # reads more pass keys than 5 as well (docs/devlog.md, "TokenSelect").
     vote_pool_size: int = 15
     # Logits of the vote's per-head softmax: "scaled" = q . k / sqrt(d) (the attention's own scale), "raw" = q . k
     # (the paper's eq. 10 and the authors' code): sharper per-head distributions, so a token a few heads like
@@ -44,7 +44,7 @@ class TokenSelectConfig:
     # Defaults 32 / 9: on real-prose captures of the embedded model they put 3-4x more of a needle's value tokens
     # in the selection than one query's vote (docs/real-text.md). Budget 512, chosen over 2,048 and 1,024 on the
     # real-text suite's 1M screen (as good or better) and the passkey: 2,048 question-picked tokens of near-identical
-    # filler are what the small model misread (docs/results.md, "TokenSelect: question-time budget").
+    # filler are what the small model misread (docs/devlog.md, "TokenSelect").
     question_tokens: int = 32
     question_select_tokens: int = 512  # tokens the question's vote selects for the answer
     question_window: int = 9  # odd width over which the question's votes are averaged and spread

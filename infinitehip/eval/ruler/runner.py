@@ -42,7 +42,7 @@ class RulerConfig:
     seeds: tuple[int, ...] = (0, 1, 2)  # needle/value seeds per depth
     samples_per_depth: int = 2  # per seed and depth, each with its own derived seed
     vary_haystack: bool = True  # each sample's haystack begins at its own seed-drawn point of the corpus (false: at
-    # its first token, so one length and depth puts every seed's needle in the same text; results before 2026-11-26)
+    # its first token, so one length and depth puts every seed's needle in the same text; the suite's first results)
     haystack_span: int = 0  # diagnostic: repeat only this many corpus tokens (0: the whole corpus; the essays hold
     # ~154K Gemma 3 tokens, so a 1M prompt already repeats them ~7 times: this asks whether repetition or length hurts)
     oracle: bool = False  # force the target needle tokens into every layer's selection (upper bound)
