@@ -19,7 +19,7 @@ from bench.report.store import ResultsError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(dest="action")
     sub.add_parser("render", help="write docs/results.md and its figures (the default)")
     sub.add_parser("check", help="validate without writing")
     p = sub.add_parser("add", help="file a run into the store and append its manifest row")
@@ -37,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="one row per haystack of a ruler file that holds several genres, labelled 'LABEL, GENRE'")
     args = parser.parse_args(argv)
     try:
-        if args.command == "add":
+        if args.action == "add":
             target = add(args.run, args.table, args.label, args.setting, args.note, args.command, args.device_tag,
                          args.model, args.name, args.per_haystack)
             print(f"stored {target}; appended its row: now run `python -m bench.report`")
-        elif args.command == "check":
+        elif args.action == "check":
             check(load_manifest())
             print("manifest, store and page agree")
         else:

@@ -93,11 +93,19 @@ def add(run: Path, table: str, label: str, setting: str = "default", note: str =
         if not haystacks:
             raise ResultsError(f"{run} holds no ruler samples with a haystack: --per-haystack needs a ruler run")
         rows = [{**row, "label": f"{label}, {h}", "haystack": h} for h in haystacks]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(run.read_bytes())
-    text = manifest_path.read_text().rstrip("\n")
+    before = manifest_path.read_text()
+    text = before.rstrip("\n")
     for entry in rows:
         text += "\n\n[[row]]\n" + "".join(f"{key} = {_toml(value)}\n" for key, value in entry.items() if value != "")
+    existed = target.exists()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(run.read_bytes())
     manifest_path.write_text(text)
-    load_manifest(manifest_path)  # the appended row parses
+    try:
+        load_manifest(manifest_path)  # the appended rows parse; if not, leave the store as it was
+    except ResultsError:
+        manifest_path.write_text(before)
+        if not existed:
+            target.unlink()
+        raise
     return target

@@ -171,3 +171,13 @@ def test_add_per_haystack_splits_a_multi_genre_file(tmp_path):
         rows = [s for s in data["samples"] if s["haystack"] == genre and s["length"] == n]
         cells = ["–", f"{sum(s['correct'] for s in rows)}/{len(rows)}"]
         assert f"| ih, {genre} | {' | '.join(cells if genre == 'essays' else cells[::-1])} |" in page
+
+
+def test_command_line_checks_and_names_a_missing_run(tmp_path, capsys):
+    from bench.report.__main__ import main
+
+    assert main(["check"]) == 0
+    before = (STORE / "manifest.toml").read_text()
+    assert main(["add", str(tmp_path / "nope.json"), "--table", "sotu", "--label", "x", "--command", "c"]) == 1
+    assert f"result file {tmp_path / 'nope.json'} does not exist" in capsys.readouterr().err
+    assert (STORE / "manifest.toml").read_text() == before  # a failed add changes nothing
