@@ -12,6 +12,7 @@ from pathlib import Path
 from infinitehip.cli.method_options import add_method_flags, engine_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.cli.parser import add_command
+from infinitehip.cli.print_config import add_print_config_flag, print_resolved
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.server import ServerConfig
@@ -25,6 +26,7 @@ def register(subparsers) -> None:
     server.add_argument("--api-key-file", type=Path, metavar="FILE",
                         help="read the API key from this file (instead of --api-key, which the process list shows)")
     add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
+    add_print_config_flag(p)
     p.set_defaults(func=run)
 
 
@@ -42,10 +44,11 @@ def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerCon
 
 def run(args: argparse.Namespace) -> int:
     engine_config, server_config = configs_from_args(args)
-    import uvicorn  # heavy imports only once the flags are known to be valid
-
-    from infinitehip.engine.llm_engine import LLMEngine
+    if args.print_config:
+        return print_resolved(engine_config)
+    from infinitehip.engine.llm_engine import LLMEngine  # heavy imports only once the flags are known to be valid
     from infinitehip.server.app import create_app
+    from infinitehip.server.shutdown import draining_server
 
     engine = LLMEngine(engine_config)
     app = create_app(engine, server_config)
@@ -55,7 +58,6 @@ def run(args: argparse.Namespace) -> int:
         + (" with API key" if server_config.api_key else ""),
         flush=True,
     )
-    # Streams can be long: on Ctrl-C give them a few seconds, then close (the engine loop aborts the rest).
-    uvicorn.run(app, host=server_config.host, port=server_config.port, log_level=server_config.log_level,
-                timeout_graceful_shutdown=5)
+    # SIGTERM / Ctrl-C: running requests get drain_timeout_s to finish, the rest end with an error (server/shutdown.py)
+    draining_server(app, server_config).run()
     return 0

@@ -21,6 +21,7 @@ from infinitehip.engine.decode_ahead import DecodeAhead, LaunchedStep
 from infinitehip.engine.detokenize import IncrementalText, full_text
 from infinitehip.engine.logprobs import token_logprobs
 from infinitehip.engine.sampler import generation_defaults, sample_token
+from infinitehip.engine.runner import StepCancelled
 from infinitehip.engine.structured import StructuredOutput
 from infinitehip.engine.scheduler import Scheduler
 from infinitehip.engine.sequence import Sequence
@@ -94,6 +95,11 @@ class LLMEngine:
                                    parts.kv_scratch_tokens, self.prefix)
         self.runner = parts.runner
         self.runner.prefix = self.prefix
+        # Sequences whose abort is on its way (request_cancel, any thread): a step of only these stops at its next
+        # layer. Not with tensor parallelism: the other ranks run the whole step.
+        self._cancelled: set[int] = set()
+        if self.parallel is None:
+            self.runner.stop_check = lambda seq_ids: all(i in self._cancelled for i in seq_ids)
         if self.parallel is not None:  # every model call is broadcast to the other ranks first
             from infinitehip.engine.parallel.step_sync import DriverRunner
 
@@ -119,6 +125,20 @@ class LLMEngine:
         """The chat template's prompt; a base model without one reads the contents as a completion."""
         return chat_prompt_ids(self.tokenizer, messages)
 
+    @property
+    def max_sequence_tokens(self) -> int:
+        """Most tokens (prompt and completion) one request can hold: the context limit, or fewer where the KV cache
+        (kv_cache_tokens, the offloaded store) holds fewer; a method that compacts its cache is bounded by the
+        context only."""
+        scheduler, allocator = self.scheduler, self.scheduler.allocator
+        limit = self.max_context_tokens
+        if scheduler.kv_token_limit is not None and scheduler.cache_tokens(limit) <= allocator.num_pages * allocator.page_size:
+            return limit
+        room = allocator.num_pages * allocator.page_size
+        if self.kv_plan is not None:
+            room = min(room, self.kv_plan.max_tokens)
+        return max(0, min(limit, room - scheduler.kv_scratch_tokens))
+
     def check_fits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
         """Validate the request's length; return its resolved completion budget."""
         limit = self.max_context_tokens
@@ -127,9 +147,11 @@ class LLMEngine:
         # OpenAI's wording ("This model's maximum context length is ..."), which clients such as litellm recognise
         # as a context-window error, with both counts.
         if num_prompt_tokens >= limit:
+            wanted, at_least = (1, "at least ") if max_tokens is None else (max_tokens, "")  # the completion asked
             raise ContextLengthError(
-                f"This model's maximum context length is {limit} tokens. However, you requested at least "
-                f"{num_prompt_tokens + 1} tokens ({num_prompt_tokens} in the prompt, at least 1 for the completion). "
+                f"This model's maximum context length is {limit} tokens. However, you requested {at_least}"
+                f"{num_prompt_tokens + wanted} tokens ({num_prompt_tokens} in the prompt, {at_least}{wanted} for the "
+                "completion). "
                 f"Nothing was truncated. Raise max-context-tokens (method {self.config.method!r}) or shorten the "
                 "prompt."
             )
@@ -152,6 +174,8 @@ class LLMEngine:
             raise ValueError("prompt is empty")
         kept = self.method.select_prompt(list(prompt_ids), max_tokens)
         budget = self.check_fits(len(kept), max_tokens)
+        if max_tokens is None:  # unset: bounded by the KV cache too, not refused for it
+            budget = max(1, min(budget, self.max_sequence_tokens - len(kept)))
         need = self.scheduler.cache_tokens(len(kept) + budget)
         if self.kv_plan is not None:
             self.kv_plan.check(need, f"the request (prompt {len(kept)} + max_tokens {budget})")
@@ -215,6 +239,12 @@ class LLMEngine:
     def abort(self, seq: Sequence) -> None:
         if not seq.is_finished:
             self._finish(seq, "abort")
+
+    def request_cancel(self, seq: Sequence) -> None:
+        """Any thread, before abort(seq) reaches the engine: a step running only cancelled sequences (a long prefill
+        chunk of a client gone) stops at its next layer instead of at its end; its partial chunk goes with them."""
+        if not seq.is_finished:
+            self._cancelled.add(seq.seq_id)
 
     def kv_stats(self) -> dict[str, BankStats] | None:
         """Hit / miss counters of the offloaded KV's banks ({"mask": ..., "attention": ...}); None when resident.
@@ -298,7 +328,10 @@ class LLMEngine:
                 self.scheduler.copies_done(seq)
         if plan.is_empty:
             return [], 0
-        samplers, logits = self.runner.run(plan)
+        try:
+            samplers, logits = self.runner.run(plan)
+        except StepCancelled:  # every sequence of the step is being aborted: nothing of it is kept
+            return [], 0
         if self.prefix is not None:  # before sampling: a sequence that finishes now releases its pages as cached
             for seq, n in plan.prefill:
                 boundary = self.scheduler.cache_prefix(seq, seq.num_computed - n)
@@ -366,6 +399,7 @@ class LLMEngine:
         return True
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        self._cancelled.discard(seq.seq_id)
         self.ahead.drop(seq)  # a step of it still running on the GPU ends before its graphs and pages are freed
         self.scheduler.finish(seq, reason)
         self.method.release(seq.method_state)

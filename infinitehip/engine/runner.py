@@ -20,6 +20,10 @@ from infinitehip.model.loading import Decoder
 from infinitehip.model.rope import RotaryEmbedding
 
 
+class StepCancelled(Exception):
+    """Every sequence of the step was cancelled while it ran (LLMEngine.request_cancel): it stopped between layers."""
+
+
 class ModelRunner:
     def __init__(self, model: Decoder, cache: PagedKVCache, rope: RotaryEmbedding, method: AttentionMethod,
                  graph_decoder: GraphDecoder | None = None, router: LayerRouter | None = None):
@@ -32,6 +36,9 @@ class ModelRunner:
         self.prefix: PrefixPolicy | None = None  # prefix caching's policy (set by the engine): ring copies at boundaries
         # Per sequence: a device copy of its page table [capacity] (int32) and how many entries are valid.
         self._page_tables: dict[int, tuple[torch.Tensor, int]] = {}
+        # stop_check(seq ids of a step) -> True once all of them are cancelled (set by the engine; checked between
+        # layers of a step's forward, so a client gone mid-chunk frees its KV within a layer, not a chunk)
+        self.stop_check = None
 
     def page_table(self, seq: Sequence) -> torch.Tensor:
         """The sequence's page table on the device [num_pages]. A sequence's table only grows while it runs (it
@@ -83,11 +90,18 @@ class ModelRunner:
             text=PromptText(seq.prompt_ids) if ends_prompt else None, ring_boundary=ring_boundary,
         )
 
-    def _forward(self, input_ids: list[int], slices: list[SequenceSlice]) -> torch.Tensor:
+    def _forward(self, input_ids: list[int], slices: list[SequenceSlice], may_stop: bool = False) -> torch.Tensor:
         batch = ForwardBatch(slices, self.cache, self.rope, len(input_ids))
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         attention = self.router or self.method
-        return self.model(ids, lambda layer, q, k, v: attention(layer, q, k, v, batch))
+        stop, seq_ids = (self.stop_check if may_stop else None), [s.seq_id for s in slices]
+
+        def layer_attention(layer, q, k, v):
+            if stop is not None and stop(seq_ids):  # nothing of this step is kept: its KV slots are rewritten or freed
+                raise StepCancelled
+            return attention(layer, q, k, v, batch)
+
+        return self.model(ids, layer_attention)
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> tuple[list[Sequence], torch.Tensor]:
@@ -117,7 +131,7 @@ class ModelRunner:
             for s in slices:
                 if s.ends_prompt:  # the decode's RoPE reach, before graphs of this chunk are captured over the tables
                     self.graph_decoder.reserve_rope(s.start_pos + s.num_queries + 1)
-        hidden = self._forward(input_ids, slices)
+        hidden = self._forward(input_ids, slices, may_stop=True)
         logits = self.model.compute_logits(hidden[sample_rows])
         for s, (seq, _) in zip(slices, plan.prefill):
             if seq.params.prompt_logprobs is not None:

@@ -97,13 +97,15 @@ def create_app(engine: LLMEngine, server_config: ServerConfig | None = None) -> 
     app.state.model_name = model_name
     install_error_handlers(app)
     app.add_middleware(ServerMiddleware, metrics=metrics, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       open_paths=OPEN_PATHS | UI_PATHS if config.ui else OPEN_PATHS)
+                       open_paths=OPEN_PATHS | UI_PATHS if config.ui else OPEN_PATHS,
+                       body_read_timeout_s=config.body_read_timeout_s)
     if config.allowed_origins:  # added last = outermost: a browser's preflight is answered before the key check
         app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
 
     def model_card() -> dict:
-        return ModelCard(id=model_name, created=created, max_model_len=engine.max_context_tokens,
+        # the real limit of one request: kv_cache_tokens below the context limit lowers it
+        return ModelCard(id=model_name, created=created, max_model_len=engine.max_sequence_tokens,
                          method=engine.config.method, preset=serving.preset).model_dump()
 
     v1 = APIRouter(prefix="/v1", responses=_ERRORS)

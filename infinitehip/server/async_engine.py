@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from infinitehip.config.sampling import SamplingParams
+from infinitehip.engine.detokenize import stable_text
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.engine.sequence import Sequence, SequenceStatus
 from infinitehip.server.metrics import ServerMetrics
@@ -61,24 +62,16 @@ class ProgressEvent:
 @dataclass
 class ErrorEvent:
     message: str
+    status: int = 500  # of a non-streaming answer; a stream sends an error event
+    code: str = "engine_error"
+    type: str = "internal_error"
+
+
+SHUTDOWN_CODE = "server_shutting_down"  # a request ended by the server's shutdown
+SHUTDOWN_MESSAGE = "the server is shutting down: the request did not finish within the drain timeout; retry"
 
 
 Event = TokenEvent | ProgressEvent | ErrorEvent
-
-
-def stable_text(text: str, stops: tuple[str, ...]) -> str:
-    """The part of an unfinished sequence's text that can be sent: no partial stop string, no partial char."""
-    end = len(text)
-    while end and text[end - 1] == "\ufffd":
-        end -= 1
-    cut = end
-    for stop in stops:
-        # Longest proper prefix of `stop` that ends the text: hold it back.
-        for i in range(max(0, end - len(stop) + 1), end):
-            if stop.startswith(text[i:end]):
-                cut = min(cut, i)
-                break
-    return text[:cut]
 
 
 @dataclass(eq=False)
@@ -109,6 +102,7 @@ class RequestStream:
         self._ready = asyncio.Event()
         self._pending = len(prompt_lens)  # choices not finished yet
         self.error: str | None = None
+        self.failure: ErrorEvent | None = None  # the error that ended the request (its message is `error`)
         self.closed = False  # aborted (by the client going away or by the handler)
         self.states: list[_SeqState] = []
 
@@ -121,7 +115,9 @@ class RequestStream:
             if isinstance(ev, TokenEvent) and ev.finish_reason is not None:
                 self._pending -= 1
             elif isinstance(ev, ErrorEvent):
-                self.error = ev.message
+                self.error, self.failure = ev.message, ev
+        if self._pending == 0 or self.error is not None:
+            self._owner._live.discard(self)
         self._events.extend(events)
         self._ready.set()
 
@@ -151,8 +147,10 @@ class RequestStream:
             return
         self.closed = True
         self._ready.set()
+        self._owner._live.discard(self)
         if self._pending > 0:
             self._owner._enqueue(("abort", self), 0)
+            self._owner.cancel_running(self)
 
 
 class AsyncEngine:
@@ -161,9 +159,11 @@ class AsyncEngine:
         self.max_waiting_requests = max_waiting_requests
         self.metrics = metrics or ServerMetrics()
         self._cv = threading.Condition()
-        self._commands: list[tuple[str, RequestStream]] = []
+        self._commands: list[tuple[str, RequestStream | None]] = []
         self._num_queued = 0  # sequences accepted but not yet running (guarded by _cv)
         self._stopping = False
+        self._draining = False  # shutting down: no new requests (event loop)
+        self._live: set[RequestStream] = set()  # submitted, not finished, failed or aborted (event loop)
         self._thread: threading.Thread | None = None
         # Engine-thread-only state.
         self._by_seq: dict[int, _SeqState] = {}
@@ -186,9 +186,35 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    async def drain(self, timeout: float) -> None:
+        """Shutting down (event loop): refuse new requests, give the running ones `timeout` seconds to finish, then
+        end the rest with a 503 error (a stream: an error event and [DONE]). The step running then stops at its next
+        layer (engine.request_cancel)."""
+        self._draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._live and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if not self._live:
+            return
+        logger.warning("%d request(s) still running %s s after the shutdown began: ending them", len(self._live),
+                       timeout)
+        for stream in list(self._live):
+            self.cancel_running(stream)
+        self._enqueue(("fail_all", None), 0)
+        while self._live and self._thread is not None and self._thread.is_alive():
+            await asyncio.sleep(0.05)
+
+    def cancel_running(self, stream: RequestStream) -> None:
+        """A step of only cancelled sequences stops at its next layer instead of running to its end (a long prefill
+        chunk); the engine thread aborts them with the command queued before this."""
+        for st in stream.states:
+            if st.seq is not None:  # None: not added yet, the add sees the stream closed
+                self.engine.request_cancel(st.seq)
+
     @property
     def healthy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
+        return self._thread is not None and self._thread.is_alive() and not self._stopping and not self._draining
 
     @property
     def num_queued(self) -> int:
@@ -200,15 +226,16 @@ class AsyncEngine:
         engine's ContextLengthError) for requests that can never run, QueueFullError when busy."""
         for prompt_ids, params in seqs:
             self.engine.check_request(prompt_ids, params.max_tokens)  # pure check: context and KV room, no engine state
-        if self._stopping:
+        if self._stopping or self._draining:
             raise EngineUnavailableError("the server is shutting down")
         self.start()
         stream = RequestStream(self, asyncio.get_running_loop(), [len(p) for p, _ in seqs], want_progress)
         stream.states = [_SeqState(stream, i, list(p), params) for i, (p, params) in enumerate(seqs)]
         self._enqueue(("add", stream), len(seqs))
+        self._live.add(stream)
         return stream
 
-    def _enqueue(self, command: tuple[str, RequestStream], new_queued: int) -> None:
+    def _enqueue(self, command: tuple[str, RequestStream | None], new_queued: int) -> None:
         with self._cv:
             if new_queued:
                 if self._num_queued + new_queued > self.max_waiting_requests:
@@ -231,12 +258,15 @@ class AsyncEngine:
                     break
                 commands, self._commands = self._commands, []
             for kind, stream in commands:
-                self._add(stream) if kind == "add" else self._abort(stream)
+                if kind == "fail_all":
+                    self._fail_all(SHUTDOWN_MESSAGE, 503, SHUTDOWN_CODE)
+                else:
+                    self._add(stream) if kind == "add" else self._abort(stream)
             if commands:
                 self._publish_state()
             if engine.has_work:
                 self._step()
-        self._fail_all("the server is shutting down")
+        self._fail_all(SHUTDOWN_MESSAGE, 503, SHUTDOWN_CODE)
 
     def _release_queued(self, count: int) -> None:
         if count:
@@ -346,7 +376,7 @@ class AsyncEngine:
         return TokenEvent(st.index, delta, len(seq.output_ids), seq.finish_reason, seq.output_text, logprobs, prompt,
                           seq.cached_prompt_tokens)
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, status: int = 500, code: str = "engine_error") -> None:
         streams = {st.stream for st in self._by_seq.values()}
         for st in list(self._by_seq.values()):
             self._drop(st)
@@ -363,7 +393,8 @@ class AsyncEngine:
                 self._release_queued(len(stream.states))
                 streams.add(stream)
         for stream in streams:
-            stream.push_threadsafe([ErrorEvent(message)])
+            stream.push_threadsafe([ErrorEvent(message, status, code, "internal_error" if status == 500 else
+                                               "service_unavailable")])
         self._publish_state()
 
     def _publish_state(self) -> None:

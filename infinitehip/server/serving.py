@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -23,7 +24,9 @@ from infinitehip.server.async_engine import (
     AsyncEngine, EngineUnavailableError, ErrorEvent, ProgressEvent, QueueFullError, RequestStream, TokenEvent,
 )
 from infinitehip.server.errors import APIError, error_body
-from infinitehip.server.logprobs_format import TokenText, chat_logprobs, completion_logprobs
+from infinitehip.server.logprobs_format import (
+    NonFiniteLogprobError, TokenText, chat_logprobs, completion_logprobs, text_end,
+)
 from infinitehip.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingRequest, check_unicode
 
 MAX_N = 64  # choices per request
@@ -67,13 +70,17 @@ class OpenAIServing:
         prompts = self._completion_prompts(body.prompt)
         ids = [await run_in_threadpool(self._encode_prompt, p) for p in prompts]
         max_tokens = body.max_tokens if "max_tokens" in body.model_fields_set else COMPLETIONS_DEFAULT_MAX_TOKENS
+        score_only = bool(body.echo) and max_tokens == 0  # the scoring idiom: the prompt's log-probabilities only
+        if score_only:
+            max_tokens = 1  # the token the prefill samples anyway, left out of the answer
         echo = None
         if body.echo:  # the prompt as given (token-id prompts decoded), before each choice's text
             if body.stream and body.logprobs is not None:
                 raise APIError(400, "echo with logprobs is not supported when streaming; send stream: false",
                                param="echo")
             echo = [p if isinstance(p, str) else self.engine.engine.tokenizer.decode(p) for p in prompts]
-        return await self._serve(body, request, ids, max_tokens, "prompt", chat=False, echo=echo)
+        return await self._serve(body, request, ids, max_tokens, "prompt", chat=False, echo=echo,
+                                 score_only=score_only)
 
     async def chat(self, body: ChatCompletionRequest, request: Request):
         self._check_common(body)
@@ -138,6 +145,10 @@ class OpenAIServing:
         else:
             logprobs = body.logprobs
             prompt_logprobs = body.logprobs if body.echo else None
+        bad_ids = [t for t in body.stop_token_ids or () if not 0 <= t < self.vocab_size]
+        if bad_ids:
+            raise APIError(400, f"stop_token_ids must be token ids in [0, {self.vocab_size}), got {bad_ids[0]}",
+                           param="stop_token_ids")
         # Fields the request leaves unset take the model's generation_config.json defaults (EngineConfig).
         defaults = self.engine.engine.sampling_defaults
         sampling = {name: getattr(body, name) for name in GENERATION_DEFAULTS if getattr(body, name) is not None}
@@ -194,8 +205,11 @@ class OpenAIServing:
         if isinstance(m.content, list):
             parts = []
             for part in m.content:
-                if part.type != "text" or part.text is None:
+                if part.type != "text":
                     raise APIError(400, f"messages[{i}]: only text content parts are supported, got {part.type!r}",
+                                   param=f"messages[{i}].content")
+                if not isinstance(part.text, str):
+                    raise APIError(400, f"messages[{i}]: a content part of type 'text' needs a 'text' string",
                                    param=f"messages[{i}].content")
                 parts.append(part.text)
             content = "\n".join(parts)
@@ -213,7 +227,7 @@ class OpenAIServing:
 
     # ---- running ----------------------------------------------------------------------------------------
     async def _serve(self, body, request: Request, prompt_ids: list[list[int]], max_tokens, prompt_param: str, chat: bool,
-                     echo: list[str] | None = None):
+                     echo: list[str] | None = None, score_only: bool = False):
         if len(prompt_ids) * body.n > self.config.max_waiting_requests:
             raise APIError(400, f"{len(prompt_ids)} prompts x n={body.n} sequences exceed the server's limit of "
                            f"{self.config.max_waiting_requests} queued sequences", param="n")
@@ -234,15 +248,16 @@ class OpenAIServing:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             echoes = None if echo is None else [e for e in echo for _ in range(body.n)]  # per choice
-            gen = self._stream(stream, rid, chat, prompt_tokens, include_usage, echoes, body.n)
+            gen = self._stream(stream, rid, chat, prompt_tokens, include_usage, echoes, body.n, score_only)
             return StreamingResponse(gen, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         choice_prompts = [ids for ids in prompt_ids for _ in range(body.n)]
         return await self._complete(stream, request, rid, chat, prompt_tokens, choice_prompts,
-                                    None if echo is None else [e for e in echo for _ in range(body.n)], body.n)
+                                    None if echo is None else [e for e in echo for _ in range(body.n)], body.n,
+                                    score_only)
 
     async def _complete(self, stream: RequestStream, request: Request, rid: str, chat: bool, prompt_tokens: int,
-                        choice_prompts: list[list[int]], echo: list[str] | None, n: int = 1):
+                        choice_prompts: list[list[int]], echo: list[str] | None, n: int = 1, score_only: bool = False):
         watcher = asyncio.create_task(self._abort_on_disconnect(request, stream))
         finals: dict[int, TokenEvent] = {}
         logprobs: dict[int, list] = {}
@@ -257,10 +272,29 @@ class OpenAIServing:
         finally:
             watcher.cancel()
             stream.abort()  # no-op when finished; frees KV when the client went away or we were cancelled
-        if stream.error is not None:
-            raise APIError(500, stream.error, code="engine_error", type="internal_error")
+        if stream.failure is not None:
+            f = stream.failure
+            raise APIError(f.status, f.message, code=f.code, type=f.type,
+                           headers={"Retry-After": "30"} if f.status == 503 else None)
         if len(finals) < len(stream.prompt_lens):  # client disconnected: nobody reads this
             return JSONResponse(error_body("client disconnected", "invalid_request_error"), status_code=499)
+        if score_only:  # max_tokens 0 with echo: the sampled token is not part of the answer
+            finals = {i: dataclasses.replace(ev, final_text="", completion_tokens=0, finish_reason="length")
+                      for i, ev in finals.items()}
+            logprobs = {i: [] for i in logprobs}
+        try:
+            choices = self._choices(finals, logprobs, chat, choice_prompts, echo)
+        except NonFiniteLogprobError as exc:
+            raise APIError(500, str(exc), code="non_finite_logprobs", type="internal_error") from None
+        completion_tokens = sum(ev.completion_tokens for ev in finals.values())
+        cached = _cached_tokens({i: ev.cached_tokens for i, ev in finals.items()}, n)
+        return JSONResponse({
+            "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices, "usage": _usage(prompt_tokens, completion_tokens, cached),
+        })
+
+    def _choices(self, finals: dict[int, TokenEvent], logprobs: dict[int, list], chat: bool,
+                 choice_prompts: list[list[int]], echo: list[str] | None) -> list[dict]:
         choices, text = [], TokenText(self.engine.engine.tokenizer)
         for index in sorted(finals):
             ev = finals[index]
@@ -271,17 +305,13 @@ class OpenAIServing:
                                 "finish_reason": ev.finish_reason})
             else:
                 if lp is not None and ev.prompt_logprobs is not None:  # echo: the prompt's tokens first
-                    lp = completion_logprobs(lp, text, ev.prompt_logprobs, choice_prompts[index][0])
+                    lp = completion_logprobs(lp, text, ev.prompt_logprobs, choice_prompts[index][0],
+                                             echo[index] if echo else None)
                 elif lp is not None:
                     lp = completion_logprobs(lp, text)
                 choices.append({"index": index, "text": (echo[index] if echo else "") + ev.final_text,
                                 "logprobs": lp, "finish_reason": ev.finish_reason})
-        completion_tokens = sum(ev.completion_tokens for ev in finals.values())
-        cached = _cached_tokens({i: ev.cached_tokens for i, ev in finals.items()}, n)
-        return JSONResponse({
-            "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": self.model_name, "choices": choices, "usage": _usage(prompt_tokens, completion_tokens, cached),
-        })
+        return choices
 
     @staticmethod
     async def _abort_on_disconnect(request: Request, stream: RequestStream) -> None:
@@ -291,13 +321,14 @@ class OpenAIServing:
                 stream.abort()
                 return
 
-    async def _stream(self, stream: RequestStream, rid: str, chat: bool, prompt_tokens: int,
-                      include_usage: bool, echo: list[str] | None = None, n: int = 1) -> AsyncIterator[str]:
+    async def _stream(self, stream: RequestStream, rid: str, chat: bool, prompt_tokens: int, include_usage: bool,
+                      echo: list[str] | None = None, n: int = 1, score_only: bool = False) -> AsyncIterator[str]:
         created, obj = int(time.time()), "chat.completion.chunk" if chat else "text_completion"
         base = {"id": rid, "object": obj, "created": created, "model": self.model_name}
         extra = {"usage": None} if include_usage else {}
 
         token_text = TokenText(self.engine.engine.tokenizer)
+        offsets: dict[int, int] = {}  # per choice: text_offset of its next token
 
         def chunk(index: int, text: str | None, finish_reason: str | None, role: bool = False, lp=None) -> str:
             if chat:
@@ -305,7 +336,10 @@ class OpenAIServing:
                 logprobs = None if lp is None else chat_logprobs(lp, token_text)
                 choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             else:
-                logprobs = None if lp is None else completion_logprobs(lp, token_text)
+                logprobs = None
+                if lp is not None:
+                    logprobs = completion_logprobs(lp, token_text, start=offsets.get(index, 0))
+                    offsets[index] = text_end(logprobs, token_text, lp)
                 choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
             return _sse({**base, "choices": [choice], **extra})
 
@@ -327,8 +361,13 @@ class OpenAIServing:
                     break
                 for ev in events:
                     if isinstance(ev, TokenEvent):
-                        completion_tokens[ev.index] = ev.completion_tokens
                         cached[ev.index] = ev.cached_tokens
+                        if score_only:  # max_tokens 0 with echo: the prompt only
+                            completion_tokens[ev.index] = 0
+                            if ev.finish_reason:
+                                yield chunk(ev.index, None, "length")
+                            continue
+                        completion_tokens[ev.index] = ev.completion_tokens
                         lp = ev.logprobs or None  # the tokens since the last event (text may be held back)
                         if chat and ev.text and ev.finish_reason:
                             yield chunk(ev.index, ev.text, None, lp=lp)
@@ -339,7 +378,7 @@ class OpenAIServing:
                         progress = {"index": ev.index, "processed": ev.processed, "total": ev.total}
                         yield _sse({**base, "choices": [], "prefill_progress": progress, **extra})
                     elif isinstance(ev, ErrorEvent):
-                        yield _sse(error_body(ev.message, "internal_error", code="engine_error"))
+                        yield _sse(error_body(ev.message, ev.type, code=ev.code))
                         yield "data: [DONE]\n\n"
                         return
             if stream.closed:
@@ -347,6 +386,9 @@ class OpenAIServing:
             if include_usage:
                 yield _sse({**base, "choices": [], "usage": _usage(prompt_tokens, sum(completion_tokens.values()),
                                                                   _cached_tokens(cached, n))})
+            yield "data: [DONE]\n\n"
+        except NonFiniteLogprobError as exc:  # the request's error, stated; the stream stays valid JSON lines
+            yield _sse(error_body(str(exc), "internal_error", code="non_finite_logprobs"))
             yield "data: [DONE]\n\n"
         finally:
             stream.abort()  # client disconnected (generator cancelled / closed) or done: frees KV if unfinished
