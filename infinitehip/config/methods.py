@@ -76,6 +76,9 @@ METHODS: dict[str, MethodSpec] = {
                             "infinitehip.attention.streaming.config:StreamingConfig"),
     "truncate": MethodSpec("truncate", "infinitehip.attention.truncate.method:TruncateAttention",
                            "infinitehip.attention.truncate.config:TruncateConfig"),
+    "cascade": MethodSpec("cascade", "infinitehip.attention.cascade.method:CascadeAttention",
+                          "infinitehip.attention.cascade.config:CascadeConfig",
+                          "infinitehip.attention.cascade.config:PRESETS", "default"),
 }
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from infinitehip import LLM, SamplingParams
+from infinitehip.attention.cascade.config import CascadeConfig
 from infinitehip.attention.infinipot.config import InfiniPotConfig
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.config.methods import METHODS
@@ -48,6 +49,9 @@ PER_TOKEN = {
     # rows vs 19 rows changed a logit by 1e-3), so pooling is exact only up to tie-breaking.
     "tokenselect": TokenSelectConfig(**_TS, query_block_size=1, selection_cache=False, vote_pool_size=1),
     "infinitehip": InfiniteHiPConfig(**_IH, query_block_sizes=(1, 1, 1), refresh_intervals=(1, 1, 1)),
+    # 4 sinks + 3 sub-caches of 16 + a 24-token stride: the 200-token prompt pushes several strides (prefill chunks
+    # of 48 are cut at the stride's end), and decode pushes its staged tokens when the stride fills.
+    "cascade": CascadeConfig(sink_tokens=4, cache_tokens=52, num_subcaches=3, stride_tokens=24),
 }
 # Prefill query blocks sharing one selection made with the block's mean query (TokenSelect Sec. 4.2, InfiniteHiP's
 # query_block_sizes): a position's selection depends on the later queries of its block, so prefix invariance holds

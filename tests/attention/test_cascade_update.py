@@ -1,0 +1,161 @@
+"""The cascade's cache update (attention/cascade): the schedule's plan against a token-by-token oracle of the paper's
+four cases, the eager reference against that oracle (every layer and KV head deciding by its own scores), and the
+Triton kernel (interpreted on CPU) against the reference, on random streams through a paged cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infinitehip.attention.cascade.schedule import COMPARE, FILL, PASS, CascadeSchedule
+from infinitehip.attention.cascade.update import cascade_update
+from infinitehip.kv.paged_cache import PagedKVCache
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class OracleCascade:
+    """The paper's rules on Python lists: sub-cache i a list oldest-first of (token, score); push t at sub-cache i
+    is accepted when t is a multiple of 2^i. Records which of the four cases each arrival met."""
+
+    def __init__(self, subcaches: int, width: int):
+        self.caches = [[] for _ in range(subcaches)]
+        self.width, self.t = width, 0
+        self.cases = {1: 0, 2: 0, 3: 0, 4: 0}
+
+    def push(self, token, score) -> None:
+        carry = (token, score)
+        for i, cache in enumerate(self.caches):
+            if len(cache) < self.width:
+                cache.append(carry)
+                self.cases[1] += 1
+                break
+            if self.t % (2**i) == 0:
+                self.cases[2] += 1
+                oldest = cache.pop(0)
+                cache.append(carry)
+                carry = oldest
+                continue
+            if carry[1] < cache[-1][1]:
+                self.cases[3] += 1
+            else:
+                self.cases[4] += 1
+                cache[-1] = carry
+            break
+        self.t += 1
+
+
+def _oracle_slots(schedule: CascadeSchedule, oracle: OracleCascade) -> dict[int, object]:
+    """Sequence slot -> token of the oracle's cascade laid out as the schedule's circular buffers."""
+    out = {}
+    for i, cache in enumerate(oracle.caches):
+        W = schedule.width
+        for r, (token, _) in enumerate(cache):
+            j = (schedule.heads[i] + r) % W if schedule.counts[i] == W else r
+            out[schedule.sinks + i * W + j] = token
+    return out
+
+
+@pytest.mark.parametrize("sinks, subcaches, width, strides", [(2, 3, 4, (30, 5, 1, 1, 9, 17)), (0, 1, 5, (8, 3)),
+                                                                (3, 4, 3, (14, 1, 2, 40))])
+def test_plan_follows_the_four_cases_and_orders_positions_by_age(sinks, subcaches, width, strides):
+    """With every score taken from a fixed random table, the plan applied to token ids equals the oracle, every
+    case occurs, and positions rank the kept tokens by age (sinks first)."""
+    g = torch.Generator().manual_seed(sinks + width)
+    schedule = CascadeSchedule(sinks, subcaches, width)
+    oracle = OracleCascade(subcaches, width)
+    table = torch.rand(1000, generator=g).tolist()
+    slots_token: dict[int, int] = {}
+    token = sinks
+    for n in strides:
+        ops, slots = schedule.plan_pushes(n)
+        for j in range(n):
+            carry = token + j
+            oracle.push(carry, table[carry])
+            for op, s in zip(ops[j].tolist(), slots[j].tolist()):
+                if op == COMPARE:
+                    if table[carry] >= table[slots_token[s]]:
+                        slots_token[s] = carry
+                    break
+                if op == FILL:
+                    slots_token[s] = carry
+                    break
+                if op == PASS:
+                    slots_token[s], carry = carry, slots_token[s]
+                    continue
+                break
+        token += n
+        assert slots_token == _oracle_slots(schedule, oracle)
+    if subcaches > 1:
+        assert all(oracle.cases.values()), oracle.cases
+    pos = schedule.positions()
+    kept = sorted(slots_token, key=lambda s: slots_token[s])
+    assert pos[:sinks].tolist() == list(range(sinks))
+    assert [int(pos[s]) for s in kept] == list(range(sinks, sinks + len(kept)))
+
+
+def _paged(L, Hkv, d, pages, page_size, g):
+    cache = PagedKVCache(L, pages, page_size, Hkv, d, torch.float32, "cpu")
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+    return cache
+
+
+@pytest.mark.parametrize("seed, L, Hkv, d, sinks, subcaches, width, strides", [
+    (0, 2, 2, 16, 2, 3, 4, (30, 6, 1, 1, 7)),  # the first push fills and evicts; decode-sized pushes
+    (1, 1, 3, 24, 4, 4, 5, (40, 13)),  # d not a power of two, 4 sub-caches
+    (2, 3, 1, 8, 0, 2, 6, (20, 6, 6)),
+])
+def test_reference_equals_oracle_and_triton_equals_reference(seed, L, Hkv, d, sinks, subcaches, width, strides):
+    """Random k/v and scores per layer and KV head (each decides its own COMPAREs) in a paged cache whose pages are
+    shuffled: the reference's kept k/v and scores equal the oracle's per (layer, head), and the Triton kernel's
+    equal the reference's exactly."""
+    g = torch.Generator().manual_seed(seed)
+    page_size = 4
+    kept = sinks + subcaches * width
+    limit = kept + max(strides)
+    pages = -(-limit // page_size) + 2
+    page_table = torch.randperm(pages, generator=g)[: -(-limit // page_size)].to(torch.int32)
+    ref = _paged(L, Hkv, d, pages, page_size, g)
+    tri = PagedKVCache(L, pages, page_size, Hkv, d, torch.float32, DEVICE)
+    tri.k.copy_(ref.k)
+    tri.v.copy_(ref.v)
+    scores_ref = torch.rand(L, Hkv, limit, generator=g)
+    scores_tri = scores_ref.clone().to(DEVICE)
+    schedule = CascadeSchedule(sinks, subcaches, width)
+    oracles = [[OracleCascade(subcaches, width) for _ in range(Hkv)] for _ in range(L)]
+    flat = ref.slots(page_table, 0, limit)
+    for n in strides:
+        first = kept if schedule.pushed else sinks
+        end = first + n if schedule.pushed else limit  # the first push: every token after the sinks of a full stride
+        n = end - first
+        fresh = torch.rand(L, Hkv, n, generator=g)
+        scores_ref[..., first:end] = fresh
+        scores_tri[..., first:end] = fresh.to(DEVICE)
+        for slot in range(first, end):  # new tokens' k/v (as a forward step writes them)
+            row = torch.randn(L, Hkv, d, generator=g)
+            ref.k.view(L, -1, Hkv, d)[:, flat[slot]] = row
+            tri.k.view(L, -1, Hkv, d)[:, flat[slot]] = row.to(DEVICE)
+        for l in range(L):
+            for h in range(Hkv):
+                for j in range(n):
+                    # the oracle's token: its k row (and its score, which decides the COMPAREs)
+                    tok = ref.k.view(L, -1, Hkv, d)[l, flat[first + j], h].clone()
+                    oracles[l][h].push((tok, float(scores_ref[l, h, first + j])), float(scores_ref[l, h, first + j]))
+        ops, slots = schedule.plan_pushes(n)
+        k4 = lambda c: c.k.view(L, -1, Hkv, d)
+        v4 = lambda c: c.v.view(L, -1, Hkv, d)
+        cascade_update(k4(ref), v4(ref), scores_ref, flat, ops, slots, first, impl="reference")
+        cascade_update(k4(tri), v4(tri), scores_tri, flat.to(DEVICE), ops, slots, first, impl="triton")
+        torch.testing.assert_close(tri.k.cpu(), ref.k, rtol=0, atol=0)
+        torch.testing.assert_close(tri.v.cpu(), ref.v, rtol=0, atol=0)
+        torch.testing.assert_close(scores_tri.cpu()[..., :kept], scores_ref[..., :kept], rtol=0, atol=0)
+        for l in range(L):
+            for h in range(Hkv):
+                want = _oracle_slots(schedule, oracles[l][h])
+                for s, (row, score) in want.items():
+                    assert torch.equal(k4(ref)[l, flat[s], h], row), (l, h, s)
+                    assert float(scores_ref[l, h, s]) == score
+    cases = {c: sum(o.cases[c] for row in oracles for o in row) for c in (1, 2, 3, 4)}
+    if subcaches > 1:
+        assert all(cases.values()), cases
