@@ -1,8 +1,9 @@
 """The JSON every suite writes: {"meta": {...}, ...the suite's body}, the meta block saying what ran where.
 
 meta: suite, argv (the suite's arguments, as typed), args (every parsed value, defaults included), git_commit,
-git_dirty, date, device, gpus, torch, triton, python, host. A suite that runs on the CPU although a GPU is
-present (--smoke) sets out.meta["device"] = "cpu".
+git_dirty, date, device, gpus, torch, triton, python, host, and resolved_configs: each distinct engine the suite
+built, with every value it ran with (`ResolvedConfig.as_dict()`, config/resolved.py; `record_engine`). A suite
+that runs on the CPU although a GPU is present (--smoke) sets out.meta["device"] = "cpu".
 """
 
 from __future__ import annotations
@@ -56,11 +57,22 @@ def meta(suite: str, argv: list[str], args: argparse.Namespace) -> dict:
 
 class ResultFile:
     """The suite's JSON file (--output; none: nothing written). write() replaces it whole, atomically, so a suite
-    may write after every row and a run cut short still leaves its rows."""
+    may write after every row and a run cut short still leaves its rows. The newest one is the running suite's
+    (bench/cli.py opens one per process): `record_engine` adds to its meta."""
+
+    running: "ResultFile | None" = None
 
     def __init__(self, path: str | None, meta_block: dict):
         self.path = Path(path) if path else None
         self.meta = meta_block
+        self.meta.setdefault("resolved_configs", [])
+        ResultFile.running = self
+
+    def record_resolved(self, resolved: dict | None) -> None:
+        """One engine's resolved settings (a ResolvedConfig.as_dict()), kept once however often it is built."""
+        value = jsonable(resolved)
+        if value is not None and value not in self.meta["resolved_configs"]:
+            self.meta["resolved_configs"].append(value)
 
     def write(self, body: dict) -> None:
         if self.path is None:
@@ -70,3 +82,10 @@ class ResultFile:
         tmp.write_text(json.dumps({"meta": self.meta, **{k: v for k, v in body.items() if k != "meta"}}, indent=1,
                                   default=str))
         os.replace(tmp, self.path)
+
+
+def record_engine(engine: Any) -> Any:
+    """Keep the engine's resolved settings in the running suite's meta; returns the engine."""
+    if ResultFile.running is not None:
+        ResultFile.running.record_resolved(engine.resolved.as_dict())
+    return engine

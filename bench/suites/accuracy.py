@@ -16,6 +16,7 @@ import dataclasses
 import time
 
 from bench.common.cli import add_smoke_flag
+from bench.common.meta import record_engine
 from infinitehip.cli.method_options import add_method_flags, engine_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.config.engine import EngineConfig
@@ -47,6 +48,7 @@ def run(args, out) -> dict:
     if engine.max_context_tokens is None:
         engine = dataclasses.replace(engine, max_context_tokens=context_tokens_needed(args.task, eval_config.lengths))
     llm = LLM(config=engine)
+    record_engine(llm.engine)
     body = dict(task=args.task, method=engine.method, preset=getattr(args, "preset", None),
                 method_config=dataclasses.asdict(engine.method_config) if engine.method_config is not None else None,
                 seed=eval_config.seed,

@@ -20,6 +20,7 @@ import torch
 
 from bench.common import models
 from bench.common.cli import add_smoke_flag
+from bench.common.meta import record_engine
 from bench.common.timing import sync
 from infinitehip import EngineConfig, SamplingParams
 from infinitehip.cli.options import parse_int
@@ -60,6 +61,7 @@ def run_method(loaded: LoadedModel, method: str, preset: str | None, context: in
                      show_progress=False, cuda_graphs=cuda_graphs and not cpu, method_config=config),
         loaded,
     )
+    record_engine(engine)
     ids = models.random_ids(loaded.config.vocab_size, context, seed=0)
     seq = engine.add_request(ids, SamplingParams(temperature=0.0, max_tokens=steps + warmup_steps + 1, ignore_eos=True))
     sync(device)

@@ -23,6 +23,7 @@ import torch
 
 from bench.common import models
 from bench.common.cli import add_method_flags, add_smoke_flag, method_config
+from bench.common.meta import record_engine
 from bench.common.timing import sync as _sync
 from infinitehip import EngineConfig, SamplingParams
 from infinitehip.cli.options import parse_int
@@ -70,6 +71,7 @@ def run(args, out) -> dict:
         engine = LLMEngine(EngineConfig(method="infinipot", device=args.device, dtype=str(dtype).removeprefix("torch."),
                                         show_progress=False, max_context_tokens=length + args.decode_steps + 8,
                                         prefill_chunk_size=args.prefill_chunk_size, method_config=config), loaded)
+        record_engine(engine)
         ids = models.random_ids(loaded.config.vocab_size, length, seed=length)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()

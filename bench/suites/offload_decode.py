@@ -35,6 +35,7 @@ from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag
 from bench.common.dense import decode_layerwise
 from bench.common.gpu_profile import print_report, profile_region
 from bench.common.instrument import use_fast_prefill
+from bench.common.meta import record_engine
 from bench.common.timing import sync
 from infinitehip import EngineConfig, SamplingParams
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
@@ -69,6 +70,7 @@ def run_cell(loaded: LoadedModel, method: InfiniteHiPConfig, offload: OffloadCon
                                     cuda_graphs=not args.no_graphs, overlap_decode=not args.no_overlap,
                                     method_config=method, offload=offload),
                        loaded)
+    record_engine(engine)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     setup_bytes = torch.cuda.memory_allocated() if device.type == "cuda" else 0

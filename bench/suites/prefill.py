@@ -29,6 +29,7 @@ import torch
 from bench.common import models
 from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
 from bench.common.dense import prefill_layerwise
+from bench.common.meta import record_engine
 from bench.common.timing import first_token_s
 from infinitehip import EngineConfig
 from infinitehip.cli.options import parse_int
@@ -54,6 +55,7 @@ def run_cell(loaded: LoadedModel, method_name: str, mode: str, context: int, arg
                                     show_progress=False, max_num_seqs=1, enable_prefix_caching=False,
                                     method_config=method, offload=offload),
                        loaded)
+    record_engine(engine)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     cold_len = min(args.cold_context or context, context)

@@ -30,6 +30,7 @@ from bench.common.models import add_model_flags
 from bench.common.cli import add_method_flags, add_offload_flags, add_smoke_flag, banks_for, method_config
 from bench.common.gpu_profile import print_report, profile_region
 from bench.common.instrument import use_fast_prefill
+from bench.common.meta import record_engine
 from bench.common.timing import first_token_s
 from infinitehip import EngineConfig
 from infinitehip.cli.options import parse_int
@@ -53,11 +54,12 @@ def run_cell(loaded: LoadedModel, method, context: int, offloaded: bool, args) -
         # (their sources stay referenced while copied) and a page of slack; with less, the second request is
         # computed from scratch (scheduler.py) and the table would show no reuse.
         slack = method.landmark_window + 2 * args.page_size
-        return LLMEngine(EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype, max_context_tokens=total,
-                                      kv_cache_tokens=total + args.question + args.steps + slack,
-                                      page_size=args.page_size, prefill_chunk_size=args.chunk, max_num_seqs=1,
-                                      show_progress=True, enable_prefix_caching=caching, method_config=method,
-                                      offload=offload), loaded)
+        config = EngineConfig(method="infinitehip", device=str(device), dtype=args.dtype, max_context_tokens=total,
+                              kv_cache_tokens=total + args.question + args.steps + slack,
+                              page_size=args.page_size, prefill_chunk_size=args.chunk, max_num_seqs=1,
+                              show_progress=True, enable_prefix_caching=caching, method_config=method,
+                              offload=offload)
+        return record_engine(LLMEngine(config, loaded))
 
     e = engine(True)
     first_s, first = first_token_s(e, doc + q1, args.steps)

@@ -140,6 +140,9 @@ def run(args, out) -> dict:
     if url is None:
         server_args = args.server_args or ["--max-context-tokens", "2048", "--kv-cache-tokens", "32768",
                                            "--max-num-seqs", "16", "--prefill-chunk-size", "512"]
+        out.record_resolved(json.loads(subprocess.run(  # the server's engine settings (serve --print-config)
+            [sys.executable, "-m", "infinitehip.cli.main", "serve", *server_args, "--print-config"],
+            capture_output=True, text=True, check=True).stdout))
         proc, url = start_server(server_args)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:

@@ -98,6 +98,7 @@ def run_size(args, tp: int, context: int) -> dict:
             rank0_mask_hit=stats["mask"].hit_ratio if stats else None,
             rank0_attention_hit=stats["attention"].hit_ratio if stats else None,
             graph_captures=graphs.captures if graphs else 0, graph_replays=graphs.replays if graphs else 0,
+            resolved_config=engine.resolved.as_dict(),  # moved into the parent's meta (run)
         )
     finally:
         engine.close()
@@ -181,6 +182,8 @@ def run(args, out) -> dict | None:
             print(f"tp {tp}: exit code {code}", flush=True)
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()] if rows_file.exists() else []
     rows_file.unlink(missing_ok=True)
+    for r in rows:  # each child's engine settings
+        out.record_resolved(r.pop("resolved_config", None))
     out.meta.update(model="Llama-3.1-8B shape, RANDOM bf16 weights" if not args.smoke else "tiny random",
                     method=f"infinitehip:{'tiny' if args.smoke else args.preset}",
                     prefill="FAST (sparse attention replaced by zeros)" if args.fast_prefill else "real")

@@ -13,7 +13,7 @@ the `truncate` baseline drops the middle of over-long prompts, and the engine re
 Methods that need more than attention (InfiniPot's catalyst prompt and novelty scores, for instance)
 override `after_forward`, which receives `ChunkHooks`: a callable that runs further tokens through
 the model against the sequence's cache, and the chunk's per-token losses. A method that compacts the
-cache there returns the slots it kept and declares `kv_token_limit`.
+cache there returns the slots it kept and declares its `kv_token_limit` (`kv_sizing`).
 """
 
 from __future__ import annotations
@@ -129,6 +129,21 @@ class ChunkHooks:
     prompt_ids: Sequence[int] = ()
 
 
+@dataclass(frozen=True)
+class KVSizing:
+    """What the engine sizes from a method (`AttentionMethod.kv_sizing`), before the method is built."""
+
+    default_max_context_tokens: int  # context limit when the user sets none
+    # Most cache slots one sequence ever holds (methods that compact their cache); None: one per token.
+    kv_token_limit: int | None = None
+    # Cache slots past the kept ones that `ChunkHooks.extra_forward` may fill (never kept): the scheduler gives
+    # every sequence page room for them on top of its cache (and kv_token_limit).
+    kv_scratch_tokens: int = 0
+    # The method's config as it runs, when the method fills in fields left to the model (InfiniPot's sizes);
+    # None: the config as given.
+    method_config: Any = None
+
+
 class AttentionMethod(ABC):
     name: ClassVar[str]
     # A tensor-parallel rank (distributed/state.ParallelState) when the engine runs several: model_config then holds
@@ -163,9 +178,21 @@ class AttentionMethod(ABC):
         reports what was dropped."""
         return prompt_ids
 
+    @classmethod
+    def kv_sizing(cls, model_config: ModelConfig, config: Any = None, tokenizer: Any = None) -> KVSizing:
+        """The method's sizes from the model, its config and the model's tokenizer alone, so the engine settles
+        context and pages before building anything (engine/resolve.py). Default: the model's trained length, one
+        slot per token, no scratch slots."""
+        return KVSizing(model_config.max_position_embeddings)
+
+    def own_kv_sizing(self) -> KVSizing:
+        """This built method's sizes (kv_sizing of its model view and config); a method whose sizes depend on what
+        bind_tokenizer encoded reads them from there."""
+        return type(self).kv_sizing(self.model_config, getattr(self, "config", None))
+
     def default_max_context_tokens(self) -> int:
         """Context limit when the user sets none: the model's trained length unless the method extends it."""
-        return self.model_config.max_position_embeddings
+        return self.own_kv_sizing().default_max_context_tokens
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """q [T, H, d], k/v [T, Hkv, d] without RoPE -> attention output [T, H, d]."""
@@ -232,13 +259,12 @@ class AttentionMethod(ABC):
     @property
     def kv_token_limit(self) -> int | None:
         """Most cache slots one sequence ever holds (methods that compact their cache); None: one per token."""
-        return None
+        return self.own_kv_sizing().kv_token_limit
 
     @property
     def kv_scratch_tokens(self) -> int:
-        """Cache slots past the kept ones that `ChunkHooks.extra_forward` may fill (they are never kept): the
-        scheduler gives every sequence page room for them on top of its cache (and kv_token_limit)."""
-        return 0
+        """Cache slots past the kept ones that `ChunkHooks.extra_forward` may fill (they are never kept)."""
+        return self.own_kv_sizing().kv_scratch_tokens
 
     # ---- prefix caching (kv/prefix_cache.py, kv/prefix_reuse.py) ------------------------------------------
     # Why prefix caching is off for a method whose prefix_reuse() is None (the engine logs it).

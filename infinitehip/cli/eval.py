@@ -11,6 +11,7 @@ from infinitehip.cli import eval_compare, eval_ruler
 from infinitehip.cli.method_options import add_method_flags, engine_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.cli.parser import add_command
+from infinitehip.cli.print_config import add_print_config_flag, print_resolved
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine.llm import LLM
@@ -26,6 +27,7 @@ def register(subparsers) -> None:
         add_dataclass_flags(t, EngineConfig, title="engine (EngineConfig)")
         add_method_flags(t)
         add_dataclass_flags(t, OffloadConfig, title="KV offloading (OffloadConfig)")
+        add_print_config_flag(t)
         t.set_defaults(func=run)
     eval_compare.register(tasks)
     eval_ruler.register(tasks)
@@ -37,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     if engine_config.max_context_tokens is None:
         needed = context_tokens_needed(args.task, eval_config.lengths)  # the user may still set it
         engine_config = dataclasses.replace(engine_config, max_context_tokens=needed)
+    if args.print_config:
+        return print_resolved(engine_config)
     llm = LLM(config=engine_config)
     run_eval(llm, args.task, eval_config)
     return 0

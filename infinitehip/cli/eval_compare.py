@@ -33,9 +33,11 @@ def run(args: argparse.Namespace) -> int:
     engine_config = dataclass_from_args(EngineConfig, args)
     console = Console()
     loaded = load_engine_model(engine_config)
-    records = run_compare(config, engine_config, loaded=loaded, console=console)
+    resolved: dict = {}  # each method's engine settings (config/resolved.py)
+    records = run_compare(config, engine_config, loaded=loaded, console=console, resolved=resolved)
     meta = {"model": loaded.source, "device": str(engine_config.torch_device()), "dtype": str(engine_config.torch_dtype()),
-            "page_size": engine_config.page_size, "prefill_chunk_size": engine_config.prefill_chunk_size}
+            "page_size": engine_config.page_size, "prefill_chunk_size": engine_config.prefill_chunk_size,
+            "resolved_configs": resolved}
     paths = write_reports(records, config, meta, config.output_dir)
     console.print(paths["markdown"].read_text())
     console.print("wrote " + ", ".join(str(p) for p in paths.values()))

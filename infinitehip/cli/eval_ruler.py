@@ -14,6 +14,7 @@ from pathlib import Path
 from infinitehip.cli.method_options import add_method_flags, engine_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.cli.parser import add_command
+from infinitehip.cli.print_config import add_print_config_flag, print_resolved
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.eval.ruler.report import load_runs, markdown_report
@@ -32,6 +33,7 @@ def register(tasks) -> None:
     add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)")
     add_method_flags(p)
     add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
+    add_print_config_flag(p)
     p.set_defaults(func=run)
     r = add_command(tasks, "ruler-report", help="markdown tables from `eval ruler` result files")
     r.add_argument("files", nargs="+", help="result JSON files of `infinitehip eval ruler`")
@@ -47,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     engine_config = engine_config_from_args(args)
     if engine_config.max_context_tokens is None:
         engine_config = dataclasses.replace(engine_config, max_context_tokens=context_tokens_needed(config))
+    if args.print_config:
+        return print_resolved(engine_config)
     llm = LLM(config=engine_config)
     run_ruler(llm, config)
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from infinitehip.cli.method_options import add_method_flags, engine_config_from_args
 from infinitehip.cli.options import add_dataclass_flags, dataclass_from_args
 from infinitehip.cli.parser import add_command
+from infinitehip.cli.print_config import add_print_config_flag, print_resolved
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.config.sampling import SamplingParams
@@ -26,10 +27,13 @@ def register(subparsers) -> None:
     add_method_flags(p)
     add_dataclass_flags(p, SamplingParams, title="sampling (SamplingParams)")
     add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
+    add_print_config_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.print_config:
+        return print_resolved(engine_config_from_args(args))
     if (args.prompt is None) == (args.prompt_file is None):
         raise ValueError("give one of --prompt and --prompt-file (on the command line or in the --config file)")
     prompt = args.prompt if args.prompt is not None else args.prompt_file.read_text()

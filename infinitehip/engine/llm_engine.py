@@ -84,15 +84,17 @@ class LLMEngine:
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.method, self.cache, self.kv_plan, self.rope = parts.method, parts.cache, parts.kv_plan, parts.rope
-        self.sliding, self.max_context_tokens = parts.sliding, parts.max_context_tokens
+        self.resolved = parts.resolved  # every effective value (config/resolved.py)
+        self.sliding, self.max_context_tokens = parts.sliding, self.resolved.max_context_tokens
         # Prefix caching: on where the method declares how a reused prefix stays exact (engine/prefix_pages.py).
         # With tensor parallelism every rank copies its shard of a hit's pages (engine/parallel/step_sync.py).
         self.prefix = prefix_pages.prefix_policy(config.enable_prefix_caching, self.method,
                                                  bool(loaded.config.sliding_layers), config.page_size,
                                                  config.prefill_chunk_size)
-        allocator = (PageAllocator if self.prefix is None else PrefixCachingAllocator)(parts.num_pages, config.page_size)
-        self.scheduler = Scheduler(allocator, config.max_num_seqs, config.prefill_chunk_size, parts.kv_token_limit,
-                                   parts.kv_scratch_tokens, self.prefix)
+        r = self.resolved
+        allocator = (PageAllocator if self.prefix is None else PrefixCachingAllocator)(r.num_pages, r.page_size)
+        self.scheduler = Scheduler(allocator, r.max_num_seqs, r.prefill_chunk_size, r.kv_token_limit,
+                                   r.kv_scratch_tokens, self.prefix)
         self.runner = parts.runner
         self.runner.prefix = self.prefix
         # Sequences whose abort is on its way (request_cancel, any thread): a step of only these stops at its next
@@ -106,7 +108,7 @@ class LLMEngine:
             self.runner = DriverRunner(parts.runner, self.parallel)
         # a lone greedy sequence's next graph step launched before its token is read (off with tensor parallelism:
         # the other ranks follow the driver's steps one by one)
-        self.ahead = DecodeAhead(self.scheduler, self.runner, config.overlap_decode and self.parallel is None)
+        self.ahead = DecodeAhead(self.scheduler, self.runner, r.overlap_decode)
         mc = self.model_config
         self.generator = torch.Generator().manual_seed(config.generator_seed)
         tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)

@@ -17,8 +17,10 @@ from infinitehip.attention.hybrid import LayerRouter
 from infinitehip.attention.registry import create_method
 from infinitehip.attention.sliding_window import SlidingWindowAttention
 from infinitehip.config.engine import EngineConfig
+from infinitehip.config.resolved import ResolvedConfig
 from infinitehip.engine.graph_decode import GraphDecoder
 from infinitehip.engine.kv_setup import build_kv
+from infinitehip.engine.resolve import resolve_config
 from infinitehip.engine.runner import ModelRunner
 from infinitehip.kv.offload.planner import CapacityPlan
 from infinitehip.model.loading import LoadedModel
@@ -33,16 +35,15 @@ class RankParts:
     rope: RotaryEmbedding
     sliding: SlidingWindowAttention | None
     runner: ModelRunner
-    max_context_tokens: int
-    num_pages: int
-    kv_token_limit: int | None  # the method's, for the scheduler
-    kv_scratch_tokens: int
+    resolved: ResolvedConfig  # context, pages and the method's slot limits, for the scheduler
 
 
 def build_rank(config: EngineConfig, loaded: LoadedModel, device: torch.device, dtype: torch.dtype,
                parallel=None, show: bool = True) -> RankParts:
     """parallel: this rank's `distributed.state.ParallelState` (None single-process): the method combines its heads'
-    selection scores with the other ranks' through it."""
+    selection scores with the other ranks' through it. The sizes are settled first (engine/resolve.py), from the
+    whole model's config: the same on every rank."""
+    resolved = resolve_config(config, loaded.config, loaded.tokenizer, loaded.source, device)
     # The method and its KV cache see only the layers it governs (all of them, unless the model has
     # sliding-window layers: those keep a ring buffer of their window, attention/sliding_window.py), and only this
     # rank's heads.
@@ -52,23 +53,18 @@ def build_rank(config: EngineConfig, loaded: LoadedModel, device: torch.device, 
     if parallel is not None:
         method.bind_parallel(parallel)
     method.bind_tokenizer(loaded.tokenizer)
-    max_context_tokens = config.max_context_tokens or method.default_max_context_tokens()
-    # A method that compacts its cache needs at most kv_token_limit slots per sequence (+ its scratch slots).
-    limit, scratch = method.kv_token_limit, method.kv_scratch_tokens
-    kv_tokens = config.kv_cache_tokens or ((max_context_tokens if limit is None else min(max_context_tokens, limit))
-                                           + scratch)
-    num_pages = -(-kv_tokens // config.page_size)
+    max_context_tokens, num_pages = resolved.max_context_tokens, resolved.num_pages
     # Offloading: the method's checks and the capacity plan run before anything is allocated.
     cache, kv_plan = build_kv(config.offload, method, mc, dtype, device, config.page_size, num_pages,
                               max_context_tokens, config.max_num_seqs, show, parallel)
-    rope = RotaryEmbedding(mc, min(max_context_tokens, 1 << 16), device)
+    rope = RotaryEmbedding(mc, resolved.rope_table_tokens, device)
     sliding = None
     if layers.sliding_layers:  # one ring row per running sequence, plus prompt_logits' own
         sliding = SlidingWindowAttention(layers, config.max_num_seqs + 1, device, dtype)
     # Hybrid models route layers; otherwise the method is the decoder's attention callable itself.
     router = LayerRouter(method, layers, sliding) if sliding is not None else None
     graphs = None
-    if config.cuda_graphs and device.type == "cuda":
+    if resolved.cuda_graphs:
         graphs = GraphDecoder(loaded.model, cache, rope, method, max_context_tokens, attention=router)
     runner = ModelRunner(loaded.model, cache, rope, method, graphs, router)
-    return RankParts(method, cache, kv_plan, rope, sliding, runner, max_context_tokens, num_pages, limit, scratch)
+    return RankParts(method, cache, kv_plan, rope, sliding, runner, resolved)

@@ -18,11 +18,11 @@ from typing import Any, ClassVar
 import torch
 from rich.console import Console
 
-from infinitehip.attention.registry import create_method
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.methods import method_spec
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.llm_engine import ContextLengthError, LLMEngine, load_engine_model
+from infinitehip.engine.resolve import resolve_config
 from infinitehip.eval.runner import ANSWER_TOKENS, TASKS, context_tokens_needed
 from infinitehip.model.loading import LoadedModel
 
@@ -164,20 +164,23 @@ def _warm_up(engine: LLMEngine) -> None:
 
 def run_compare(
     config: CompareConfig, engine_config: EngineConfig, runs: list[MethodRun] | None = None,
-    loaded: LoadedModel | None = None, console: Console | None = None,
+    loaded: LoadedModel | None = None, console: Console | None = None, resolved: dict | None = None,
 ) -> list[SampleRecord]:
     """Every sample of every method, the model loaded once (or `loaded`). `runs` replaces config.methods (custom
-    method configs); engine_config.max_context_tokens, when set, replaces every method's default context limit."""
+    method configs); engine_config.max_context_tokens, when set, replaces every method's default context limit.
+    resolved: a dict that receives each run's engine settings (label -> `ResolvedConfig.as_dict()`)."""
     console = console or Console()
     runs = runs if runs is not None else [parse_method(m) for m in config.methods]
     loaded = loaded or load_engine_model(engine_config)
     needed = max(context_tokens_needed(task, config.lengths) for task in config.tasks)
     records = []
     for run in runs:
-        default = engine_config.max_context_tokens or create_method(run.method, loaded.config, run.config).default_max_context_tokens()
+        method_engine = dataclasses.replace(engine_config, method=run.method, method_config=run.config)
+        default = resolve_config(method_engine, loaded.config, loaded.tokenizer).max_context_tokens
         context = method_context_limit(default, needed, config.max_context)
-        engine = LLMEngine(dataclasses.replace(engine_config, method=run.method, method_config=run.config,
-                                               max_context_tokens=context), loaded)
+        engine = LLMEngine(dataclasses.replace(method_engine, max_context_tokens=context), loaded)
+        if resolved is not None:
+            resolved[run.label] = engine.resolved.as_dict()
         _warm_up(engine)
         for task in config.tasks:
             for length in config.lengths:

@@ -30,7 +30,7 @@ class EvalConfig:
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # needle depth sweep, 0..1
     trials: int = 1  # samples per (length, depth), each with its own seed
     seed: int = 0  # first sample seed (sample i uses seed + i)
-    output: str | None = None  # JSON results path
+    output: str | None = None  # JSON results path: {"meta": {"resolved_config": ...}, "results": [sample, ...]}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lengths", tuple(int(x) for x in self.lengths))
@@ -82,7 +82,9 @@ def run_eval(llm: LLM, task: str, config: EvalConfig, console: Console | None = 
     console.print(accuracy_table(results))
     if config.output:
         Path(config.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(config.output).write_text(json.dumps([asdict(r) for r in results], indent=2))
+        # the engine's resolved settings beside the samples (config/resolved.py)
+        payload = {"meta": {"resolved_config": llm.engine.resolved.as_dict()}, "results": [asdict(r) for r in results]}
+        Path(config.output).write_text(json.dumps(payload, indent=2, default=str))
     return results
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
+from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, KVSizing, SequenceSlice
 from infinitehip.attention.dense.method import causal_sdpa
 from infinitehip.attention.infinipot.config import PRESETS, InfiniPotConfig
 from infinitehip.attention.infinipot.distill import compact_cache, novelty_tokens, pool_scores, select_slots
@@ -55,6 +55,21 @@ def attention_with_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_o
     return out.to(q.dtype), probs
 
 
+def catalyst_ids(config: InfiniPotConfig, tokenizer: Any) -> list[int]:
+    """The catalyst prompt's token ids (|P|) in the model's tokenizer."""
+    if tokenizer is None:
+        raise ValueError("method 'infinipot' needs the model's tokenizer to encode its catalyst prompt")
+    return tokenizer(config.catalyst_text, add_special_tokens=False)["input_ids"]
+
+
+def pot_sizing(config: InfiniPotConfig, catalyst_tokens: int) -> KVSizing:
+    """A sized config's pot: |M| - scratch slots kept, the catalyst (+ question_tokens) in the scratch slots. No
+    positional limit of the context (positions stay below pot_tokens): 1M by default, as in the paper's Fig. 4."""
+    scratch = catalyst_tokens + config.question_tokens
+    return KVSizing(1 << 20, kv_token_limit=config.pot_tokens - scratch, kv_scratch_tokens=scratch,
+                    method_config=config)
+
+
 class InfiniPotAttention(AttentionMethod):
     name = "infinipot"
     # Its pot holds what it distilled from the whole prompt so far, not the prefix's own k/v: only a prompt equal
@@ -73,10 +88,19 @@ class InfiniPotAttention(AttentionMethod):
         self.catalyst_ids: torch.Tensor | None = None  # [|P|] int64, set by bind_tokenizer
 
     # ---- engine hookup ------------------------------------------------------------------------------------
+    @classmethod
+    def kv_sizing(cls, model_config: ModelConfig, config: InfiniPotConfig | None = None,
+                  tokenizer: Any = None) -> KVSizing:
+        """The pot's slots: |M| - |P| kept (kv_token_limit), the catalyst's |P| (+ question_tokens) as scratch; the
+        catalyst's length is its text in the model's tokenizer."""
+        config = (config or PRESETS["default"]).for_model(model_config.max_position_embeddings)
+        return pot_sizing(config, len(catalyst_ids(config, tokenizer)))
+
+    def own_kv_sizing(self) -> KVSizing:
+        return pot_sizing(self.config, self._catalyst().numel())
+
     def bind_tokenizer(self, tokenizer: Any) -> None:
-        if tokenizer is None:
-            raise ValueError("method 'infinipot' needs the model's tokenizer to encode its catalyst prompt")
-        ids = tokenizer(self.config.catalyst_text, add_special_tokens=False)["input_ids"]
+        ids = catalyst_ids(self.config, tokenizer)
         c = self.config
         if c.compressed_tokens + len(ids) + c.question_tokens >= c.pot_tokens:
             raise ValueError(
@@ -99,17 +123,6 @@ class InfiniPotAttention(AttentionMethod):
             return self._catalyst()
         tail = torch.tensor(list(prompt_ids[-n:]), dtype=torch.long)
         return torch.cat([self._catalyst(), tail])
-
-    @property
-    def kv_token_limit(self) -> int:
-        return self.config.pot_tokens - self.kv_scratch_tokens
-
-    @property
-    def kv_scratch_tokens(self) -> int:
-        return self._catalyst().numel() + self.config.question_tokens
-
-    def default_max_context_tokens(self) -> int:
-        return 1 << 20  # no positional limit (positions stay below pot_tokens); 1M as in the paper's Fig. 4
 
     def new_state(self) -> InfiniPotState:
         return InfiniPotState()

@@ -14,11 +14,12 @@ Offloaded KV: decode steps reuse the bank rows of earlier steps where they are u
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.attention.base import AttentionMethod, ForwardBatch, KVSizing, SequenceSlice
 from infinitehip.attention.dense.method import causal_sdpa
 from infinitehip.attention.infinitehip.decode import (StageCache, merge_question, refresh_stage, stage1_candidates,
                                                      window_width)
@@ -89,8 +90,9 @@ class InfiniteHiPAttention(AttentionMethod):
         self.saliency = KeySaliency(self.config.landmark_window) if self.config.representative == "landmark" else None
         self.short_graphs = ShortChunkGraphs()
 
-    def default_max_context_tokens(self) -> int:
-        return 1 << 17
+    @classmethod
+    def kv_sizing(cls, model_config: ModelConfig, config: Any = None, tokenizer: Any = None) -> KVSizing:
+        return KVSizing(1 << 17)
 
     def check_offload(self, offload, max_context_tokens: int, max_num_seqs: int) -> None:
         check_offload(self.config, offload, max_context_tokens, self.model_config.num_heads, max_num_seqs)

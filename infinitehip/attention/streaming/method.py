@@ -17,10 +17,12 @@ call by concatenating along the head dim: q' = [q_slot, q_rolling], window k' = 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
+from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, KVSizing, SequenceSlice
 from infinitehip.attention.streaming.config import StreamingConfig
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import token_slots
@@ -88,13 +90,11 @@ class StreamingAttention(AttentionMethod):
         self.config = config or StreamingConfig()
         self.sm_scale = model_config.head_dim ** -0.5
 
-    def default_max_context_tokens(self) -> int:
-        # No limit of its own: memory is bounded and positions never exceed the cache size. 1M tokens.
-        return 1 << 20
-
-    @property
-    def kv_token_limit(self) -> int:
-        return self.config.cache_tokens
+    @classmethod
+    def kv_sizing(cls, model_config: ModelConfig, config: StreamingConfig | None = None,
+                  tokenizer: Any = None) -> KVSizing:
+        # No context limit of its own: memory is bounded and positions never exceed the cache size. 1M tokens.
+        return KVSizing(1 << 20, kv_token_limit=(config or StreamingConfig()).cache_tokens)
 
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         c = self.config

@@ -35,11 +35,12 @@ Hits and misses are counted per layer in the state; `stats(state)` gives the hit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.attention.base import AttentionMethod, ForwardBatch, KVSizing, SequenceSlice
 from infinitehip.attention.host_values import device_tensor
 from infinitehip.attention.needle_probe import FORCE_BONUS
 from infinitehip.attention.question_selection import question_tokens
@@ -103,8 +104,9 @@ class TokenSelectAttention(AttentionMethod):
         self.sm_scale = model_config.head_dim ** -0.5
         self.vote_scale = 1.0 if self.config.vote_logits == "raw" else self.sm_scale
 
-    def default_max_context_tokens(self) -> int:
-        return 1 << 17
+    @classmethod
+    def kv_sizing(cls, model_config: ModelConfig, config: Any = None, tokenizer: Any = None) -> KVSizing:
+        return KVSizing(1 << 17)
 
     def new_state(self) -> TokenSelectState:
         return TokenSelectState.empty(self.model_config.num_layers)

@@ -120,6 +120,8 @@ def run_metadata(llm: Any) -> dict:
         # the method's config is under "method"; the offload config stays with the engine's fields
         "engine": {k: v for k, v in dataclasses.asdict(llm.config).items() if k != "method_config"},
         "kv_memory": engine.kv_memory() if hasattr(engine, "kv_memory") else None,  # per layer type
+        # every effective value of the engine (context, KV tokens and pages, banks: config/resolved.py)
+        "resolved_config": engine.resolved.as_dict() if hasattr(engine, "resolved") else None,
         "git_commit": _git_commit(),
     })
 
