@@ -33,6 +33,10 @@ from infinitehip.model.loading import LoadedModel, load_model
 logger = logging.getLogger(__name__)
 
 
+NON_FINITE_LOGITS = ("the model's logits are not finite (NaN or infinity): its weights or KV cache are damaged; the "
+                     "request was stopped")  # Sequence.error of a sequence finished with reason "error"
+
+
 class ContextLengthError(ValueError):
     """A request that does not fit the configured context; nothing is ever truncated silently."""
 
@@ -344,7 +348,13 @@ class LLMEngine:
         if not plan.prefill and len(samplers) == 1 and self.ahead.may_launch_after(samplers[0]):
             return self._step_after(self.ahead.pick(samplers[0], logits), on_scheduled)
         outputs = []
+        finite = torch.isfinite(logits).all(dim=-1).tolist()  # one read for the step (sampling reads the device anyway)
         for row, seq in enumerate(samplers):
+            if not finite[row]:  # damaged weights or KV: this request fails, not the step's others
+                seq.error = NON_FINITE_LOGITS
+                self._finish(seq, "error")
+                outputs.append(StepOutput(seq, -1, True))
+                continue
             if seq.params.repetition_penalty != 1.0 and seq.seen_mask is None:
                 seq.seen_mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
                 seq.seen_mask[torch.tensor(seq.prompt_ids + seq.output_ids, dtype=torch.long)] = True

@@ -29,7 +29,8 @@ class Sequence:
     num_computed: int = 0  # tokens that went through the model
     num_cached: int = 0  # cache slots in use: == num_computed unless the method compacts its cache (InfiniPot)
     status: SequenceStatus = SequenceStatus.WAITING
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" (then `error` says why)
+    error: str | None = None
     output_text: str = ""  # detokenized completion, cut at a stop string
     detokenizer: Any = None  # engine/detokenize.IncrementalText: output_text grows by a few tokens' text a step
     method_state: Any = None  # owned by the attention method

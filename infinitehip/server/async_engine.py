@@ -340,6 +340,11 @@ class AsyncEngine:
             else:
                 self.metrics.itl.observe(now - st.last_token_time)
             st.last_token_time = now
+            if out.seq.finish_reason == "error":  # this request's error (non-finite logits); its siblings abort
+                self._drop(st)
+                self.metrics.finished.labels(reason="error").inc()
+                events.setdefault(st.stream, []).append(ErrorEvent(out.seq.error, 500, "non_finite_logits"))
+                continue
             events.setdefault(st.stream, []).append(self._token_event(st, out.finished))
             if out.finished:
                 self._drop(st)
