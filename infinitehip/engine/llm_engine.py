@@ -178,6 +178,9 @@ class LLMEngine:
         can never hold it."""
         if not prompt_ids:
             raise ValueError("prompt is empty")
+        vocab = self.model_config.vocab_size  # an id past the embedding would fail the whole step, not the request
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
         kept = self.method.select_prompt(list(prompt_ids), max_tokens)
         budget = self.check_fits(len(kept), max_tokens)
         if max_tokens is None:  # unset: bounded by the KV cache too, not refused for it
@@ -197,6 +200,8 @@ class LLMEngine:
         """Queue a request. `probe` (diagnostics): watch these prompt tokens through the method's selections, or
         force them in (attention/needle_probe.py)."""
         kept, max_tokens = self.check_request(prompt_ids, params.max_tokens)
+        if any(t >= self.model_config.vocab_size for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be token ids in [0, {self.model_config.vocab_size})")
         seq = Sequence(kept, params, max_tokens, dropped_prompt_tokens=len(prompt_ids) - len(kept))
         if params.json_schema is not None:  # compiled now: a schema that cannot constrain output fails the request
             if self.tokenizer is None:

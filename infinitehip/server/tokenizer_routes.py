@@ -55,7 +55,7 @@ def tokenizer_router(engine: LLMEngine, check_model, message_dict) -> APIRouter:
             except ValueError as exc:
                 raise APIError(400, str(exc), param="messages") from None
         strs = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
-        return {"count": len(ids), "max_model_len": engine.max_context_tokens, "tokens": ids, "token_strs": strs}
+        return {"count": len(ids), "max_model_len": engine.max_sequence_tokens, "tokens": ids, "token_strs": strs}
 
     def detokenize(body: DetokenizeRequest) -> dict[str, str]:
         check_model(body.model)

@@ -60,7 +60,7 @@ def server_info(engine: LLMEngine, model_name: str, preset: str | None, max_wait
     sampling = {name: getattr(defaults, name) for name in GENERATION_DEFAULTS} | dict(engine.sampling_defaults)
     return {
         "model": model_name,
-        "max_model_len": engine.max_context_tokens,
+        "max_model_len": engine.max_sequence_tokens,  # the KV cache may hold less than the context
         "method": engine.config.method,
         "preset": preset,
         "method_config": _json_safe(dataclasses.asdict(method_config)) if dataclasses.is_dataclass(method_config)

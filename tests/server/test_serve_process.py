@@ -83,14 +83,17 @@ def _wait_healthy(proc: subprocess.Popen, url: str) -> None:
     raise AssertionError("the server did not start")
 
 
-def test_damaged_prefix_cache_file_refuses_the_start_in_one_line(damaged_dir, tmp_path):
+def test_damaged_prefix_cache_file_refuses_the_start_in_one_line(damaged_dir, tmp_path, capsys):
+    """The command line's own path (in this process: the model is loaded already): one line naming the file, exit 2."""
+    from infinitehip.cli.main import main
+
     directory, _ = damaged_dir
     target = tmp_path / PREFIX_CACHE_FILE
     target.write_bytes((directory / PREFIX_CACHE_FILE).read_bytes())
-    proc, _ = _serve("--prefix-cache-dir", str(tmp_path))
-    _, stderr = proc.communicate(timeout=180)
-    assert proc.returncode == 2
-    assert "Traceback" not in stderr
+    code = main(["serve", "--port", str(_free_port()), "--max-context-tokens", str(CONTEXT), "--kv-cache-tokens",
+                 str(KV), "--show-progress", "false", "--prefix-cache-dir", str(tmp_path)])
+    stderr = capsys.readouterr().err
+    assert code == 2
     (line,) = [l for l in stderr.splitlines() if l.startswith("error:")]
     assert f"prefix cache file {target}: tensor 'k' fails its checksum" in line and "--on-bad-prefix-cache" in line
     assert target.exists()  # refused, never changed
