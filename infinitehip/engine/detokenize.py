@@ -46,3 +46,18 @@ def full_text(tokenizer, ids: list[int], stops) -> str:
         if idx >= 0:
             return text[:idx]
     return text
+
+
+def stable_text(text: str, stops: tuple[str, ...]) -> str:
+    """The part of an unfinished sequence's text that can be sent: no partial stop string, no partial char."""
+    end = len(text)
+    while end and text[end - 1] == "\ufffd":
+        end -= 1
+    cut = end
+    for stop in stops:
+        # Longest proper prefix of `stop` that ends the text: hold it back.
+        for i in range(max(0, end - len(stop) + 1), end):
+            if stop.startswith(text[i:end]):
+                cut = min(cut, i)
+                break
+    return text[:cut]

@@ -6,6 +6,7 @@ config and the offload config."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from tqdm import tqdm
 from infinitehip.attention.needle_probe import NeedleProbe
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.sampling import SamplingParams
+from infinitehip.engine.detokenize import stable_text
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.engine.settings import resolve_settings
 
@@ -103,14 +105,42 @@ class LLM:
             raise ValueError("oracle=True needs needle_tokens (the prompt positions to force into the selection)")
         return self._run([self.engine.encode_chat(c) for c in conversations], params or self.default_sampling_params(), probes)
 
+    def stream(self, prompt: str | list[int] | list[dict], params: SamplingParams | None = None) -> Iterator[str]:
+        """One request's text as it is generated, in pieces that join to its final text (the start of a stop
+        string is held back until it is known not to be one). `prompt`: a string or token ids, or a conversation
+        (a list of messages: the chat template is applied). Closing the iterator early aborts the request."""
+        if prompt and isinstance(prompt, list) and isinstance(prompt[0], dict):
+            ids = self.engine.encode_chat(prompt)
+        else:
+            ids = self.engine.encode_prompt(prompt)
+        params = params or self.default_sampling_params()
+        seq = self.engine.add_request(ids, params)
+        sent = 0
+        try:
+            with self._prefill_bar(seq.num_prompt_tokens) as bar:
+                while self.engine.has_work:
+                    _, prefilled = self.engine.step()
+                    bar.update(prefilled)
+                    if seq.output_ids:
+                        bar.close()  # the prompt is read: the text follows
+                    text = seq.output_text if seq.is_finished else stable_text(seq.output_text, params.stop)
+                    if len(text) > sent:
+                        yield text[sent:]
+                        sent = len(text)
+        finally:
+            self.engine.abort(seq)  # a no-op once it finished
+
+    def _prefill_bar(self, total: int) -> tqdm:
+        """Prefill progress on stderr (tokens/s) when it takes several steps and show_progress is on."""
+        show = self.config.show_progress and total > self.config.prefill_chunk_size
+        return tqdm(total=total, desc="prefill", unit="tok", unit_scale=True, disable=not show, leave=False)
+
     def _run(self, prompt_ids: list[list[int]], params: SamplingParams, probes: list | None = None) -> list[RequestOutput]:
         for ids in prompt_ids:  # fail before anything runs
             self.engine.check_request(ids, params.max_tokens)
         probes = probes or [None] * len(prompt_ids)
         seqs = [self.engine.add_request(ids, params, probe) for ids, probe in zip(prompt_ids, probes)]
-        total = sum(s.num_prompt_tokens for s in seqs)
-        show = self.config.show_progress and total > 2 * self.config.prefill_chunk_size
-        with tqdm(total=total, desc="prefill", unit="tok", unit_scale=True, disable=not show, leave=False) as bar:
+        with self._prefill_bar(sum(s.num_prompt_tokens for s in seqs)) as bar:
             while self.engine.has_work:
                 _, prefilled = self.engine.step()
                 bar.update(prefilled)

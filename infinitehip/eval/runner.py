@@ -78,7 +78,8 @@ def run_eval(llm: LLM, task: str, config: EvalConfig, console: Console | None = 
                 mark = "[green]ok[/]" if result.correct else "[red]miss[/]"
                 dropped = f", truncated {result.dropped_tokens} tokens" if result.dropped_tokens else ""
                 console.print(f"{task} len={length} depth={depth:.2f} seed={seed}: {mark} "
-                              f"expected {sample.answer!r} got {out.text.strip()[:60]!r} ({seconds:.1f}s{dropped})")
+                              f"expected {sample.answer!r} got {out.text.strip()[:60]!r} ({seconds:.1f}s{dropped})",
+                              soft_wrap=True)  # one line at any width: rich would break it at the terminal's
     console.print(accuracy_table(results))
     if config.output:
         Path(config.output).parent.mkdir(parents=True, exist_ok=True)
