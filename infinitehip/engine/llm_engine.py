@@ -6,6 +6,8 @@ The server drives it with add_request / step / abort; `LLM` wraps it for offline
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from infinitehip.engine import prefix_pages
 from infinitehip.engine.rank import build_rank
 from infinitehip.engine.decode_ahead import DecodeAhead, LaunchedStep
 from infinitehip.engine.detokenize import IncrementalText, full_text
+from infinitehip.engine.length_advice import LengthAdvice
 from infinitehip.engine.logprobs import token_logprobs
 from infinitehip.engine.sampler import generation_defaults, sample_token
 from infinitehip.engine.runner import StepCancelled
@@ -53,7 +56,16 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     from infinitehip.model.gguf_convert import default_cache_root
 
     cache_root = Path(config.model_cache_dir) if config.model_cache_dir else default_cache_root()
-    return load_model(config.model, cache_root, config.torch_device(), config.torch_dtype())
+    device, dtype = config.torch_device(), config.torch_dtype()
+    start = time.perf_counter()
+    if config.show_progress:  # a status line per phase: a first load converts a GGUF (its own progress bar)
+        name = config.model or "the embedded SmolLM2-135M-Instruct"
+        print(f"loading {name} ({device}, {str(dtype).removeprefix('torch.')}) ...", file=sys.stderr, flush=True)
+    loaded = load_model(config.model, cache_root, device, dtype)
+    if config.show_progress:
+        print(f"loaded {loaded.source} in {time.perf_counter() - start:.1f} s ({loaded.config.num_layers} layers, "
+              f"trained to {loaded.config.max_position_embeddings} tokens)", file=sys.stderr, flush=True)
+    return loaded
 
 
 class LLMEngine:
@@ -90,6 +102,7 @@ class LLMEngine:
         self.method, self.cache, self.kv_plan, self.rope = parts.method, parts.cache, parts.kv_plan, parts.rope
         self.resolved = parts.resolved  # every effective value (config/resolved.py)
         self.sliding, self.max_context_tokens = parts.sliding, self.resolved.max_context_tokens
+        self.length_advice = LengthAdvice(self.method, loaded.config, loaded.source, loaded.tokenizer)
         # Prefix caching: on where the method declares how a reused prefix stays exact (engine/prefix_pages.py).
         # With tensor parallelism every rank copies its shard of a hit's pages (engine/parallel/step_sync.py).
         self.prefix = prefix_pages.prefix_policy(config.enable_prefix_caching, self.method,
@@ -158,8 +171,7 @@ class LLMEngine:
                 f"This model's maximum context length is {limit} tokens. However, you requested {at_least}"
                 f"{num_prompt_tokens + wanted} tokens ({num_prompt_tokens} in the prompt, {at_least}{wanted} for the "
                 "completion). "
-                f"Nothing was truncated. Raise max-context-tokens (method {self.config.method!r}) or shorten the "
-                "prompt."
+                f"Nothing was truncated. {self.length_advice.over_limit(limit)}"
             )
         if max_tokens is None:
             return limit - num_prompt_tokens
@@ -217,6 +229,7 @@ class LLMEngine:
                 raise ValueError(f"needle token {probe.tokens[-1]} is past the prompt ({len(kept)} tokens)")
             probe.prompt_tokens = len(kept)
             seq.probe = probe
+        self.length_advice.on_request(seq.seq_id, len(kept), params.max_tokens)
         if seq.dropped_prompt_tokens:
             logger.info("request %d: method %s truncated %d of %d prompt tokens", seq.seq_id, self.method.name,
                         seq.dropped_prompt_tokens, len(prompt_ids))
