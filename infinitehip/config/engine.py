@@ -99,9 +99,19 @@ class EngineConfig:
                 raise ValueError(f"{name} must be positive, got {value}")
 
     def torch_device(self) -> torch.device:
+        """The device to build on; a CUDA device this machine does not have is a ValueError naming what is there."""
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        device = torch.device(self.device)
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                why = ("this torch build has no CUDA" if torch.version.cuda is None
+                       else f"torch (CUDA {torch.version.cuda}) finds no GPU")
+                raise ValueError(f"device {self.device!r} is not available: {why}; use device 'cpu' or 'auto'")
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise ValueError(f"device {self.device!r} is not available: {torch.cuda.device_count()} GPU(s) here "
+                                 f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+        return device
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":

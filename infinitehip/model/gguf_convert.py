@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,6 +25,7 @@ from typing import Any, NamedTuple
 import gguf
 import numpy as np
 import torch
+from tqdm import tqdm
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 # Bump when the cache layout or conversion changes, so stale caches are never reused.
@@ -287,10 +289,11 @@ def read_gguf(gguf_path: str | Path, dtype: torch.dtype | None = None) -> tuple[
     return config, {e.name: _materialize(e) for e in plan}
 
 
-def _write_safetensors(path: Path, plan: list[_Entry]) -> None:
+def _write_safetensors(path: Path, plan: list[_Entry], desc: str | None = None) -> None:
     """Stream tensors into a safetensors file one by one, so memory never holds the whole model.
 
-    Every output's dtype and shape are known up front, so the header can be written first."""
+    Every output's dtype and shape are known up front, so the header can be written first. desc: a progress bar's
+    label (stderr), None: no bar."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for e in plan:
@@ -303,7 +306,7 @@ def _write_safetensors(path: Path, plan: list[_Entry]) -> None:
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for e in plan:
+        for e in tqdm(plan, desc=desc, unit="tensor", disable=desc is None):
             tensor = _materialize(e)
             raw = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor  # numpy has no bf16
             f.write(memoryview(raw.numpy()).cast("B"))  # little-endian host, like the "<f4" above
@@ -344,12 +347,15 @@ def convert_gguf(gguf_path: str | Path, cache_root: str | Path, dtype: torch.dty
     target = root / f"{src.stem}-{_cache_key(src, dtype)}"
     if _is_complete(target):
         return target
+    # the first use of a GGUF takes seconds to a minute: say so, and show the tensors' progress
+    print(f"converting {src.name} to safetensors, once (into {root}): its tensors, then its tokenizer",
+          file=sys.stderr, flush=True)
     reader, arch = _open(src)  # reject unsupported files before creating anything
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=root))
     try:
         config, plan = _describe(reader, arch, dtype)
-        _write_safetensors(tmp / "model.safetensors", plan)
+        _write_safetensors(tmp / "model.safetensors", plan, "tensors")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                       if config.get(k) is not None}
