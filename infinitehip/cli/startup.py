@@ -12,7 +12,7 @@ import sys
 # Commands that load a model; `eval ruler-report` only reads result files.
 _LOADING_COMMANDS = ("generate", "serve", "eval")
 _NOT_LOADING = ("ruler-report",)
-_EXITING_FLAGS = ("-h", "--help", "--help-all", "--version")
+_EXITING_FLAGS = ("-h", "--help", "--help-all", "--version", "--print-config")  # no model loaded
 
 
 def _quiet(argv: list[str]) -> bool:
