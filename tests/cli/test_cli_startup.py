@@ -45,7 +45,7 @@ def test_demo_first_run_prints_a_status_line_per_phase_from_its_start(tmp_path):
     threading.Thread(target=_read_chunks, args=(proc.stdout, chunks), daemon=True).start()
     text, first = "", None
     try:
-        while "tensors" not in text:  # the conversion's progress bar
+        while "tensors:" not in text:  # the conversion's progress bar (tqdm: "tensors:  0%|")
             at, chunk = chunks.get(timeout=300)
             assert chunk is not None, f"the demo ended before converting the model:\n{text}"
             first = at if first is None else first
@@ -56,7 +56,8 @@ def test_demo_first_run_prints_a_status_line_per_phase_from_its_start(tmp_path):
     assert first - start < FIRST_LINE_SECONDS, f"first output after {first - start:.1f} s"
     lines = text.splitlines()
     assert lines[0].startswith("infinitehip eval passkey: starting")
-    phases = ["starting", "loading the embedded SmolLM2-135M-Instruct", "converting SmolLM2-135M-Instruct", "tensors"]
+    phases = ["starting", "loading the embedded SmolLM2-135M-Instruct", "converting SmolLM2-135M-Instruct",
+              "tensors:"]
     where = [text.index(p) for p in phases]
     assert where == sorted(where), text
 
