@@ -39,7 +39,8 @@ def test_readme_patch_example_runs_offline_on_a_short_prompt(tmp_path):
     """The example as written but for its lengths (the slow test below runs it whole)."""
     code = readme_patch_example()
     assert code.count(LONG_IDS) == 1 and code.count(NEW_TOKENS) == 1, "the README example changed: update this test"
-    short = code.replace(LONG_IDS, "ids = torch.tensor([list(range(1000, 1100))])").replace(NEW_TOKENS, "max_new_tokens=1")
+    short = code.replace(LONG_IDS, "ids = torch.tensor([list(range(1000, 1100))])")
+    short = short.replace(NEW_TOKENS, "max_new_tokens=1")
     total, prompt = run_offline(short, tmp_path)
     assert (prompt, total) == (100, 101)  # the whole prompt read, then the new token
 
