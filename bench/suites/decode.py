@@ -54,6 +54,10 @@ def run_method(loaded: LoadedModel, method: str, preset: str | None, context: in
         from infinitehip.attention.infinitehip.config import infinitehip_preset
 
         config = models.TINY_METHOD if device.type == "cpu" else infinitehip_preset(preset)
+    elif method in ("cascade", "infinipot", "tokenselect"):  # a named preset (or the method's default)
+        from infinitehip.config.methods import method_spec
+
+        config = method_spec(method).config(None if preset == "3k" else preset)
     cpu = device.type == "cpu"
     engine = LLMEngine(
         EngineConfig(method=method, device=device.type, dtype="float32" if cpu else "bfloat16",
@@ -77,7 +81,7 @@ def run_method(loaded: LoadedModel, method: str, preset: str | None, context: in
         step_s.append(time.perf_counter() - t)
     timed = step_s[warmup_steps:]
     graphs = engine.runner.graph_decoder
-    out = dict(method=method if method != "infinitehip" else f"infinitehip {preset}", context=context,
+    out = dict(method=f"{method} {preset}" if config is not None and preset != "3k" else method, context=context,
                cuda_graphs=graphs is not None, prefill_s=prefill_s, step_ms_mean=statistics.fmean(timed) * 1e3,
                step_ms_median=statistics.median(timed) * 1e3, steps=len(timed),
                captures=graphs.captures if graphs else 0, replays=graphs.replays if graphs else 0,
@@ -94,7 +98,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--contexts", type=parse_int, nargs="+", default=[4096])
     parser.add_argument("--steps", type=int, default=64, help="timed decode steps (mean over them: refresh steps included)")
     parser.add_argument("--warmup-steps", type=int, default=40, help="decode steps before timing (graph captures)")
-    parser.add_argument("--methods", nargs="+", default=["dense"], help="dense, infinitehip:PRESET (e.g. infinitehip:3k-fast)")
+    parser.add_argument("--methods", nargs="+", default=["dense"],
+                        help="dense, infinitehip:PRESET (e.g. infinitehip:3k-fast), cascade[:PRESET], streaming")
     parser.add_argument("--no-graphs", action="store_true", help="also run every infinitehip method without CUDA graphs")
     parser.add_argument("--chunk", type=parse_int, default=32768, help="prefill chunk")
     add_smoke_flag(parser, "tiny random model, 300 tokens, dense and infinitehip")

@@ -4,6 +4,7 @@ per method, with the KV resident or offloaded, against dense SDPA-flash in the s
     python -m bench prefill --contexts 131072 524288 --methods infinitehip dense --modes resident
     python -m bench prefill --contexts 1048576 --methods infinitehip --modes offloaded --kv-dtype fp8_e4m3 \\
         --cold-context 65536
+    python -m bench prefill --contexts 131072 1048576 --methods cascade streaming dense --cascade-preset paper
     python -m bench prefill --smoke                                   # CPU, tiny random model
 
 Model: Llama-3.1-8B shape with RANDOM bf16 weights (tokens are noise; every FLOP and byte is real).
@@ -45,8 +46,22 @@ def ttft(engine: LLMEngine, length: int, seed: int) -> float:
     return first_token_s(engine, models.random_ids(engine.model_config.vocab_size, length, seed), 1)[0]
 
 
+def fixed_memory_config(method_name: str, args, trained_length: int):
+    """cascade: --cascade-preset (sized for the model); streaming: the same KV memory (sinks + window + stride)."""
+    from infinitehip.attention.streaming.config import StreamingConfig
+    from infinitehip.config.methods import method_spec
+
+    cascade = method_spec("cascade").config(args.cascade_preset).for_model(trained_length)
+    if method_name == "cascade":
+        return cascade
+    return StreamingConfig(sink_tokens=cascade.sink_tokens, window_tokens=cascade.cache_tokens - cascade.sink_tokens,
+                           eviction_batch_tokens=cascade.stride_tokens)
+
+
 def run_cell(loaded: LoadedModel, method_name: str, mode: str, context: int, args, device: torch.device) -> dict:
     method = (models.TINY_METHOD if args.smoke else method_config(args)) if method_name == "infinitehip" else None
+    if method_name in ("cascade", "streaming"):
+        method = fixed_memory_config(method_name, args, loaded.config.max_position_embeddings)
     offload = banks_for(method, context + 64, loaded.config.num_heads, args) if mode != "resident" else None
     if mode == "offloaded-banks":  # the prefill resolves through the banks instead of a staged copy of each layer
         offload = dataclasses.replace(offload, stage_prefill=False)
@@ -71,7 +86,8 @@ def run_cell(loaded: LoadedModel, method_name: str, mode: str, context: int, arg
         for key in ("cuda_time_total", "cpu_time_total"):
             print(f"profile of the warm prefill ({method_name}, {mode}, {context:,}; profiled, so slower), by {key}:")
             print(prof.key_averages().table(sort_by=key, row_limit=args.profile_rows, max_name_column_width=70))
-    row = dict(method=method_name, mode=mode, context=context, preset=args.preset if method else None,
+    row = dict(method=method_name, mode=mode, context=context,
+               preset=args.cascade_preset if method_name in ("cascade", "streaming") else args.preset if method else None,
                cold_context=cold_len, cold_ttft_s=cold_s, warm_ttft_s=warm_s,
                phases={k: v for k, v in PHASES.items() if v > 0},
                peak_gpu_gb=torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else 0.0,
@@ -87,7 +103,10 @@ def run_cell(loaded: LoadedModel, method_name: str, mode: str, context: int, arg
 
 def add_arguments(p) -> None:
     p.add_argument("--contexts", type=parse_int, nargs="+", default=[131072])
-    p.add_argument("--methods", nargs="+", default=["infinitehip", "dense"], choices=("infinitehip", "dense"))
+    p.add_argument("--methods", nargs="+", default=["infinitehip", "dense"],
+                   choices=("infinitehip", "dense", "cascade", "streaming"))
+    p.add_argument("--cascade-preset", default="paper",
+                   help="cascade's preset (default: paper, a 16K cache); streaming gets the same KV memory")
     p.add_argument("--modes", nargs="+", default=["resident"], choices=("resident", "offloaded", "offloaded-banks"),
                    help="offloaded: FP8/BF16 host store, prefill from a staged copy of each layer (the default); "
                         "offloaded-banks: the prefill resolves through the GPU banks")
