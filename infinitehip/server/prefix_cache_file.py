@@ -31,7 +31,8 @@ class PrefixCacheFile:
             return self.engine.load_prefix_cache(self.path)
         except PrefixCacheFileError as exc:
             if self.on_bad == "refuse":
-                raise PrefixCacheFileError(f"{exc}. Move or delete it, or start with --on-bad-prefix-cache skip") from None
+                advice = "Move or delete it, or start with --on-bad-prefix-cache skip"
+                raise PrefixCacheFileError(f"{exc}. {advice}") from None
             aside = self.path.with_name(self.path.name + REJECTED_SUFFIX)
             try:
                 self.path.replace(aside)

@@ -23,13 +23,13 @@ from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.server.prefix_cache_file import PREFIX_CACHE_FILE, REJECTED_SUFFIX
 from tests.server.test_server import metric
 
-CONTEXT, KV = 2048, 4096
+CONTEXT, KV = 2048, 4096  # dense: its prefix pages are cached page by page (the default may cache on a chunk grid)
 DRAIN_S = 2.0
 QUESTION = "List the planets of the solar system."
 
 
 def _engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(max_context_tokens=CONTEXT, kv_cache_tokens=KV, show_progress=False))
+    return LLMEngine(EngineConfig(method="dense", max_context_tokens=CONTEXT, kv_cache_tokens=KV, show_progress=False))
 
 
 def _answer(engine: LLMEngine, prompt: str) -> str:
@@ -64,8 +64,8 @@ def _free_port() -> int:
 
 def _serve(*flags: str) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "infinitehip.cli.main", "serve", "--port", str(port), "--max-context-tokens",
-           str(CONTEXT), "--kv-cache-tokens", str(KV), "--log-level", "warning", *flags]
+    cmd = [sys.executable, "-m", "infinitehip.cli.main", "serve", "--method", "dense", "--port", str(port),
+           "--max-context-tokens", str(CONTEXT), "--kv-cache-tokens", str(KV), "--log-level", "warning", *flags]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), f"http://127.0.0.1:{port}"
 
 
@@ -90,8 +90,8 @@ def test_damaged_prefix_cache_file_refuses_the_start_in_one_line(damaged_dir, tm
     directory, _ = damaged_dir
     target = tmp_path / PREFIX_CACHE_FILE
     target.write_bytes((directory / PREFIX_CACHE_FILE).read_bytes())
-    code = main(["serve", "--port", str(_free_port()), "--max-context-tokens", str(CONTEXT), "--kv-cache-tokens",
-                 str(KV), "--show-progress", "false", "--prefix-cache-dir", str(tmp_path)])
+    code = main(["serve", "--method", "dense", "--port", str(_free_port()), "--max-context-tokens", str(CONTEXT),
+                 "--kv-cache-tokens", str(KV), "--show-progress", "false", "--prefix-cache-dir", str(tmp_path)])
     stderr = capsys.readouterr().err
     assert code == 2
     (line,) = [l for l in stderr.splitlines() if l.startswith("error:")]

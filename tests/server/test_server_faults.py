@@ -23,8 +23,8 @@ from infinitehip.server.logprobs_format import NonFiniteLogprobError, TokenText,
 from tests.server.test_server import ServerThread, metric, sse_events, wait_idle
 
 # The KV cache holds 1,024 tokens of an 8K context; one prefill chunk takes a whole 1,000-token prompt.
-ENGINE_CONFIG = dict(max_context_tokens=8192, kv_cache_tokens=1024, max_num_seqs=4, prefill_chunk_size=1024,
-                     show_progress=False)
+ENGINE_CONFIG = dict(method="dense", max_context_tokens=8192, kv_cache_tokens=1024, max_num_seqs=4,
+                     prefill_chunk_size=1024, show_progress=False)
 BODY_TIMEOUT_S = 1.0
 
 
