@@ -4,9 +4,13 @@ and its config."""
 
 from __future__ import annotations
 
+import logging
+
 from infinitehip.attention.base import AttentionMethod
 from infinitehip.config.methods import METHODS, method_spec
 from infinitehip.config.model import ModelConfig
+
+logger = logging.getLogger(__name__)
 
 
 def method_class(name: str) -> type[AttentionMethod]:
@@ -14,7 +18,17 @@ def method_class(name: str) -> type[AttentionMethod]:
     return method_spec(name).method_class()
 
 
+def effective_method(name: str, model_config: ModelConfig) -> str:
+    """The method that runs for `name` on this model: `auto` is dense on a model that soft-caps attention logits
+    (Gemma 2: only dense applies the cap), refusing past the trained length there; any other name as given."""
+    return "dense" if name == "auto" and model_config.attn_logit_softcapping is not None else name
+
+
 def create_method(name: str, model_config: ModelConfig, method_config: object | None = None) -> AttentionMethod:
+    if effective_method(name, model_config) != name:
+        logger.warning("method auto: this model soft-caps attention logits (Gemma 2), which only dense applies; "
+                       "running dense (prompts past the trained length are refused)")
+        name, method_config = "dense", None
     spec = method_spec(name)
     cls = spec.method_class()
     if model_config.attn_logit_softcapping is not None and not cls.supports_attn_softcapping:

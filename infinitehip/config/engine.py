@@ -27,9 +27,10 @@ class EngineConfig:
     # embedded SmolLM2-135M-Instruct
     model: str | None = None
     model_cache_dir: str | None = None  # where GGUF conversions are cached; None: ~/.cache/infinitehip/models
-    # Attention method: dense (exact; refuses prompts past the model's trained length), a sparse method that reads
-    # past it (infinitehip, tokenselect, infinipot, streaming) or truncate (drops the prompt's middle)
-    method: str = "dense"
+    # Attention method: auto (the default: dense within the model's trained length, InfiniteHiP beyond it), dense
+    # (exact; refuses prompts past the trained length), a sparse method that reads past it (infinitehip, tokenselect,
+    # infinipot, streaming, cascade) or truncate (drops the prompt's middle)
+    method: str = "auto"
     device: str = "auto"  # where the model runs: cpu, cuda or cuda:N; "auto": cuda when available, else cpu
     dtype: str = "auto"  # weights and activations; "auto": bfloat16 on cuda, float32 on cpu
     # Longest prompt + completion in tokens (128K, 1M); None: the method's default for the model (its trained

@@ -62,6 +62,10 @@ def _load(path: str | None) -> Any:
 
 
 METHODS: dict[str, MethodSpec] = {
+    # what a user who names no method gets: dense within the trained length, InfiniteHiP beyond it
+    "auto": MethodSpec("auto", "infinitehip.attention.auto.method:AutoAttention",
+                       "infinitehip.attention.infinitehip.config:InfiniteHiPConfig",
+                       "infinitehip.attention.auto.presets:PRESETS", "default"),
     "dense": MethodSpec("dense", "infinitehip.attention.dense.method:DenseAttention"),
     "infinitehip": MethodSpec("infinitehip", "infinitehip.attention.infinitehip.method:InfiniteHiPAttention",
                               "infinitehip.attention.infinitehip.config:InfiniteHiPConfig",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from infinitehip.attention.registry import method_class
+from infinitehip.attention.registry import effective_method, method_class
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.model import ModelConfig
 from infinitehip.config.resolved import ResolvedConfig
@@ -26,7 +26,9 @@ def resolve_config(config: EngineConfig, model_config: ModelConfig, tokenizer=No
     that encode text of their own, InfiniPot's catalyst). device: rank 0's (default config.torch_device())."""
     device = device or config.torch_device()
     dtype = config.torch_dtype()
-    sizing = method_class(config.method).kv_sizing(model_config.method_view(), config.method_config, tokenizer)
+    runs = effective_method(config.method, model_config)  # auto on a soft-capped model: dense, sized as dense
+    sizing = method_class(runs).kv_sizing(model_config.method_view(), config.method_config if runs == config.method
+                                          else None, tokenizer)
     max_context = config.max_context_tokens or sizing.default_max_context_tokens
     # A method that compacts its cache needs at most kv_token_limit slots per sequence (+ its scratch slots).
     limit, scratch = sizing.kv_token_limit, sizing.kv_scratch_tokens

@@ -81,6 +81,15 @@ def test_softcapped_model_refuses_methods_without_softcapping(tiny):
         engine_for_dir(path, method="streaming", max_context_tokens=1024)
 
 
+def test_auto_is_dense_on_a_softcapped_model(tiny):
+    family, _, path = tiny
+    if family != "gemma2":
+        pytest.skip("soft-capping is Gemma 2's")
+    engine = engine_for_dir(path)  # the default method, auto
+    assert engine.config.method == "auto" and engine.method.name == "dense"
+    assert engine.max_context_tokens == 4096  # dense's: the trained length, refused past it
+
+
 @pytest.mark.parametrize("model_type, extra", [
     ("mistral", {}), ("phi3", {}), ("qwen2", {"use_sliding_window": True})])
 def test_uniform_sliding_window_is_refused(model_type, extra):

@@ -54,6 +54,12 @@ class InfiniteHiPConfig:
     # Prefill chunks whose every query keeps every key (context <= sink + stream + last stage's keep) run as
     # dense causal SDPA: the same keys and, for the streaming/none attention RoPE, the same positions.
     dense_when_unpruned: bool = True
+    # Within the model's trained length, exact: a prefill chunk or a decode step whose context fits the trained
+    # length attends every key at its original position (dense causal SDPA); beyond it the pruned attention. The
+    # method's state (landmark saliency, the question's vote) is kept in every prefill chunk either way, so a long
+    # prompt's pruned chunks select as they would, and a reused prefix is the same whoever computed it. `auto`'s
+    # setting (attention/auto/); off here: the paper prunes from the first chunk that exceeds its budget.
+    dense_within_trained: bool = False
     # Question-time selection (not in the paper; attention/question_selection.py): the prompt's last question_tokens
     # queries vote together over every candidate token (soft vote on raw logits, averaged over question_window
     # tokens); the question_keep_tokens best final-stage chunks are attended by the question's queries and by every

@@ -188,9 +188,15 @@ class InfiniteHiPAttention(AttentionMethod):
             self.saliency.update(layer, q, seq.start_pos, seq.page_table, seq.cache, batch.rope, impl=self._impl(q),
                                  keys=None if staged is None else staged.keys)
 
+    def within_trained(self, context_len: int) -> bool:
+        """`dense_within_trained`: a context that fits the trained length is attended exactly (dense)."""
+        return self.config.dense_within_trained and context_len <= self.trained_len
+
     def _keeps_every_key(self, layer: int, context_len: int) -> bool:
         """Every query of a chunk ending at context_len attends every earlier key, at its original position."""
         c = self.config
+        if self.within_trained(context_len):
+            return True
         original_positions = c.attention_rope in ("streaming", "none") or (
             c.attention_rope == "dynamic" and context_len <= self.trained_len)
         candidates = context_len - c.sink_tokens - c.stream_tokens
@@ -200,14 +206,15 @@ class InfiniteHiPAttention(AttentionMethod):
     @phase("prefill attention (all)")
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
-        short = prefill_short_chunk(self, layer, q, seq, batch)  # a question after a cached document: CUDA graphs
+        # a question after a cached document: CUDA graphs (pruned; a context within the trained length runs dense)
+        short = None if self.within_trained(seq.context_len) else prefill_short_chunk(self, layer, q, seq, batch)
         if short is not None:
             return short
         staged = stage_prefill_layer(seq.cache, layer, seq.page_table, seq.context_len)  # offloaded: one GPU copy
         self._update_saliency(layer, q, seq, batch, staged)
         question = self._question_prefill(layer, q, seq, batch, staged)
         novel = self.prompt_novel(seq, q.device)  # made even where this chunk runs dense: decode reads it
-        if c.dense_when_unpruned and self._keeps_every_key(layer, seq.context_len):
+        if (c.dense_when_unpruned or self.within_trained(seq.context_len)) and self._keeps_every_key(layer, seq.context_len):
             batch.rope.ensure(seq.context_len)
             if staged is None:
                 k, v = seq.cache.read(layer, seq.context_slots)
@@ -317,6 +324,8 @@ class InfiniteHiPAttention(AttentionMethod):
 
     def graph_key(self, seq: SequenceSlice) -> tuple | None:
         state: InfiniteHiPState = seq.state
+        if self.within_trained(seq.context_len):
+            return None  # exact attention over a context that grows each step: eager
         if not self.graph_capturable() or any(c is None for c in state.stage_cache):
             return None  # the first decode step allocates the stage caches: it runs eagerly
         steps = state.decode_steps  # the layers' step counters agree (one pattern for the step) unless a step stopped
@@ -377,7 +386,28 @@ class InfiniteHiPAttention(AttentionMethod):
         return capacity + stage1_candidates(capacity, c.sink_tokens, c.chunk_sizes[0]) + c.stream_tokens + 2
 
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
-        """Sync-free decode (decode.py): fixed shapes, positions from batch.decode_positions; CUDA-graph capturable."""
+        """Sync-free decode (decode.py): fixed shapes, positions from batch.decode_positions; CUDA-graph capturable.
+        With `dense_within_trained`, a sequence whose context fits the trained length is attended exactly (eager;
+        in a mixed batch its pruned row is replaced)."""
+        exact = [i for i, s in enumerate(seqs) if self.within_trained(s.context_len)]
+        if len(exact) == len(seqs):
+            return self._exact_decode(layer, q, seqs, batch)
+        out = self._pruned_decode(layer, q, seqs, batch)
+        for i in exact:
+            out[i : i + 1] = self._exact_decode(layer, q[i : i + 1], [seqs[i]], batch).to(out.dtype)
+        return out
+
+    def _exact_decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
+        """q [B, H, d] -> [B, H, d]: each query over every key of its sequence, at original positions."""
+        outs = []
+        for i, seq in enumerate(seqs):
+            batch.rope.ensure(seq.context_len)
+            k, v = seq.cache.read(layer, seq.context_slots)
+            outs.append(causal_sdpa(batch.rope.apply_range(q[i : i + 1], seq.start_pos), batch.rope.apply_range(k, 0),
+                                    v, seq.start_pos))
+        return torch.cat(outs)
+
+    def _pruned_decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         c = self.config
         positions, page_tables = batch.decode_positions, batch.decode_page_tables
         capacity = batch.decode_capacity

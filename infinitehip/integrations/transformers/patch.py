@@ -109,7 +109,7 @@ class Patch:
         self.remove()
 
 
-def patch(model: torch.nn.Module, method: str = "infinitehip", preset: str | None = None,
+def patch(model: torch.nn.Module, method: str = "auto", preset: str | None = None,
           method_config: Any = None, max_context_tokens: int | None = None, prefill_chunk_size: int = 4096,
           page_size: int = 64, **overrides: Any) -> Patch:
     """Apply `method` (infinitehip, tokenselect, streaming, dense) to a transformers causal LM of a supported
