@@ -83,6 +83,9 @@ METHODS: dict[str, MethodSpec] = {
     "cascade": MethodSpec("cascade", "infinitehip.attention.cascade.method:CascadeAttention",
                           "infinitehip.attention.cascade.config:CascadeConfig",
                           "infinitehip.attention.cascade.config:PRESETS", "default"),
+    "hip": MethodSpec("hip", "infinitehip.attention.hip.method:HiPAttention",
+                      "infinitehip.attention.hip.config:HiPConfig",
+                      "infinitehip.attention.hip.config:PRESETS", "default"),
 }
 
 

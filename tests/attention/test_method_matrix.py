@@ -20,6 +20,7 @@ import torch
 
 from infinitehip import LLM, SamplingParams
 from infinitehip.attention.cascade.config import CascadeConfig
+from infinitehip.attention.hip.config import HiPConfig
 from infinitehip.attention.infinipot.config import InfiniPotConfig
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.config.methods import METHODS
@@ -35,6 +36,7 @@ from tests.conftest import engine_for_dir, generate_greedy, random_ids, record_s
 # mask refresh intervals / selection caches) decode is by design not recomputation-exact: see BLOCKED below.
 _IH = dict(sink_tokens=16, stream_tokens=64, chunk_sizes=(64, 16, 4), keep_tokens=(512, 128, 32),
            early_last_keep_tokens=64, early_layers=1, landmark_window=48, question_tokens=0)
+_HIP = dict(top_k_tokens=16, key_block_size=2, sink_tokens=4, window_tokens=16, dense_layers=1)
 _TS = dict(select_tokens=24, sink_tokens=8, local_tokens=16, question_tokens=0)
 PER_TOKEN = {
     "dense": None,
@@ -54,6 +56,9 @@ PER_TOKEN = {
     # 4 sinks + 3 sub-caches of 16 + a 24-token stride: the 200-token prompt pushes several strides (prefill chunks
     # of 48 are cut at the stride's end), and decode pushes its staged tokens when the stride fills.
     "cascade": CascadeConfig(sink_tokens=4, cache_tokens=52, num_subcaches=3, stride_tokens=24),
+    # 4 sinks + a 16-token window + 8 blocks of 2 keys from the hierarchy (a block selects once its candidates span
+    # 32 keys, from position 51); layer 0 dense; every decode step refreshes its selection.
+    "hip": HiPConfig(**_HIP, query_block_size=1, refresh_interval=1),
 }
 # Prefill query blocks sharing one selection made with the block's mean query (TokenSelect Sec. 4.2, InfiniteHiP's
 # query_block_sizes): a position's selection depends on the later queries of its block, so prefix invariance holds
@@ -61,6 +66,7 @@ PER_TOKEN = {
 BLOCKED = {
     "tokenselect": (TokenSelectConfig(**_TS, query_block_size=32), 32),
     "infinitehip": (InfiniteHiPConfig(**_IH, query_block_sizes=(32, 16, 8), refresh_intervals=(4, 2, 1)), 32),
+    "hip": (HiPConfig(**_HIP, query_block_size=32, refresh_interval=8), 32),
 }
 
 

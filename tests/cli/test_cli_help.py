@@ -72,7 +72,7 @@ def test_help_is_short_and_help_all_lists_study_knobs_per_method(capsys):
                  "--vote-logits", "--page-size", "--mask-bank-tokens"):
         assert knob not in short and knob in full
     # choice-like fields show their values
-    assert "dense,infinitehip,infinipot,tokenselect,streaming,truncate,cascade}" in short
+    assert "dense,infinitehip,infinipot,tokenselect,streaming,truncate,cascade,hip}" in short
     assert "--kv-dtype {auto,bfloat16,float16,float32,fp8_e4m3,fp8_e5m2}" in full
     assert "--impl {auto,reference,triton}" in full
     # each method's section has its own defaults; study knobs under their own heading
