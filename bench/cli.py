@@ -22,6 +22,7 @@ SUITES = {
     "ruler": ("ruler", "RULER-style tasks over real prose: `infinitehip eval ruler`, meta block added"),
     "attention-latency": ("attention_latency", "one attention layer: InfiniteHiP presets vs dense SDPA-flash"),
     "hip-attn": ("hip_attn", "one attention layer: ours vs the authors' hip-attn vs dense"),
+    "method-latency": ("method_latency", "one attention layer: any registered method vs dense SDPA-flash"),
     "decode": ("decode", "whole-model decode tokens/s (random 8B-shaped weights) against the bandwidth bound"),
     "offload-decode": ("offload_decode", "prefill + decode with the KV offloaded (host store + GPU banks)"),
     "prefill": ("prefill", "whole-model time to first token, resident / offloaded, dense in the same run"),

@@ -38,6 +38,7 @@ FAST = [
     ("attention-latency", "--device", "cpu", "--contexts", "4096", "--chunk", "256", "--impl", "reference",
      "--presets", "default", "--prefill-preset", "default", "--fast-preset", "default", "--heads", "4",
      "--kv-heads", "1", "--e2e-steps", "2"),
+    ("method-latency", "--smoke"),
 ]
 SLOW = [
     ("offload-decode", "--smoke", "--dense-layerwise"),
