@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from infinitehip.attention.hip.config import HiPConfig
 from infinitehip.attention.infinipot.config import InfiniPotConfig
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
 from infinitehip.config.methods import METHODS
@@ -44,6 +45,9 @@ METHOD_CONFIGS = {
     "infinipot": InfiniPotConfig(pot_tokens=160, compressed_tokens=48, catalyst_prompt="Summarise the text above."),
     "streaming": StreamingConfig(sink_tokens=4, window_tokens=60, eviction_batch_tokens=40),
     "truncate": TruncateConfig(window_tokens=120),
+    # the hierarchy's segment scores combined over the ranks' heads (max): the one selection of a single process
+    "hip": HiPConfig(top_k_tokens=32, key_block_size=2, query_block_size=32, sink_tokens=8, window_tokens=32,
+                     refresh_interval=4, dense_layers=1),
 }
 PROMPT = torch.randint(0, 256, (300,), generator=torch.Generator().manual_seed(1)).tolist()
 
