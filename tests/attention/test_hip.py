@@ -188,9 +188,8 @@ def test_decode_refreshes_its_mask_every_refresh_interval_steps():
 
 
 def test_engine_decode_step_equals_a_prefill_of_the_same_query(tiny_llama_dir):
-    """Through the engine on the tiny model (query blocks of 1, refresh every step): greedy tokens of the sparse
-    method differ from nothing by construction, so check what holds -- generation runs, frees its pages and is
-    deterministic; the prompt's tail runs the sparse path (its logits differ from dense)."""
+    """Through the engine on the tiny model (query blocks of 1, refresh every step): generation is deterministic and
+    frees its pages, and the prompt's tail runs the sparse path (its logits differ from dense)."""
     config = HiPConfig(top_k_tokens=8, key_block_size=2, query_block_size=1, sink_tokens=4, window_tokens=16,
                        refresh_interval=1, dense_layers=1)
     ids = random_ids(200, seed=3)
