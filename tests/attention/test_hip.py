@@ -187,7 +187,7 @@ def test_decode_refreshes_its_mask_every_refresh_interval_steps():
     assert kept[8] != kept[0] or kept[16] != kept[8]
 
 
-def test_engine_decode_step_equals_a_prefill_of_the_same_query(tiny_llama_dir):
+def test_engine_generation_is_deterministic_frees_pages_and_runs_sparse(tiny_llama_dir):
     """Through the engine on the tiny model (query blocks of 1, refresh every step): generation is deterministic and
     frees its pages, and the prompt's tail runs the sparse path (its logits differ from dense)."""
     config = HiPConfig(top_k_tokens=8, key_block_size=2, query_block_size=1, sink_tokens=4, window_tokens=16,
