@@ -25,7 +25,7 @@ from infinitehip.server.async_engine import stable_text
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-ENGINE_CONFIG = dict(max_context_tokens=2048, kv_cache_tokens=16384, max_num_seqs=16, prefill_chunk_size=512,
+ENGINE_CONFIG = dict(method="dense", max_context_tokens=2048, kv_cache_tokens=16384, max_num_seqs=16, prefill_chunk_size=512,
                      show_progress=False)
 
 
