@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from infinitehip.attention.cascade.config import CascadeConfig
 from infinitehip.attention.hip.config import HiPConfig
 from infinitehip.attention.infinipot.config import InfiniPotConfig
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
@@ -46,6 +47,11 @@ METHOD_CONFIGS = {
     "streaming": StreamingConfig(sink_tokens=4, window_tokens=60, eviction_batch_tokens=40),
     "truncate": TruncateConfig(window_tokens=120),
     # the hierarchy's segment scores combined over the ranks' heads (max): the one selection of a single process
+    # within the tiny model's trained length (4096): exact, as dense; its pruned path is infinitehip's above
+    "auto": InfiniteHiPConfig(sink_tokens=8, stream_tokens=32, query_block_sizes=(32, 16, 8), chunk_sizes=(32, 8, 4),
+                              keep_tokens=(128, 64, 32), early_last_keep_tokens=64, refresh_intervals=(4, 2, 1),
+                              early_layers=1, landmark_window=24, dense_within_trained=True),
+    "cascade": CascadeConfig(sink_tokens=4, cache_tokens=52, num_subcaches=3, stride_tokens=24),
     "hip": HiPConfig(top_k_tokens=32, key_block_size=2, query_block_size=32, sink_tokens=8, window_tokens=32,
                      refresh_interval=4, dense_layers=1),
 }
@@ -100,7 +106,9 @@ def test_tp2_tokens_equal_single_process(llama, method):
     tp_tokens, tp_logprobs = generate(llama, method, 2)
     assert tp_tokens == tokens
     assert tp_logprobs == pytest.approx(logprobs, abs=1e-4)
-    if method != "dense":  # the method selected: its tokens or log-probabilities are not dense attention's
+    if method == "auto":  # within the trained length: dense attention's tokens and log-probabilities
+        assert (tokens, pytest.approx(logprobs, abs=1e-4)) == dense_run(llama)
+    elif method != "dense":  # the method selected: its tokens or log-probabilities are not dense attention's
         assert (tokens, pytest.approx(logprobs, abs=1e-4)) != dense_run(llama)
 
 
