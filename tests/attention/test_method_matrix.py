@@ -52,7 +52,8 @@ PER_TOKEN = {
     "tokenselect": TokenSelectConfig(**_TS, query_block_size=1, selection_cache=False, vote_pool_size=1),
     "infinitehip": InfiniteHiPConfig(**_IH, query_block_sizes=(1, 1, 1), refresh_intervals=(1, 1, 1)),
     # within the tiny model's trained length (4096) every context here: exact, as dense (test_auto.py: past it)
-    "auto": InfiniteHiPConfig(**_IH, query_block_sizes=(1, 1, 1), refresh_intervals=(1, 1, 1), dense_within_trained=True),
+    "auto": InfiniteHiPConfig(**_IH, query_block_sizes=(1, 1, 1), refresh_intervals=(1, 1, 1),
+                              dense_within_trained=True),
     # 4 sinks + 3 sub-caches of 16 + a 24-token stride: the 200-token prompt pushes several strides (prefill chunks
     # of 48 are cut at the stride's end), and decode pushes its staged tokens when the stride fills.
     "cascade": CascadeConfig(sink_tokens=4, cache_tokens=52, num_subcaches=3, stride_tokens=24),

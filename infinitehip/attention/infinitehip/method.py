@@ -195,8 +195,6 @@ class InfiniteHiPAttention(AttentionMethod):
     def _keeps_every_key(self, layer: int, context_len: int) -> bool:
         """Every query of a chunk ending at context_len attends every earlier key, at its original position."""
         c = self.config
-        if self.within_trained(context_len):
-            return True
         original_positions = c.attention_rope in ("streaming", "none") or (
             c.attention_rope == "dynamic" and context_len <= self.trained_len)
         candidates = context_len - c.sink_tokens - c.stream_tokens
@@ -214,13 +212,11 @@ class InfiniteHiPAttention(AttentionMethod):
         self._update_saliency(layer, q, seq, batch, staged)
         question = self._question_prefill(layer, q, seq, batch, staged)
         novel = self.prompt_novel(seq, q.device)  # made even where this chunk runs dense: decode reads it
-        if (c.dense_when_unpruned or self.within_trained(seq.context_len)) and self._keeps_every_key(layer, seq.context_len):
-            batch.rope.ensure(seq.context_len)
+        unpruned = c.dense_when_unpruned and self._keeps_every_key(layer, seq.context_len)
+        if unpruned or self.within_trained(seq.context_len):
             if staged is None:
-                k, v = seq.cache.read(layer, seq.context_slots)
-            else:
-                k, v = staged.k[: seq.context_len], staged.v[: seq.context_len]
-            return causal_sdpa(batch.rope.apply_range(q, seq.start_pos), batch.rope.apply_range(k, 0), v, seq.start_pos)
+                return _exact(q, seq, seq.cache.read(layer, seq.context_slots), batch)
+            return _exact(q, seq, (staged.k[: seq.context_len], staged.v[: seq.context_len]), batch)
         parent, blocks = None, None
         probe = seq.probe if seq.probe is not None and seq.probe.is_last_prefill(seq.context_len) else None
         for s, spec in enumerate(self._specs(layer, decode=False)):
@@ -397,17 +393,14 @@ class InfiniteHiPAttention(AttentionMethod):
             out[i : i + 1] = self._exact_decode(layer, q[i : i + 1], [seqs[i]], batch).to(out.dtype)
         return out
 
-    def _exact_decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
+    def _exact_decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice],
+                      batch: ForwardBatch) -> torch.Tensor:
         """q [B, H, d] -> [B, H, d]: each query over every key of its sequence, at original positions."""
-        outs = []
-        for i, seq in enumerate(seqs):
-            batch.rope.ensure(seq.context_len)
-            k, v = seq.cache.read(layer, seq.context_slots)
-            outs.append(causal_sdpa(batch.rope.apply_range(q[i : i + 1], seq.start_pos), batch.rope.apply_range(k, 0),
-                                    v, seq.start_pos))
-        return torch.cat(outs)
+        return torch.cat([_exact(q[i : i + 1], seq, seq.cache.read(layer, seq.context_slots), batch)
+                          for i, seq in enumerate(seqs)])
 
-    def _pruned_decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
+    def _pruned_decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice],
+                       batch: ForwardBatch) -> torch.Tensor:
         c = self.config
         positions, page_tables = batch.decode_positions, batch.decode_page_tables
         capacity = batch.decode_capacity
@@ -476,3 +469,12 @@ class InfiniteHiPAttention(AttentionMethod):
             key_tokens, key_counts, key_rope, query_rope, batch.rope.cos, batch.rope.sin,
             self.sm_scale, impl=self._impl(q),
         )
+
+
+def _exact(q: torch.Tensor, seq: SequenceSlice, kv: tuple[torch.Tensor, torch.Tensor],
+           batch: ForwardBatch) -> torch.Tensor:
+    """Queries q [n, H, d] (the sequence's last n positions) over every key kv ([L, Hkv, d] each, pre-RoPE) at
+    original positions -> [n, H, d]."""
+    k, v = kv
+    batch.rope.ensure(seq.context_len)
+    return causal_sdpa(batch.rope.apply_range(q, seq.start_pos), batch.rope.apply_range(k, 0), v, seq.start_pos)

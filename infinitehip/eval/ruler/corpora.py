@@ -130,8 +130,8 @@ def load_sympy_source() -> str:
     Its exact text follows the installed sympy's version (exported texts pin it for another machine)."""
     root = package_dir("sympy", "haystack 'code' needs sympy: pip install sympy")
     files = sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix())
-    parts = (f"# file: sympy/{f.relative_to(root).as_posix()}\n{f.read_text(encoding='utf-8', errors='replace').strip()}"
-             for f in files)
+    parts = (f"# file: sympy/{f.relative_to(root).as_posix()}\n"
+             f"{f.read_text(encoding='utf-8', errors='replace').strip()}" for f in files)
     return _join_capped(parts)
 
 
