@@ -71,7 +71,7 @@ def test_the_command_line_overrides_the_file(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ("max_tokns: 3\n", "unknown key 'max_tokns'.*did you mean max_tokens"),
     ("max_context_tokens: lots\n", "max_context_tokens: expected an integer"),
-    ("method: densest\n", "method: 'densest' is not one of dense, "),
+    ("method: densest\n", "method: 'densest' is not one of auto, dense, "),
     ("page_size: null\n", "page_size: null is not a value"),
     ("- a list\n", "expected a mapping"),
     ("config: other.yaml\n", "unknown key 'config'"),

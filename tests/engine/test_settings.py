@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from infinitehip.attention.auto.presets import PRESETS as AUTO_PRESETS
 from infinitehip.attention.infinitehip.config import PRESETS, InfiniteHiPConfig
 from infinitehip.attention.tokenselect.config import TokenSelectConfig
 from infinitehip.config.engine import EngineConfig
@@ -25,7 +26,8 @@ def test_fields_are_routed_by_name_over_the_preset():
 
 def test_nothing_given_gives_the_method_default_preset_and_no_offload():
     c = resolve_settings()
-    assert c == EngineConfig() and (c.method_config, c.offload) == (None, OffloadConfig())
+    assert c == EngineConfig() and (c.method_config, c.offload) == (AUTO_PRESETS["default"], OffloadConfig())
+    assert resolve_settings(method="dense").method_config is None
     assert resolve_settings(method="infinitehip").method_config == PRESETS["default"]
     assert EngineConfig(method="infinitehip").method_config == PRESETS["default"]
 
@@ -69,7 +71,7 @@ def test_config_objects_are_bases_that_fields_replace():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(method="dense", stream_tokens=512), r"stream_tokens: not a setting of method 'dense' \(a setting of "
-                                              r"infinitehip\); it has no such settings"),
+                                              r"auto, infinitehip\); it has no such settings"),
     (dict(method="tokenselect", keep_tokens=(8,)), r"keep_tokens: not a setting of method 'tokenselect'.*its settings: "),
     (dict(method="infinitehip", strem_tokens=512), r"unknown setting 'strem_tokens'; did you mean stream_tokens"),
     (dict(method="dense", preset="3k"), "no such settings"),

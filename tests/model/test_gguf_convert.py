@@ -343,10 +343,10 @@ def test_a_conversion_finished_concurrently_is_kept(tmp_path: Path, monkeypatch:
 
     theirs = {}
 
-    def finish_first(path: Path, plan: list) -> None:  # the other process renames its directory into place meanwhile
+    def finish_first(path: Path, plan: list, desc: str | None = None) -> None:  # the other process renames meanwhile
         shutil.copytree(first, target)
         theirs["inode"] = (target / "model.safetensors").stat().st_ino  # the file a reader of theirs has open
-        write(path, plan)
+        write(path, plan, desc)
 
     monkeypatch.setattr(gguf_convert, "_write_safetensors", finish_first)
     assert convert_gguf(tmp_path / "tiny.gguf", tmp_path / "cache") == target
@@ -360,7 +360,7 @@ def test_failed_conversion_leaves_no_cache(tmp_path: Path, monkeypatch: pytest.M
 
     _write_tiny(tmp_path / "tiny.gguf", "qwen2", tied=True)
 
-    def crash(path: Path, plan: list) -> None:
+    def crash(path: Path, plan: list, desc: str | None = None) -> None:
         path.write_bytes(b"half a file")
         raise RuntimeError("simulated crash mid-write")
 

@@ -521,7 +521,7 @@ def test_server_config_validation_and_cli_flags(tmp_path):
     assert (server_config.max_waiting_requests, server_config.keepalive_interval_s) == (8, 2.5)
     assert engine_config.method_config is None and engine_config.offload == OffloadConfig()
     with pytest.raises(ValueError, match="no such settings"):
-        configs_from_args(build_parser().parse_args(["serve", "--preset", "3k"]))
+        configs_from_args(build_parser().parse_args(["serve", "--method", "dense", "--preset", "3k"]))
     args = build_parser().parse_args(["serve", "--method", "infinitehip", "--preset", "3k-fast"])
     assert configs_from_args(args)[0].method_config.refresh_intervals == (32, 16, 8)
     key_file = tmp_path / "key"
