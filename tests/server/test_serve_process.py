@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 
-import httpx
 import openai
 import pytest
 
@@ -21,6 +18,7 @@ from infinitehip import SamplingParams
 from infinitehip.config.engine import EngineConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.server.prefix_cache_file import PREFIX_CACHE_FILE, REJECTED_SUFFIX
+from tests.server.serve_process import free_port, start_serve, wait_healthy
 from tests.server.test_server import metric
 
 CONTEXT, KV = 2048, 4096  # dense: its prefix pages are cached page by page (the default may cache on a chunk grid)
@@ -56,31 +54,9 @@ def damaged_dir(tmp_path_factory):
     return directory, expected
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(*flags: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "infinitehip.cli.main", "serve", "--method", "dense", "--port", str(port),
-           "--max-context-tokens", str(CONTEXT), "--kv-cache-tokens", str(KV), "--log-level", "warning", *flags]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), f"http://127.0.0.1:{port}"
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("the server did not start")
+    return start_serve("--method", "dense", "--max-context-tokens", str(CONTEXT), "--kv-cache-tokens", str(KV),
+                       "--log-level", "warning", *flags)
 
 
 def test_damaged_prefix_cache_file_refuses_the_start_in_one_line(damaged_dir, tmp_path, capsys):
@@ -90,7 +66,7 @@ def test_damaged_prefix_cache_file_refuses_the_start_in_one_line(damaged_dir, tm
     directory, _ = damaged_dir
     target = tmp_path / PREFIX_CACHE_FILE
     target.write_bytes((directory / PREFIX_CACHE_FILE).read_bytes())
-    code = main(["serve", "--method", "dense", "--port", str(_free_port()), "--max-context-tokens", str(CONTEXT),
+    code = main(["serve", "--method", "dense", "--port", str(free_port()), "--max-context-tokens", str(CONTEXT),
                  "--kv-cache-tokens", str(KV), "--show-progress", "false", "--prefix-cache-dir", str(tmp_path)])
     stderr = capsys.readouterr().err
     assert code == 2
@@ -104,7 +80,7 @@ def test_sigterm_drains_ends_both_requests_cleanly_and_exits_0(damaged_dir):
     proc, url = _serve("--prefix-cache-dir", str(directory), "--on-bad-prefix-cache", "skip",
                        "--drain-timeout-s", str(DRAIN_S))
     try:
-        _wait_healthy(proc, url)
+        wait_healthy(proc, url)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
         model = client.models.list().data[0].id
         # The damaged file was set aside, kept, and the answer is a clean engine's.

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from infinitehip.eval.passkey import FILLER_SENTENCES, NEEDLE_TEMPLATE, QUESTION, TASK, passkey_for_seed
+from tests.server.serve_process import start_serve, wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -52,32 +50,15 @@ def passkey_document(sentences: int) -> str:
     return f"{TASK}\n\n{' '.join(filler)}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    argv = [sys.executable, "-m", "infinitehip.cli.main", "serve", "--port", str(port), "--api-key", KEY,
-            "--prefill-chunk-size", str(PREFILL_CHUNK), "--show-progress", "false", "--log-level", "warning"]
+    flags = ("--api-key", KEY, "--prefill-chunk-size", str(PREFILL_CHUNK), "--show-progress", "false",
+             "--log-level", "warning")
     with open(log, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+        proc, url = start_serve(*flags, log=out)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, f"server exited: {log.read_text()}"
-            assert time.monotonic() < deadline, f"server did not start: {log.read_text()}"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(proc, url, log)
         yield url
     finally:
         proc.terminate()
