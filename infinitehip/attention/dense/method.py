@@ -1,4 +1,9 @@
-"""`dense`: exact causal attention over every cached token (torch SDPA, GQA), original RoPE positions."""
+"""`dense`: exact causal attention over every cached token (torch SDPA, GQA), original RoPE positions.
+
+Prefill chunks gather their sequence's keys, rotate them and run causal SDPA. Decode runs every decode sequence of
+the step in one paged op (`paged_decode/`): each cache page read once, keys rotated as they are read, split-K over
+the pages on CUDA; it reads positions and page tables from the batch's device tensors, so it is sync-free.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,10 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.attention.dense.paged_decode.op import paged_decode
 from infinitehip.attention.softcap import attend
 from infinitehip.kv.prefix_reuse import PrefixReuse
+from infinitehip.model.rotary import rotate_at
 
 ROWS_PER_PASS = 512  # soft-capped queries per pass: their scores are materialised, heads x rows x context floats
 
@@ -62,3 +69,13 @@ class DenseAttention(AttentionMethod):
         q = batch.rope.apply_range(q, seq.start_pos)
         cap = self.model_config.attn_logit_softcapping
         return causal_sdpa(q, k, v, seq.start_pos) if cap is None else softcapped_causal(q, k, v, seq.start_pos, cap)
+
+    def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
+        """q [B, H, d] pre-RoPE, one token per sequence -> [B, H, d]: all sequences in one paged decode call."""
+        if getattr(batch.cache, "is_offloaded", False):  # no resident pages: each sequence reads through its bank
+            return super().decode(layer, q, seqs, batch)
+        rope, positions = batch.rope, batch.decode_positions  # [B] cache index (= position) of each new token
+        rope.ensure(batch.decode_capacity)
+        q = rotate_at(q, positions, rope.cos, rope.sin)
+        return paged_decode(q, batch.cache.k[layer], batch.cache.v[layer], batch.decode_page_tables, positions + 1,
+                            rope.cos, rope.sin, softcap=self.model_config.attn_logit_softcapping)

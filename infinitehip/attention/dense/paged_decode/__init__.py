@@ -1,0 +1,1 @@
+"""Paged dense decode: one new query per sequence over its whole paged cache, keys rotated when read (`op.py`)."""
