@@ -1,0 +1,25 @@
+# The Cascading KV Cache and HiP v1 on one GPU (~20 minutes), every baseline in the same run. Random Llama-3-8B-shaped
+# bf16 weights (`--model random8b`) for memory and speed; the embedded SmolLM2 for the passkey; Gemma 3 270M for the
+# real-text suite (MODEL_DIR holds gemma.gguf, bench/device_models.py; CORPORA the exported texts).
+# Rows of docs/results.md (file each JSON with `python -m bench.report add`).
+MODEL_DIR=${MODEL_DIR:-/root}
+CORPORA=${CORPORA:-.corpora}
+# KV memory constant in the input length: cascade (paper preset) beside streaming and InfiniPot at 32K-1M.
+for m in cascade streaming infinipot; do
+  P=$([ $m = cascade ] && echo "--preset paper")
+  run mem_$m python3 -m bench memory --method $m $P --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_$m.json
+done
+# Whole-model prefill at 128K and 1M: cascade vs streaming at the same cache vs dense (layer-wise where it does not fit).
+run prefill python3 -m bench prefill --contexts 131072 1048576 --methods cascade streaming dense --cascade-preset paper --chunk 1024 --dense-layerwise --output $OUT_DIR/prefill_cascade.json
+run decode python3 -m bench decode --contexts 131072 1048576 --methods dense cascade:paper streaming --output $OUT_DIR/decode_cascade.json
+# One layer: HiP v1 vs infinitehip's default vs dense SDPA-flash (prefill chunk, decode).
+run hip_latency python3 -m bench method-latency --contexts 131072 1048576 --methods hip infinitehip:default --output $OUT_DIR/method_latency_hip.json
+# Accuracy: passkey on the embedded model, cascade (a 64K cache) vs streaming at the same size; hip at 32K-128K.
+run passkey_cascade python3 -m bench accuracy --method cascade --preset paper-65k --lengths 32768 131072 1048576 --output $OUT_DIR/passkey_cascade.json
+run passkey_streaming python3 -m bench accuracy --method streaming --sink-tokens 64 --window-tokens 65472 --lengths 32768 131072 1048576 --output $OUT_DIR/passkey_streaming.json
+run passkey_hip python3 -m bench accuracy --method hip --lengths 32768 131072 --output $OUT_DIR/passkey_hip.json
+wait_file $MODEL_DIR/gemma_ready
+G="python3 -m bench ruler --model $MODEL_DIR/gemma.gguf --model-cache-dir $MODEL_DIR/cache --prefill-chunk-size 32768 --plots false --haystack-dir $CORPORA --tasks niah_single_word --seeds 0 --samples-per-depth 1 --haystacks sotu essays code"
+run ruler_hip $G --method hip --dense-layers 0 --lengths 32000 131072 --output $OUT_DIR/ruler_hip.json
+run ruler_cascade $G --method cascade --lengths 32000 131072 --output $OUT_DIR/ruler_cascade.json
+run ruler_streaming $G --method streaming --lengths 32000 131072 --output $OUT_DIR/ruler_streaming.json
