@@ -2,7 +2,7 @@
 device) against the eager reference over batches of sequences of different lengths (1, page multiples and not),
 GQA ratios, fp32 / bf16, one split or several, a sliding window and soft-capping; the reference against the dense
 prefill path (gather, rotate every key, SDPA) on the same paged cache; DenseAttention.decode against one-token
-prefills, softcapped too."""
+prefills, softcapped too. Slots past each sequence's end hold NaN (never-written cache memory may)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ def _filled_cache(H: int, Hkv: int, d: int, dtype: torch.dtype, lengths: list[in
     cache.v.copy_(torch.randn(cache.v.shape, generator=g).to(dtype))
     order = torch.randperm(cache.num_pages, generator=g)[: sum(pages)].to(torch.int32).to(DEVICE)
     tables = list(torch.split(order, pages))
+    for n, table in zip(lengths, tables):  # slots past a sequence's end are never written: NaN must not leak
+        tail = cache.slots(table, n, table.numel() * PAGE)
+        cache.flat_k(0)[tail] = float("nan")
+        cache.flat_v(0)[tail] = float("nan")
     q = (torch.randn(len(lengths), H, d, generator=g) * 2).to(dtype).to(DEVICE)
     return cache, tables, q
 

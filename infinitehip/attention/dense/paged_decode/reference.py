@@ -25,15 +25,18 @@ def paged_decode_reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     width = page_tables.shape[1] * page_size  # static: no host read of the lengths
     tokens = torch.arange(width, device=q.device)
     slots = (page_tables.long()[:, tokens // page_size] * page_size + tokens % page_size)  # [B, width]
-    k = k_pages.flatten(0, 1)[slots]  # [B, width, Hkv, d]
-    v = v_pages.flatten(0, 1)[slots]
-    rows = tokens.clamp(max=cos.shape[0] - 1)  # rows past the table are masked keys' only
-    k = apply_rotary(k.to(q.dtype), cos[rows][:, None], sin[rows][:, None])
     lengths = lengths.long()[:, None]
     visible = tokens[None, :] < lengths  # [B, width]
     if window is not None:
         visible &= tokens[None, :] >= lengths - window
+    # Slots past a sequence's end were never written (uninitialised memory, NaN possible): zeroed, since a masked
+    # score still multiplies its value (0 * NaN = NaN).
+    written = (tokens[None, :] < lengths)[..., None, None]
+    k = torch.where(written, k_pages.flatten(0, 1)[slots].to(q.dtype), 0)  # [B, width, Hkv, d]
+    v = torch.where(written, v_pages.flatten(0, 1)[slots].to(q.dtype), 0)
+    rows = tokens.clamp(max=cos.shape[0] - 1)  # rows past the table are masked keys' only
+    k = apply_rotary(k, cos[rows][:, None], sin[rows][:, None])
     if scale is not None:  # attend scales by d ** -0.5: fold the rest into q (exact for powers of two only)
         q = q * (scale * d ** 0.5)
-    out = attend(q[:, :, None], k.transpose(1, 2), v.to(q.dtype).transpose(1, 2), visible[:, None, None], softcap)
+    out = attend(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), visible[:, None, None], softcap)
     return out[:, :, 0]  # [B, H, d]
