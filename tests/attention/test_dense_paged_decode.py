@@ -122,3 +122,45 @@ def test_dense_decode_equals_one_token_prefills(impl_device, cap, monkeypatch):
     got = method.decode(0, q, batch.decode, batch)
     want = AttentionMethod.decode(method, 0, q, batch.decode, batch)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _greedy_batch(engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    from infinitehip import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    seqs = [engine.add_request(ids, params) for ids in prompts]
+    while engine.has_work:
+        engine.step()
+    return [s.output_ids for s in seqs]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_engine_greedy_tokens_equal_the_per_sequence_decode(family, tiny_llama_dir, tmp_path, monkeypatch):
+    """Sequences of different lengths decoding together (Gemma 2: soft-capped global layers beside sliding ones)
+    pick the tokens the per-sequence one-token prefills picked."""
+    from tests.conftest import engine_for_dir
+
+    path = tiny_llama_dir
+    if family == "gemma2":
+        import transformers
+
+        from tests.model.test_model_coverage import CONFIGS
+
+        torch.manual_seed(0)
+        hf = transformers.AutoModelForCausalLM.from_config(CONFIGS["gemma2"](), attn_implementation="eager")
+        with torch.no_grad():  # large scores, so soft-capping bites
+            for name, p in hf.named_parameters():
+                if name.endswith(("q_proj.weight", "k_proj.weight")):
+                    p.mul_(6.0)
+        hf.save_pretrained(tmp_path)
+        path = tmp_path
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (33, 80, 7)]
+
+    def run() -> list[list[int]]:
+        engine = engine_for_dir(path, method="dense", max_context_tokens=512, prefill_chunk_size=64, page_size=16)
+        return _greedy_batch(engine, prompts, 12)
+
+    ours = run()
+    monkeypatch.setattr(DenseAttention, "decode", AttentionMethod.decode)
+    assert ours == run()
