@@ -150,7 +150,8 @@ def add_arguments(parser) -> None:
 
 def run(args, out) -> dict:
     if args.smoke:
-        args.model, args.contexts, args.batch_sizes, args.steps, args.warmup_steps, args.chunk = "tiny", [200], [1, 2], 3, 1, 128
+        args.model, args.contexts, args.batch_sizes, args.chunk = "tiny", [200], [1, 2], 128
+        args.steps, args.warmup_steps = 3, 1
         args.methods, args.modes = ["dense", "infinitehip:tiny"], ["resident", "offloaded"]
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))

@@ -94,7 +94,8 @@ def test_reference_equals_the_dense_prefill_path(cap, H, Hkv):
     for i, n in enumerate(LENGTHS):
         k, v = cache.read(0, cache.slots(tables[i], 0, n))
         k = rope.apply_range(k, 0)
-        want = causal_sdpa(q[i : i + 1], k, v, n - 1) if cap is None else softcapped_causal(q[i : i + 1], k, v, n - 1, cap)
+        qi = q[i : i + 1]
+        want = causal_sdpa(qi, k, v, n - 1) if cap is None else softcapped_causal(qi, k, v, n - 1, cap)
         torch.testing.assert_close(got[i : i + 1], want, atol=1e-5, rtol=1e-5)
 
 

@@ -1,1 +1,2 @@
-"""`dense`: exact causal attention over every cached token (`method.py`); no settings."""
+"""`dense`: exact causal attention over every cached token (`method.py`; its batched decode op: `paged_decode/`); no
+settings."""
