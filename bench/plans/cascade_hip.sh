@@ -5,10 +5,9 @@
 MODEL_DIR=${MODEL_DIR:-/root}
 CORPORA=${CORPORA:-.corpora}
 # KV memory constant in the input length: cascade (paper preset) beside streaming and InfiniPot at 32K-1M.
-for m in cascade streaming infinipot; do
-  P=$([ $m = cascade ] && echo "--preset paper")
-  run mem_$m python3 -m bench memory --method $m $P --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_$m.json
-done
+run mem_cascade python3 -m bench memory --method cascade --preset paper --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_cascade.json
+run mem_streaming python3 -m bench memory --method streaming --window-tokens 16316 --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_streaming.json
+run mem_infinipot python3 -m bench memory --method infinipot --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_infinipot.json
 # Whole-model prefill at 128K and 1M: cascade vs streaming at the same cache vs dense (layer-wise where it does not fit).
 run prefill python3 -m bench prefill --contexts 131072 1048576 --methods cascade streaming dense --cascade-preset paper --chunk 1024 --dense-layerwise --output $OUT_DIR/prefill_cascade.json
 run decode python3 -m bench decode --contexts 131072 1048576 --methods dense cascade:paper streaming --output $OUT_DIR/decode_cascade.json
