@@ -37,6 +37,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 PASSKEY = passkey_for_seed(0)
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "ui"
 PREFILL_CHUNK = 1024  # a 6K prompt in 6 chunks: 6 progress events
+LIMIT = 8192  # the embedded SmolLM2's trained length
 # Closed network: nothing of the browser's own reaches out (updates, sync, QUIC probes).
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -53,8 +54,10 @@ def passkey_document(sentences: int) -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    flags = ("--api-key", KEY, "--prefill-chunk-size", str(PREFILL_CHUNK), "--show-progress", "false",
-             "--log-level", "warning")
+    # The default method (auto); the context limit set to the model's trained length (auto's own default reaches
+    # past it), so the over-long document stays cheap to build and count.
+    flags = ("--api-key", KEY, "--prefill-chunk-size", str(PREFILL_CHUNK), "--max-context-tokens", str(LIMIT),
+             "--show-progress", "false", "--log-level", "warning")
     with open(log, "w") as out:
         proc, url = start_serve(*flags, log=out)
     try:
@@ -141,7 +144,7 @@ def test_api_key_asked_once_and_a_wrong_key_shows_401(server, browser):
     info = httpx.get(f"{server}/server_info", headers=AUTH).json()
     shown = {dd.get_attribute("data-setting"): dd.text
              for dd in browser.find_elements(By.CSS_SELECTOR, "#settings-list dd")}
-    assert shown["model"] == info["model"] and shown["method"] == info["method"] == "dense"
+    assert shown["model"] == info["model"] and shown["method"] == info["method"] == "auto"  # the default
     assert shown["context limit"] == f"{info['max_model_len']:,} tokens"
     assert shown["prefix caching"] == "on"
     assert shown["sampling defaults"].startswith(f"temperature {info['sampling_defaults']['temperature']:g}, top_p")
