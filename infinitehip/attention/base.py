@@ -1,4 +1,4 @@
-"""The interface every attention method implements (dense, infinitehip, tokenselect, infinipot, ...).
+"""The core interface every attention method implements (dense, infinitehip, tokenselect, infinipot, ...).
 
 One forward step of the engine covers several sequences; their new tokens are concatenated into a flat
 batch [T, ...]. For each layer the decoder hands the method pre-RoPE q/k/v of all T tokens. The base
@@ -10,10 +10,9 @@ decode tokens of the step (as one group, so methods can batch them). Per-sequenc
 A method may also choose which prompt tokens the model reads (`select_prompt`, identity by default;
 the `truncate` baseline drops the middle of over-long prompts, and the engine reports it).
 
-Methods that need more than attention (InfiniPot's catalyst prompt and novelty scores, for instance)
-override `after_forward`, which receives `ChunkHooks`: a callable that runs further tokens through
-the model against the sequence's cache, and the chunk's per-token losses. A method that compacts the
-cache there returns the slots it kept and declares its `kv_token_limit` (`kv_sizing`).
+Everything else a method may do (CUDA-graph decode, KV offloading, prefix caching, cache compaction with
+`ChunkHooks`, a tokenizer of its own, tensor-parallel head reductions) is a capability it declares by
+subclassing its class (attention/capabilities.py); a method declaring none gets the engine's safe defaults.
 """
 
 from __future__ import annotations
@@ -22,14 +21,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, ClassVar, Hashable
+from typing import Any, Callable, ClassVar
 
 import torch
 
 from infinitehip.attention.host_values import device_tensor
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache
-from infinitehip.kv.prefix_reuse import PrefixReuse
 from infinitehip.model.rope import RotaryEmbedding
 
 
@@ -117,7 +115,8 @@ class ForwardBatch:
 
 @dataclass(frozen=True)
 class ChunkHooks:
-    """What a method may ask the model for after a step's tokens (InfiniPot's catalyst prompt and novelty)."""
+    """What a method may ask the model for after a step's tokens (`capabilities.CacheCompaction.after_forward`:
+    InfiniPot's catalyst prompt and novelty)."""
 
     # Runs token ids [n] through the model after the sequence's cached tokens; returns logits [n, vocab].
     # Their k/v are not kept: the sequence's next tokens overwrite those slots.
@@ -145,25 +144,16 @@ class KVSizing:
 
 
 class AttentionMethod(ABC):
+    """The core: attention of prefill chunks and decode tokens, per-sequence state, prompt selection and sizes."""
+
     name: ClassVar[str]
-    # A tensor-parallel rank (distributed/state.ParallelState) when the engine runs several: model_config then holds
-    # this rank's heads only. None single-process.
-    parallel: Any = None
     # Whether the method applies ModelConfig.attn_logit_softcapping (Gemma 2); the registry refuses others.
     supports_attn_softcapping: ClassVar[bool] = False
+    # Why prefix caching is off for a method that does not declare capabilities.PrefixCaching (the engine logs it).
+    prefix_reuse_note: ClassVar[str] = "the method does not declare how its state follows a reused prefix"
 
     def __init__(self, model_config: ModelConfig):
         self.model_config = model_config
-
-    def bind_parallel(self, parallel: Any) -> None:
-        """Called by the engine of a tensor-parallel rank before anything runs."""
-        self.parallel = parallel
-
-    def reduce_heads(self, scores: torch.Tensor, op: str) -> torch.Tensor:
-        """Scores already combined over this rank's heads ("max" or "sum" of per-head scores), combined the same
-        way over every rank's heads: a selection shared by all heads is then the one a single process makes.
-        Identity single-process."""
-        return scores if self.parallel is None else self.parallel.all_reduce(scores, op)
 
     def new_state(self) -> Any:
         """Per-sequence state (created when a sequence is admitted)."""
@@ -182,17 +172,13 @@ class AttentionMethod(ABC):
     def kv_sizing(cls, model_config: ModelConfig, config: Any = None, tokenizer: Any = None) -> KVSizing:
         """The method's sizes from the model, its config and the model's tokenizer alone, so the engine settles
         context and pages before building anything (engine/resolve.py). Default: the model's trained length, one
-        slot per token, no scratch slots."""
+        slot per token, no scratch slots. A limit or scratch slots need capabilities.CacheCompaction."""
         return KVSizing(model_config.max_position_embeddings)
 
     def own_kv_sizing(self) -> KVSizing:
         """This built method's sizes (kv_sizing of its model view and config); a method whose sizes depend on what
-        bind_tokenizer encoded reads them from there."""
+        it encoded with the tokenizer (capabilities.TokenizerBinding) reads them from there."""
         return type(self).kv_sizing(self.model_config, getattr(self, "config", None))
-
-    def default_max_context_tokens(self) -> int:
-        """Context limit when the user sets none: the model's trained length unless the method extends it."""
-        return self.own_kv_sizing().default_max_context_tokens
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """q [T, H, d], k/v [T, Hkv, d] without RoPE -> attention output [T, H, d]."""
@@ -215,84 +201,3 @@ class AttentionMethod(ABC):
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         """One new query per sequence, q [B, H, d] -> [B, H, d]. Default: each as a one-token chunk."""
         return torch.cat([self.prefill(layer, q[i : i + 1], s, batch) for i, s in enumerate(seqs)])
-
-    # ---- CUDA-graph decode (engine/graph_decode.py) -------------------------------------------------------
-    def graph_key(self, seq: SequenceSlice) -> Hashable | None:
-        """Host-side key of everything the next decode step of `seq` launches besides device tensors (for a
-        method whose decode reads positions from batch.decode_positions / decode_page_tables and whose shapes
-        depend only on batch.decode_capacity). None: this step cannot be replayed from a graph."""
-        return None
-
-    def decode_rope_positions(self, capacity: int) -> int:
-        """RoPE table rows a decode step sized for `capacity` tokens may read. The engine reserves them before a
-        prompt's last chunk (engine/graph_decode.py `reserve_rope`), so the tables are not regrown, and graphs
-        captured over them (decode's, the short chunk's) not invalidated, by the decode that follows."""
-        return capacity
-
-    def host_counters(self, state: Any) -> Any:
-        """A copy of the host-side bookkeeping that one decode step advances (restored after a capture)."""
-        return None
-
-    def set_host_counters(self, state: Any, counters: Any) -> None:
-        """Put back what host_counters returned."""
-
-    def advance_host_counters(self, state: Any, key: Hashable) -> None:
-        """Advance the host bookkeeping as a decode step with this graph key does (after a replay)."""
-
-    def check_offload(self, offload: Any, max_context_tokens: int, max_num_seqs: int) -> None:
-        """Called by the engine when KV offloading is on (an OffloadConfig), before anything is allocated: raise a
-        ValueError naming the setting when this method cannot run with the KV in host memory behind GPU banks
-        (`kv/offload/paged.py`: flat rows are not resident). Default: refuse."""
-        raise ValueError(f"method {self.name!r} does not support KV offloading (offload-enabled); "
-                         "use method 'infinitehip' (or 'dense' for validation)")
-
-    def offload_spare_rows(self) -> int:
-        """Rows per layer of the attention bank outside its LRU that this method copies store rows into itself
-        (`OffloadedKV.copy_to_spare`), allocated with an offloaded KV. Default: none."""
-        return 0
-
-    def device_bytes_per_slot(self) -> int:
-        """Device memory the method keeps per cache slot beside the KV itself (all layers), e.g. per-key statistics;
-        the offload planner counts it with the banks' tables. Default: none."""
-        return 0
-
-    @property
-    def kv_token_limit(self) -> int | None:
-        """Most cache slots one sequence ever holds (methods that compact their cache); None: one per token."""
-        return self.own_kv_sizing().kv_token_limit
-
-    @property
-    def kv_scratch_tokens(self) -> int:
-        """Cache slots past the kept ones that `ChunkHooks.extra_forward` may fill (they are never kept)."""
-        return self.own_kv_sizing().kv_scratch_tokens
-
-    # ---- prefix caching (kv/prefix_cache.py, kv/prefix_reuse.py) ------------------------------------------
-    # Why prefix caching is off for a method whose prefix_reuse() is None (the engine logs it).
-    prefix_reuse_note: ClassVar[str] = "the method does not declare how its state follows a reused prefix"
-
-    def prefix_reuse(self) -> PrefixReuse | None:
-        """How a cached prompt prefix may be reused exactly (kv/prefix_reuse.py); None: never. Default: never, so a
-        new method is correct before it opts in."""
-        return None
-
-    def prefix_snapshot(self, cache: PagedKVCache, slots: torch.Tensor,
-                        state: Any = None) -> dict[str, torch.Tensor] | None:
-        """With PrefixReuse.private_tail_tokens: the per-slot state of slots [N] (the keys just before a prefix
-        boundary, at the end of the chunk that reached it) and, given the sequence's state, what of it a hit resuming
-        at the boundary needs; named host tensors, kept with the cached page (and saved to disk as they are)."""
-        return None
-
-    def restore_prefix(self, cache: PagedKVCache, slots: torch.Tensor, snapshot: dict[str, torch.Tensor] | None,
-                       state: Any = None) -> None:
-        """Write a prefix_snapshot into the slots [N] of a sequence's private copies of those keys (and its state)."""
-
-    def bind_tokenizer(self, tokenizer: Any) -> None:
-        """Called by the engine once, right after creating the method and before reading kv_token_limit, with
-        the model's tokenizer (None when it runs without one): for methods that feed text of their own
-        (InfiniPot's catalyst prompt)."""
-
-    def after_forward(self, seq: SequenceSlice, hooks: ChunkHooks) -> int | None:
-        """Hook after a sequence's tokens of this step (a prefill chunk or one decode token) went through every
-        layer. A method that compacted the sequence's cache (moved the k/v it keeps to the first slots)
-        returns how many slots it kept."""
-        return None

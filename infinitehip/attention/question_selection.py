@@ -79,7 +79,8 @@ def question_scores(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: to
     per-head softmax runs on raw q . k (the TokenSelect paper's eq. 10), which on the embedded model's real-prose
     captures put more of the needle in the selection than the attention's 1/sqrt(d) scale (docs/real-text.md).
     Keys come from the paged cache (k_flat, page_table) or, for an offloaded cache, from `read_keys`.
-    reduce(votes, "sum"): tensor parallelism, the votes of every rank's heads (`AttentionMethod.reduce_heads`).
+    reduce(votes, "sum"): tensor parallelism, the votes of every rank's heads
+    (`capabilities.TensorParallelHeads.reduce_heads`).
     repeated [limit - sink] bool (repeated_text.py): candidates whose text repeats earlier text get no vote, so the
     budget takes the first copy of a repeated passage only (its window scores, spread from the first copy, stay).
     valid_limit [1] (a device value <= limit, for a CUDA graph's static shapes; resident keys only): the candidates

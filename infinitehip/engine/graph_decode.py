@@ -1,9 +1,9 @@
 """Decode steps of one sequence replayed from CUDA graphs: the whole model (every layer's projections, attention
 method and MLP, plus the logits) as one launch.
 
-A method opts in through `AttentionMethod.graph_key`: its decode reads the step's position and page table from
-device tensors (`ForwardBatch.decode_positions` / `decode_page_tables`) and its shapes depend only on
-`ForwardBatch.decode_capacity`, so a graph captured once replays at any later position. Graphs are kept per
+A method opts in by declaring `attention/capabilities.GraphDecode` (its `graph_key`): its decode reads the step's
+position and page table from device tensors (`ForwardBatch.decode_positions` / `decode_page_tables`) and its shapes
+depend only on `ForwardBatch.decode_capacity`, so a graph captured once replays at any later position. Graphs are kept per
 (sequence, capacity bucket, method key): capacity buckets double (a graph sized for 2^k tokens serves every
 context up to it) and the method key tells which of its stages refresh at this step (paper Alg. 4).
 
@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.attention.capabilities import GraphDecode, supports
 from infinitehip.graph_recorders import ClosureRecorder, CudaGraphRecorder
 from infinitehip.kv.paged_cache import PagedKVCache
 from infinitehip.model.loading import Decoder
@@ -63,6 +64,8 @@ class GraphDecoder:
         self.captures = self.replays = 0
 
     def key(self, seq: SequenceSlice) -> tuple | None:
+        if not supports(self.method, GraphDecode):  # every step eager
+            return None
         method_key = self.method.graph_key(seq)
         if method_key is None:
             return None
@@ -73,7 +76,8 @@ class GraphDecoder:
         before a prompt's last chunk, whose short-chunk graphs (attention/infinitehip/short_chunk_graphs.py) would
         otherwise be invalidated by the first decode step's growth and captured again by the next question."""
         bucket = capacity_bucket(context_len, self.min_bucket, self.max_bucket)
-        self.rope.ensure(self.method.decode_rope_positions(bucket))
+        reads = self.method.decode_rope_positions(bucket) if supports(self.method, GraphDecode) else bucket
+        self.rope.ensure(reads)
 
     def release(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)

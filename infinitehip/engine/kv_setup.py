@@ -1,7 +1,7 @@
 """The engine's KV storage: the resident `PagedKVCache`, or with offloading on, the host store + GPU banks.
 
 Offloading (paper Sec. 3.3, `kv/offload/`): after the model is loaded, the method checks it can run offloaded
-and that one resolve call fits each bank (`AttentionMethod.check_offload`), the capacity planner sizes the KV
+and that one resolve call fits each bank (`attention/capabilities.KVOffload`; one declaring none is refused), the capacity planner sizes the KV
 from the free GPU memory and the available host memory, its summary is reported, and a KV larger than the
 plan is refused before anything is allocated. The page allocator and page tables are the same in both modes
 (store slot = cache slot).
@@ -15,6 +15,7 @@ import sys
 import torch
 
 from infinitehip.attention.base import AttentionMethod
+from infinitehip.attention.capabilities import accept_offload
 from infinitehip.config.model import ModelConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload import planner
@@ -30,7 +31,7 @@ def plan_offload(offload: OffloadConfig, method: AttentionMethod, mc: ModelConfi
                  max_num_seqs: int, parallel=None) -> CapacityPlan:
     """Checks and the capacity plan of an offloaded KV of kv_tokens tokens (raises before any allocation).
     parallel: a tensor-parallel rank: its store gets its share of the host memory (`ParallelState.host_share`)."""
-    method.check_offload(offload, max_context_tokens, max_num_seqs)
+    accept_offload(method, offload, max_context_tokens, max_num_seqs)  # from here on the method is a KVOffload
     kv_dtype = offload.torch_kv_dtype(dtype)
     host = planner.host_available_bytes()
     if parallel is not None:

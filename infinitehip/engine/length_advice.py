@@ -27,7 +27,7 @@ class LengthAdvice:
     def __init__(self, method: AttentionMethod, model_config: ModelConfig, model_source: str, tokenizer) -> None:
         self.method, self.model_config, self.tokenizer = method, model_config, tokenizer
         self.trained = model_config.max_position_embeddings
-        self.reads_past_trained = method.default_max_context_tokens() > self.trained
+        self.reads_past_trained = method.own_kv_sizing().default_max_context_tokens > self.trained
         self.embedded = EMBEDDED_MODEL_FILE in model_source
         self.warned_embedded = False
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from infinitehip.attention.capabilities import kv_token_limit
 from infinitehip.attention.needle_probe import NeedleProbe
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.sampling import SamplingParams
@@ -246,7 +247,7 @@ class LLMEngine:
         allocator = self.scheduler.allocator
         allocator.grow(seq.page_table, self.scheduler.cache_tokens(seq.max_total_tokens))
         seq.method_state = self.method.new_state()
-        limit = self.method.kv_token_limit
+        limit = kv_token_limit(self.method)
         try:
             chunks = []
             while seq.in_prefill:

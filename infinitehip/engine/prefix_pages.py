@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from infinitehip.attention.base import AttentionMethod
+from infinitehip.attention.capabilities import kv_token_limit, prefix_reuse_of
 from infinitehip.attention.host_values import device_tensor
 from infinitehip.attention.sliding_window import SlidingWindowAttention
 from infinitehip.engine.sequence import Sequence
@@ -29,11 +30,11 @@ def prefix_policy(enabled: bool, method: AttentionMethod, has_sliding_layers: bo
     """The method's reuse policy, or None (with a log line saying why) when prefix caching is off."""
     if not enabled:
         return None
-    reuse = method.prefix_reuse()
+    reuse = prefix_reuse_of(method)
     why = None
     if reuse is None:
         why = f"method {method.name!r}: {method.prefix_reuse_note}"
-    elif method.kv_token_limit is not None:
+    elif kv_token_limit(method) is not None:
         why = f"method {method.name!r} compacts its cache"
     if why is not None:
         logger.info("prefix caching off: %s", why)

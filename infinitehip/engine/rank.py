@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from infinitehip.attention.base import AttentionMethod
+from infinitehip.attention.capabilities import TensorParallelHeads, TokenizerBinding, supports
 from infinitehip.attention.hybrid import LayerRouter
 from infinitehip.attention.registry import create_method
 from infinitehip.attention.sliding_window import SlidingWindowAttention
@@ -50,9 +51,10 @@ def build_rank(config: EngineConfig, loaded: LoadedModel, device: torch.device, 
     layers = getattr(loaded.model, "layer_config", loaded.config)
     mc = layers.method_view()
     method = create_method(config.method, mc, config.method_config)
-    if parallel is not None:
+    if parallel is not None and supports(method, TensorParallelHeads):  # others' heads are independent per rank
         method.bind_parallel(parallel)
-    method.bind_tokenizer(loaded.tokenizer)
+    if supports(method, TokenizerBinding):
+        method.bind_tokenizer(loaded.tokenizer)
     max_context_tokens, num_pages = resolved.max_context_tokens, resolved.num_pages
     # Offloading: the method's checks and the capacity plan run before anything is allocated.
     cache, kv_plan = build_kv(config.offload, method, mc, dtype, device, config.page_size, num_pages,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
+from infinitehip.attention.capabilities import CacheCompaction, supports
 from infinitehip.attention.hybrid import LayerRouter
 from infinitehip.attention.repeated_text import PromptText
 from infinitehip.attention.sliding_window import SlidingWindowAttention
@@ -166,8 +167,10 @@ class ModelRunner:
         seq.prompt_logprobs += prompt_logprobs(self.model.compute_logits, rows, targets, seq.params.prompt_logprobs)
 
     def _advance(self, seq: Sequence, s: SequenceSlice, hidden: torch.Tensor | None) -> None:
-        """The step's tokens of `seq` went through the model: count them, then run the method's after_forward."""
+        """The step's tokens of `seq` went through the model: count them, then let a compacting method compact."""
         seq.advance(s.num_queries)
+        if not supports(self.method, CacheCompaction):
+            return
         hooks = ChunkHooks(
             extra_forward=lambda ids: self._extra_forward(seq, ids),
             token_nll=lambda: self._token_nll(hidden[s.query_rows], seq, s.token_start),

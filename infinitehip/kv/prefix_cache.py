@@ -11,7 +11,7 @@ page only when none is left, so `num_free` counts both. A sequence releases its 
 pressure the tail of a prefix goes before its head (a tail without its head is never reused).
 
 Plain Python, no tensors: the scheduler uses it. Methods may attach an opaque payload to a page (a state
-snapshot at a prefix boundary, `AttentionMethod.prefix_snapshot`); it is dropped with the page's hash.
+snapshot at a prefix boundary, `PrefixCaching.prefix_snapshot`, attention/capabilities.py); it is dropped with the page's hash.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where a cached prefix may be reused: each method's conditions, turned into a boundary (plain Python).
 
 A reused prefix must give exactly what recomputing it would. What that takes depends on the method
-(`AttentionMethod.prefix_reuse`):
+(`PrefixCaching.prefix_reuse`, attention/capabilities.py):
 - dense attention is causal token by token: any page boundary works;
 - methods whose prefill selection depends on the chunk (InfiniteHiP's context length and saliency of
   later queries of the same chunk, TokenSelect's query blocks and mean queries) give a token's K/V only

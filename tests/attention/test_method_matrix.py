@@ -7,28 +7,41 @@ Per method, over `METHODS`:
   - batched requests equal requests alone;
   - no future key read: a prompt position's logits do not depend on later prompt tokens;
   - clear config errors: an unknown or misplaced setting, and an out-of-range value of every field, name the field;
-  - over the context limit: an error, never a silent truncation (except `truncate`, whose job it is).
+  - over the context limit: an error, never a silent truncation (except `truncate`, whose job it is);
+  - declared capabilities (attention/capabilities.py): their required hooks written and doing what the engine relies
+    on; a method declaring none runs with the safe defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 
 import pytest
 import torch
 
 from infinitehip import LLM, SamplingParams
+from infinitehip.attention.base import AttentionMethod
+from infinitehip.attention.capabilities import (CacheCompaction, GraphDecode, KVOffload, PrefixCaching,
+                                                TensorParallelHeads, TokenizerBinding, accept_offload, kv_scratch_tokens,
+                                                kv_token_limit, prefix_reuse_of, supports)
 from infinitehip.attention.cascade.config import CascadeConfig
+from infinitehip.attention.dense.method import causal_sdpa
 from infinitehip.attention.hip.config import HiPConfig
 from infinitehip.attention.infinipot.config import InfiniPotConfig
 from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.config.methods import METHODS
+from infinitehip.attention.registry import method_class
 from infinitehip.attention.streaming.config import StreamingConfig
 from infinitehip.attention.tokenselect.config import TokenSelectConfig
 from infinitehip.attention.truncate.config import TruncateConfig
+from infinitehip.config.methods import METHODS
+from infinitehip.config.model import ModelConfig
+from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine.llm_engine import ContextLengthError
-from tests.conftest import engine_for_dir, generate_greedy, random_ids, record_step_logits
+from infinitehip.engine.prefix_pages import prefix_policy
+from infinitehip.kv.prefix_reuse import PrefixReuse
+from tests.conftest import closure_graph_decoder, engine_for_dir, generate_greedy, random_ids, record_step_logits
 
 # Budgets far below the matrix's 200-token prompts, so every method's sparse / evicting / truncating path runs.
 # Selection made per query token (query blocks of 1, every decode step refreshing its selection): the setting in
@@ -249,3 +262,105 @@ def test_every_method_config_rejects_out_of_range_values_naming_the_field(method
             LLM(method=method, **{f.name: bad})
         checked += 1
     assert checked >= 2
+
+
+# ---- declared capabilities ----------------------------------------------------------------------------------
+CAPABILITIES = (GraphDecode, KVOffload, PrefixCaching, CacheCompaction, TokenizerBinding, TensorParallelHeads)
+ROOMY_BANKS = OffloadConfig(offload_enabled=True, mask_bank_tokens=1 << 40, attention_bank_tokens=1 << 40)
+OFFLOAD_REFUSED = r"method '\w+' does not support KV offloading \(offload-enabled\); use method 'infinitehip' \(or 'dense'"
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_declared_capabilities_do_what_the_engine_relies_on(tiny_llama_dir, tokenizer, method):
+    """Each capability's required hooks are the method's own; sizes, offloading, prefix caching and head reductions
+    are what the declarations say, and so is the engine built with the method."""
+    cls = method_class(method)
+    declared = [cap for cap in CAPABILITIES if supports(cls, cap)]
+    for cap in declared:
+        for hook in cap.__abstractmethods__:
+            assert getattr(cls, hook) is not getattr(cap, hook), f"{method}: {cap.__name__}.{hook} not written"
+    engine = _engine(tiny_llama_dir, method, PER_TOKEN[method], tokenizer)
+    m = engine.method
+    limit, scratch = kv_token_limit(m), kv_scratch_tokens(m)
+    if CacheCompaction in declared:
+        assert isinstance(limit, int) and 0 < limit < engine.max_context_tokens and scratch >= 0
+    else:  # the class's sizes, which the engine reads before building it, hold no limit either
+        sizing = cls.kv_sizing(engine.model_config.method_view(), PER_TOKEN[method], tokenizer)
+        assert (limit, scratch, sizing.kv_token_limit, sizing.kv_scratch_tokens) == (None, 0, None, 0)
+    if KVOffload in declared:
+        accept_offload(m, ROOMY_BANKS, 2048, 2)
+    else:
+        with pytest.raises(ValueError, match=OFFLOAD_REFUSED):
+            accept_offload(m, ROOMY_BANKS, 2048, 2)
+    reuse = prefix_reuse_of(m)
+    if PrefixCaching in declared:
+        assert isinstance(reuse, PrefixReuse)
+        if reuse.needs_snapshot:  # private tails: their per-slot state must be kept and restored
+            assert cls.prefix_snapshot is not PrefixCaching.prefix_snapshot
+            assert cls.restore_prefix is not PrefixCaching.restore_prefix
+    else:
+        assert reuse is None
+    assert (engine.prefix is not None) == (PrefixCaching in declared and CacheCompaction not in declared)
+    if TensorParallelHeads in declared:  # single-process: the reduction is the identity
+        scores = torch.randn(3, 5)
+        assert m.parallel is None and m.reduce_heads(scores, "sum") is scores
+
+
+@pytest.mark.parametrize("method", sorted(m for m in METHODS if supports(method_class(m), GraphDecode)))
+def test_every_graph_decode_method_keys_steps_and_replays_what_eager_decodes(tiny_llama_dir, tokenizer, method):
+    """Decode through graphs (CUDA-graph semantics on CPU): every step's key is hashable or None and is the key the
+    eager engine's state gives before that step, so the host counters a replay advances by hand follow a real step
+    (with selections refreshed every few steps, BLOCKED's configs, where the counters say which stages refresh);
+    the tokens are the eager engine's."""
+    ids, config = random_ids(200, seed=14), BLOCKED[method][0] if method in BLOCKED else PER_TOKEN[method]
+    eager_engine = _engine(tiny_llama_dir, method, config, tokenizer)
+    eager_keys, decode = [], eager_engine.method.decode
+
+    def keyed_decode(layer, q, seqs, batch):
+        if layer == 0:
+            eager_keys.append(eager_engine.method.graph_key(seqs[0]))
+        return decode(layer, q, seqs, batch)
+
+    eager_engine.method.decode = keyed_decode
+    eager = generate_greedy(eager_engine, ids, 10).output_ids
+    engine = _engine(tiny_llama_dir, method, config, tokenizer)
+    graphs = closure_graph_decoder(engine, min_bucket=256)
+    keys, key = [], graphs.key
+    graphs.key = lambda seq: keys.append(key(seq)) or keys[-1]
+    assert generate_greedy(engine, ids, 10).output_ids == eager
+    assert len(keys) == len(eager_keys) == 9 and all(k is None or hash(k) is not None for k in keys)
+    assert [None if k is None else k[1] for k in keys] == eager_keys  # (capacity bucket, method key)
+    if method == "infinitehip":  # beyond the budgets (auto: within the trained length, exact and eager)
+        assert graphs.replays > 0 and len({k for k in keys if k is not None}) > 1
+
+
+class _PlainAttention(AttentionMethod):
+    """Causal attention declaring no capability (the core alone)."""
+
+    name = "plain"
+
+    def prefill(self, layer, q, seq, batch):
+        k, v = seq.cache.read(layer, seq.context_slots)
+        return causal_sdpa(batch.rope.apply_range(q, seq.start_pos), batch.rope.apply_range(k, 0), v, seq.start_pos)
+
+
+def test_a_method_declaring_no_capability_gets_the_safe_defaults(tiny_llama_dir, caplog):
+    """Offloading refused with the clear error, prefix caching off with its note, one slot per token, no graphs and
+    nothing run after a step: it decodes dense's tokens through an engine with a graph decoder."""
+    view = ModelConfig.from_dir(tiny_llama_dir).method_view()
+    plain = _PlainAttention(view)
+    with pytest.raises(ValueError, match=OFFLOAD_REFUSED.replace(r"\w+", "plain")):
+        accept_offload(plain, ROOMY_BANKS, 2048, 2)
+    with caplog.at_level(logging.INFO, logger="infinitehip.engine.prefix_pages"):
+        assert prefix_policy(True, plain, False, 64, 256) is None
+    assert "prefix caching off: method 'plain': the method does not declare how its state follows a reused prefix" \
+        in caplog.text
+    assert (kv_token_limit(plain), kv_scratch_tokens(plain)) == (None, 0)
+    assert plain.own_kv_sizing().default_max_context_tokens == view.max_position_embeddings
+    ids = random_ids(120, seed=15)
+    dense = generate_greedy(_engine(tiny_llama_dir, "dense"), ids, 6).output_ids
+    engine = _engine(tiny_llama_dir, "dense", enable_prefix_caching=False)
+    engine.method = engine.runner.method = _PlainAttention(engine.model_config)
+    graphs = closure_graph_decoder(engine, min_bucket=256)
+    assert generate_greedy(engine, ids, 6).output_ids == dense
+    assert graphs.captures == graphs.replays == 0

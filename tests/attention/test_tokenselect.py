@@ -266,4 +266,4 @@ def test_cli_flags_build_the_config():
                               "--selection-cache-threshold", "0.8"])
     config = method_config_from_args(EngineConfig(method="tokenselect"), args)
     assert config == TokenSelectConfig(select_tokens=256, sink_tokens=64, selection_cache=False, selection_cache_threshold=0.8)
-    assert TokenSelectAttention(Setup(8).mc).default_max_context_tokens() >= 1 << 17
+    assert TokenSelectAttention(Setup(8).mc).own_kv_sizing().default_max_context_tokens >= 1 << 17

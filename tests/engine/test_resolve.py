@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from infinitehip.attention.capabilities import kv_scratch_tokens, kv_token_limit
 from infinitehip.cli.main import main
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.methods import METHODS
@@ -30,9 +31,9 @@ def test_resolved_values_are_the_built_engines(tiny_llama_dir, tokenizer, method
     assert engine.resolved == resolved
     method_obj = engine.method
     assert resolved.max_context_tokens == engine.max_context_tokens == (
-        max_context or method_obj.default_max_context_tokens())
-    assert (resolved.kv_token_limit, resolved.kv_scratch_tokens) == (method_obj.kv_token_limit,
-                                                                     method_obj.kv_scratch_tokens)
+        max_context or method_obj.own_kv_sizing().default_max_context_tokens)
+    assert (resolved.kv_token_limit, resolved.kv_scratch_tokens) == (kv_token_limit(method_obj),
+                                                                     kv_scratch_tokens(method_obj))
     assert engine.scheduler.allocator.num_pages == resolved.num_pages
     assert resolved.kv_cache_tokens == resolved.num_pages * resolved.page_size >= (
         min(resolved.max_context_tokens, resolved.kv_token_limit or resolved.max_context_tokens))

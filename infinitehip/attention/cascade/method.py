@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, KVSizing, SequenceSlice
+from infinitehip.attention.capabilities import CacheCompaction
 from infinitehip.attention.cascade.config import PRESETS, CascadeConfig
 from infinitehip.attention.cascade.schedule import CascadeSchedule
 from infinitehip.attention.cascade.scores import attention_with_scores
@@ -58,7 +59,7 @@ def sized_config(model_config: ModelConfig, config: CascadeConfig | None) -> Cas
     return config
 
 
-class CascadeAttention(AttentionMethod):
+class CascadeAttention(AttentionMethod, CacheCompaction):
     name = "cascade"
     prefix_reuse_note = "its cache is the cascade of the whole prompt so far, not a reusable prefix"
 

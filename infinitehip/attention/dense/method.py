@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.attention.capabilities import KVOffload, PrefixCaching
 from infinitehip.attention.dense.paged_decode.op import paged_decode
 from infinitehip.attention.softcap import attend
 from infinitehip.kv.prefix_reuse import PrefixReuse
@@ -51,7 +52,7 @@ def softcapped_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offse
     return out
 
 
-class DenseAttention(AttentionMethod):
+class DenseAttention(AttentionMethod, KVOffload, PrefixCaching):
     name = "dense"
     supports_attn_softcapping = True
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
+from infinitehip.attention.capabilities import TensorParallelHeads
 from infinitehip.attention.dense.method import causal_sdpa
 from infinitehip.attention.hip.config import HiPConfig, candidate_end
 from infinitehip.attention.hip.hierarchy import select_blocks, select_blocks_reference
@@ -80,7 +81,7 @@ def key_list(starts: torch.Tensor | None, lens: torch.Tensor | None, ends: torch
     return torch.where(tokens == _BIG, 0, tokens), counts
 
 
-class HiPAttention(AttentionMethod):
+class HiPAttention(AttentionMethod, TensorParallelHeads):
     name = "hip"
 
     def __init__(self, model_config: ModelConfig, config: HiPConfig | None = None):

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, KVSizing, SequenceSlice
+from infinitehip.attention.capabilities import CacheCompaction, TokenizerBinding
 from infinitehip.attention.dense.method import causal_sdpa
 from infinitehip.attention.infinipot.config import PRESETS, InfiniPotConfig
 from infinitehip.attention.infinipot.distill import compact_cache, novelty_tokens, pool_scores, select_slots
@@ -70,7 +71,7 @@ def pot_sizing(config: InfiniPotConfig, catalyst_tokens: int) -> KVSizing:
                     method_config=config)
 
 
-class InfiniPotAttention(AttentionMethod):
+class InfiniPotAttention(AttentionMethod, CacheCompaction, TokenizerBinding):
     name = "infinipot"
     # Its pot holds what it distilled from the whole prompt so far, not the prefix's own k/v: only a prompt equal
     # to an earlier one up to every compaction could reuse it. Prefix caching is off for it.

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, KVSizing, SequenceSlice
+from infinitehip.attention.capabilities import GraphDecode, KVOffload, PrefixCaching, TensorParallelHeads
 from infinitehip.attention.dense.method import causal_sdpa
 from infinitehip.attention.infinitehip.decode import (StageCache, merge_question, refresh_stage, stage1_candidates,
                                                      window_width)
@@ -79,7 +80,7 @@ def _forced(probe, device: torch.device) -> torch.Tensor | None:
     return probe.on(device) if probe is not None and probe.oracle else None
 
 
-class InfiniteHiPAttention(AttentionMethod):
+class InfiniteHiPAttention(AttentionMethod, GraphDecode, KVOffload, PrefixCaching, TensorParallelHeads):
     name = "infinitehip"
 
     def __init__(self, model_config: ModelConfig, config: InfiniteHiPConfig | None = None):

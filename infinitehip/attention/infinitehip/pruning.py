@@ -133,7 +133,8 @@ def score_candidates(
     representatives; heads combined by spec.head_aggregation. Landmark keys are read resident (rep_keys None) or
     through an offloaded cache's mask bank (`offload_access.RepresentativeKeys`) in groups of chunks that fit it:
     static groups in decode (sync-free), groups sized from the data in prefill.
-    reduce(scores, op): tensor parallelism (`AttentionMethod.reduce_heads`): the heads of every rank combined."""
+    reduce(scores, op): tensor parallelism (`capabilities.TensorParallelHeads.reduce_heads`): the heads of every
+    rank combined."""
     per_head = spec.head_aggregation != "max"  # "max" is fused into the scoring kernels
     if saliency is None:
         scores, _ = chunk_scores(

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, KVSizing, SequenceSlice
+from infinitehip.attention.capabilities import CacheCompaction
 from infinitehip.attention.streaming.config import StreamingConfig
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import token_slots
@@ -81,7 +82,7 @@ def sink_window_attention(
     return out
 
 
-class StreamingAttention(AttentionMethod):
+class StreamingAttention(AttentionMethod, CacheCompaction):
     name = "streaming"
     prefix_reuse_note = "its cache is compacted (sinks + window), not the prompt's prefix"
 

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, KVSizing, SequenceSlice
+from infinitehip.attention.capabilities import PrefixCaching, TensorParallelHeads
 from infinitehip.attention.host_values import device_tensor
 from infinitehip.attention.needle_probe import FORCE_BONUS
 from infinitehip.attention.question_selection import question_tokens
@@ -95,7 +96,7 @@ def union_below(selected: torch.Tensor, extra: torch.Tensor | None, limit: int) 
     return torch.unique(torch.cat([selected, extra[extra < limit]]), sorted=True)
 
 
-class TokenSelectAttention(AttentionMethod):
+class TokenSelectAttention(AttentionMethod, PrefixCaching, TensorParallelHeads):
     name = "tokenselect"
 
     def __init__(self, model_config: ModelConfig, config: TokenSelectConfig | None = None):

@@ -17,6 +17,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from infinitehip.attention.base import ChunkHooks, ForwardBatch, SequenceSlice
+from infinitehip.attention.capabilities import CacheCompaction, kv_scratch_tokens, supports
 from infinitehip.attention.hybrid import LayerRouter
 from infinitehip.attention.repeated_text import PromptText
 from infinitehip.attention.sliding_window import SlidingWindowAttention
@@ -133,7 +134,7 @@ class MethodCache(Cache):
             if row["num_computed"] + num_tokens > limit:
                 raise ValueError(f"{row['num_computed'] + num_tokens} tokens exceed max_context_tokens={limit} of "
                                  f"method {method.name!r}; nothing was truncated (raise max_context_tokens)")
-            table = self._reserve(row, row["num_cached"] + num_tokens + method.kv_scratch_tokens)
+            table = self._reserve(row, row["num_cached"] + num_tokens + kv_scratch_tokens(method))
             ends_prompt = not decode and (self.prompt_len is None or row["num_computed"] + num_tokens == self.prompt_len)
             slices.append(SequenceSlice(
                 seq_id=row["seq_id"], query_start=b * num_tokens, num_queries=num_tokens, start_pos=row["num_cached"],
@@ -161,9 +162,12 @@ class MethodCache(Cache):
         if batch is None:
             return
         hooks = ChunkHooks(extra_forward=_no_hooks, token_nll=_no_hooks)
+        compacts = supports(self.session.method, CacheCompaction)
         for row, s in zip(self.rows, batch.slices):
             row["num_cached"] += s.num_queries
             row["num_computed"] += s.num_queries
+            if not compacts:
+                continue
             kept = self.session.method.after_forward(s, hooks)
             if kept is not None:
                 row["num_cached"] = kept

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from infinitehip.attention.capabilities import TokenizerBinding, supports
 from infinitehip.attention.registry import create_method
 from infinitehip.config.methods import method_spec
 from infinitehip.config.model import ModelConfig
@@ -45,8 +46,9 @@ class PatchSession:
         self.model_config = ModelConfig.from_hf_dict(model.config.get_text_config().to_dict())
         mc = self.model_config.method_view()
         self.method = create_method(method, mc, method_config)
-        self.method.bind_tokenizer(None)
-        self.max_context_tokens = max_context_tokens or self.method.default_max_context_tokens()
+        if supports(self.method, TokenizerBinding):
+            self.method.bind_tokenizer(None)
+        self.max_context_tokens = max_context_tokens or self.method.own_kv_sizing().default_max_context_tokens
         self.prefill_chunk_size, self.page_size = prefill_chunk_size, page_size
         self._full_layers = set(self.model_config.full_layers)
         self.rope = RotaryEmbedding(mc, min(self.max_context_tokens, 1 << 16), model.device)

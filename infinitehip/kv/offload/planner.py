@@ -171,7 +171,7 @@ def plan_capacity(
     spill: whether layers may be spilled to GPU memory (default config.spill_store_to_gpu; the engine passes
     False on CPU, where the "GPU" budget is the same host memory); gpu_store_fraction likewise (default the config's,
     the engine passes 0 on CPU). method_bytes_per_token: device memory the
-    attention method keeps per slot (`AttentionMethod.device_bytes_per_slot`)."""
+    attention method keeps per slot (`attention/capabilities.KVOffload.device_bytes_per_slot`)."""
     for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                         ("page_size", page_size)):
         if value < 1:
