@@ -75,8 +75,18 @@ class DenseAttention(AttentionMethod, KVOffload, PrefixCaching):
         """q [B, H, d] pre-RoPE, one token per sequence -> [B, H, d]: all sequences in one paged decode call."""
         if getattr(batch.cache, "is_offloaded", False):  # no resident pages: each sequence reads through its bank
             return super().decode(layer, q, seqs, batch)
-        rope, positions = batch.rope, batch.decode_positions  # [B] cache index (= position) of each new token
-        rope.ensure(batch.decode_capacity)
-        q = rotate_at(q, positions, rope.cos, rope.sin)
-        return paged_decode(q, batch.cache.k[layer], batch.cache.v[layer], batch.decode_page_tables, positions + 1,
-                            rope.cos, rope.sin, softcap=self.model_config.attn_logit_softcapping)
+        return resident_decode(layer, q, batch, softcap=self.model_config.attn_logit_softcapping)
+
+
+def resident_decode(layer: int, q: torch.Tensor, batch: ForwardBatch, rows: slice | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
+    """Exact decode over a resident paged cache: q [B, H, d] pre-RoPE, one new token for each of the step's decode
+    sequences (or for those of `rows`) -> [B, H, d], every key at its original position, one paged op."""
+    rope = batch.rope
+    positions, page_tables = batch.decode_positions, batch.decode_page_tables  # [B] cache index of the new token
+    if rows is not None:
+        positions, page_tables = positions[rows], page_tables[rows]
+    rope.ensure(batch.decode_capacity)
+    q = rotate_at(q, positions, rope.cos, rope.sin)
+    return paged_decode(q, batch.cache.k[layer], batch.cache.v[layer], page_tables, positions + 1, rope.cos, rope.sin,
+                        softcap=softcap)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, KVSizing, SequenceSlice
 from infinitehip.attention.capabilities import GraphDecode, KVOffload, PrefixCaching, TensorParallelHeads
-from infinitehip.attention.dense.method import causal_sdpa
+from infinitehip.attention.dense.method import causal_sdpa, resident_decode
 from infinitehip.attention.infinitehip.decode import (StageCache, merge_question, refresh_stage, stage1_candidates,
                                                      window_width)
 from infinitehip.attention.infinitehip.decode_rows import DecodeRows, attention_access, decode_rows_for, window_reader
@@ -384,19 +384,22 @@ class InfiniteHiPAttention(AttentionMethod, GraphDecode, KVOffload, PrefixCachin
 
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         """Sync-free decode (decode.py): fixed shapes, positions from batch.decode_positions; CUDA-graph capturable.
-        With `dense_within_trained`, a sequence whose context fits the trained length is attended exactly (eager;
-        in a mixed batch its pruned row is replaced)."""
+        With `dense_within_trained`, a sequence whose context fits the trained length is attended exactly (dense's
+        paged op; in a mixed batch its pruned row is replaced)."""
         exact = [i for i, s in enumerate(seqs) if self.within_trained(s.context_len)]
         if len(exact) == len(seqs):
-            return self._exact_decode(layer, q, seqs, batch)
+            return self._exact_decode(layer, q, seqs, batch, 0)
         out = self._pruned_decode(layer, q, seqs, batch)
         for i in exact:
-            out[i : i + 1] = self._exact_decode(layer, q[i : i + 1], [seqs[i]], batch).to(out.dtype)
+            out[i : i + 1] = self._exact_decode(layer, q[i : i + 1], [seqs[i]], batch, i).to(out.dtype)
         return out
 
-    def _exact_decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice],
-                      batch: ForwardBatch) -> torch.Tensor:
-        """q [B, H, d] -> [B, H, d]: each query over every key of its sequence, at original positions."""
+    def _exact_decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch,
+                      first: int) -> torch.Tensor:
+        """q [B, H, d] of the step's decode sequences first..first+B-1 -> [B, H, d]: each query over every key of its
+        sequence at original positions; one paged op over a resident cache (as dense decodes)."""
+        if not getattr(batch.cache, "is_offloaded", False):
+            return resident_decode(layer, q, batch, slice(first, first + len(seqs)))
         return torch.cat([_exact(q[i : i + 1], seq, seq.cache.read(layer, seq.context_slots), batch)
                           for i, seq in enumerate(seqs)])
 
