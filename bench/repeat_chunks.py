@@ -13,9 +13,9 @@ import json
 
 import torch
 
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.infinitehip.repeated_chunks import novel_chunks
-from infinitehip.attention.repeated_text import repeated_tokens
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.repeated_chunks import novel_chunks
+from infinitehip.attention.common.repeated_text import repeated_tokens
 from infinitehip.engine.prompt_format import chat_prompt_ids
 from infinitehip.eval.ruler.tasks import make_ruler_sample
 from infinitehip.model.builtin import gemma3_270m_path

@@ -1,5 +1,5 @@
 """Recording a function into a CUDA graph, and its CPU stand-in for tests: what the engine's decode graphs
-(engine/graph_decode.py) and the short prompt-ending chunk's graphs (attention/infinitehip/short_chunk_graphs.py)
+(engine/graph_decode.py) and the short prompt-ending chunk's graphs (attention/methods/infinitehip/short_chunk_graphs.py)
 capture with. Below the attention methods and the engine, so both can use it."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from infinitehip import profiling
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from tests.conftest import closure_graph_decoder, engine_for_dir, generate_greedy, random_ids
 
 # Budgets below the 1,200-token prompt, so the pruning stages and the block-sparse attention run.

@@ -41,7 +41,7 @@ def add_offload_flags(parser: argparse.ArgumentParser) -> None:
 def banks_for(method, context: int, num_heads: int, args: argparse.Namespace) -> OffloadConfig:
     """Offloading on, with the flags given; mask bank: the largest stage's representatives at `context` (one group
     per stage); attention bank: max(the worst case of one call, --min-attention-bank)."""
-    from infinitehip.attention.infinitehip.offload_access import check_offload
+    from infinitehip.attention.methods.infinitehip.offload_access import check_offload
 
     need = check_offload(method, OffloadConfig(mask_bank_tokens=1 << 40, attention_bank_tokens=1 << 40), context,
                          num_heads, 1)

@@ -18,7 +18,7 @@ import torch
 
 def use_fast_prefill() -> None:
     """Prefill writes K/V and saliency as usual; its attention output is zeros (see --fast-prefill)."""
-    from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
+    from infinitehip.attention.methods.infinitehip.method import InfiniteHiPAttention
 
     def prefill(self, layer, q, seq, batch):
         self._update_saliency(layer, q, seq, batch)

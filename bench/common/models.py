@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.config.model import ModelConfig, RopeScaling
 from infinitehip.model.loading import LoadedModel, random_model
 

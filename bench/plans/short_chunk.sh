@@ -1,4 +1,4 @@
-# The graph-captured short chunk (`short_chunk_graphs`, attention/infinitehip/short_chunk.py) on one GPU (~4 minutes):
+# The graph-captured short chunk (`short_chunk_graphs`, attention/methods/infinitehip/short_chunk.py) on one GPU (~4 minutes):
 # its CUDA tests (replay against the eager static work, the Triton selection against the eager prefill), then a
 # second question's TTFT on a 128K resident document at the default (graphs on) and with the eager prefill, same
 # machine, the 8B-shaped model (RANDOM bf16 weights); --verify checks the hit's greedy tokens against caching off.

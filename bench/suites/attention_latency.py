@@ -59,7 +59,7 @@ from bench.common.timing import Timer, log
 from bench.suites import attention_parts as parts
 from bench.suites.attention_parts import (DTYPES, LLAMA3_8B_LAYER, bench_dense, bench_ours_decode, bench_ours_prefill,
                                           build_context)
-from infinitehip.attention.infinitehip.config import PRESETS
+from infinitehip.attention.methods.infinitehip.config import PRESETS
 from infinitehip.cli.options import parse_int
 from infinitehip.model.rope import RotaryEmbedding
 

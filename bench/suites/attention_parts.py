@@ -16,13 +16,13 @@ from bench.common.dense import backend_ctx, sdpa
 from bench.common.instrument import record_calls
 from bench.common.timing import Timer, try_graph
 from infinitehip.attention.base import ForwardBatch, SequenceSlice
-from infinitehip.attention.infinitehip import method as method_module
-from infinitehip.attention.infinitehip.config import PRESETS, InfiniteHiPConfig
-from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
-from infinitehip.attention.infinitehip.positions import scoring_positions
-from infinitehip.attention.infinitehip.pruning import host_limit, initial_chunks, query_blocks, sparse_limit, subdivide
-from infinitehip.attention.infinitehip.scoring import chunk_scores, representative_scores
-from infinitehip.attention.question_selection import question_chunks
+from infinitehip.attention.methods.infinitehip import method as method_module
+from infinitehip.attention.methods.infinitehip.config import PRESETS, InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.method import InfiniteHiPAttention
+from infinitehip.attention.methods.infinitehip.positions import scoring_positions
+from infinitehip.attention.methods.infinitehip.pruning import host_limit, initial_chunks, query_blocks, sparse_limit, subdivide
+from infinitehip.attention.methods.infinitehip.scoring import chunk_scores, representative_scores
+from infinitehip.attention.common.question_selection import question_chunks
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary

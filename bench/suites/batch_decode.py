@@ -50,7 +50,7 @@ def offload_for(method: str, config, context: int, num_heads: int, num_seqs: int
     """Offloading on; for infinitehip the banks hold the worst case of one resolve call for num_seqs sequences."""
     if method not in ("infinitehip", "auto"):
         return OffloadConfig(offload_enabled=True)
-    from infinitehip.attention.infinitehip.offload_access import check_offload
+    from infinitehip.attention.methods.infinitehip.offload_access import check_offload
 
     need = check_offload(config, OffloadConfig(mask_bank_tokens=1 << 40, attention_bank_tokens=1 << 40), context,
                          num_heads, num_seqs)

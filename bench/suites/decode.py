@@ -51,7 +51,7 @@ def run_method(loaded: LoadedModel, method: str, preset: str | None, context: in
     """Prefill `context` random tokens, decode warmup_steps (graph captures happen there), then time `steps`."""
     config = None
     if method == "infinitehip":
-        from infinitehip.attention.infinitehip.config import infinitehip_preset
+        from infinitehip.attention.methods.infinitehip.config import infinitehip_preset
 
         config = models.TINY_METHOD if device.type == "cpu" else infinitehip_preset(preset)
     elif method in ("cascade", "infinipot", "tokenselect"):  # a named preset (or the method's default)

@@ -43,7 +43,7 @@ from bench.common.timing import Timer, log, try_graph
 from bench.suites import attention_parts as parts
 from bench.suites.attention_latency import fmt, fx, ratio
 from bench.suites.hip_attn_loader import SMOKE_TWEAKS, hip_mapping, import_hip, smoke_interpreter, _cpu_cuda_calls
-from infinitehip.attention.infinitehip.config import PRESETS
+from infinitehip.attention.methods.infinitehip.config import PRESETS
 from infinitehip.cli.options import parse_int
 
 

@@ -17,7 +17,7 @@ from unittest import mock
 
 import torch
 
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.triton_interpreter import fix_interpreter
 
 NEVER_STUB = ("torch", "triton", "numpy", "hip_attn")  # hip-attn's attention path needs these for real

@@ -34,7 +34,7 @@ from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel
 from infinitehip.profiling import record_phases, stop_recording
 
-DISTILL = "InfiniPot distillation"  # the product's phase name (attention/infinipot/method.py)
+DISTILL = "InfiniPot distillation"  # the product's phase name (attention/methods/infinipot/method.py)
 # The phase each method compacts its cache in (its timers: distill_s, distillations); streaming has none.
 COMPACTION = {"infinipot": DISTILL, "cascade": "cascade update", "streaming": None}
 

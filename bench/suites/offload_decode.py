@@ -38,7 +38,7 @@ from bench.common.instrument import use_fast_prefill
 from bench.common.meta import record_engine
 from bench.common.timing import sync
 from infinitehip import EngineConfig, SamplingParams
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.cli.options import parse_int
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine.llm_engine import LLMEngine

@@ -48,7 +48,7 @@ def ttft(engine: LLMEngine, length: int, seed: int) -> float:
 
 def fixed_memory_config(method_name: str, args, trained_length: int):
     """cascade: --cascade-preset (sized for the model); streaming: the same KV memory (sinks + window + stride)."""
-    from infinitehip.attention.streaming.config import StreamingConfig
+    from infinitehip.attention.methods.streaming.config import StreamingConfig
     from infinitehip.config.methods import method_spec
 
     cascade = method_spec("cascade").config(args.cascade_preset).for_model(trained_length)

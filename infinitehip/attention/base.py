@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from infinitehip.attention.host_values import device_tensor
+from infinitehip.attention.common.host_values import device_tensor
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache
 from infinitehip.model.rope import RotaryEmbedding
@@ -45,11 +45,11 @@ class SequenceSlice:
     state: Any  # what the method's new_state() returned for this sequence
     is_prefill: bool
     ends_prompt: bool = False  # a prefill chunk holding the prompt's last token (its last queries are the question)
-    probe: Any = None  # a NeedleProbe (attention/needle_probe.py) when the request is being diagnosed
+    probe: Any = None  # a NeedleProbe (attention/common/needle_probe.py) when the request is being diagnosed
     scratch: bool = False  # ChunkHooks.extra_forward tokens: their k/v are never kept (later tokens overwrite them)
-    text: Any = None  # the prompt's token ids (attention/repeated_text.py PromptText) in the chunk that ends the prompt
+    text: Any = None  # the prompt's token ids (attention/common/repeated_text.py PromptText) in the chunk that ends the prompt
     # A prefix boundary inside this chunk (start_pos < it < context_len) at which sliding-window layers keep a copy
-    # of their rings (attention/sliding_window.py): prefix caching reuses the chunk's full pages with them.
+    # of their rings (attention/common/sliding_window.py): prefix caching reuses the chunk's full pages with them.
     ring_boundary: int | None = None
 
     @property

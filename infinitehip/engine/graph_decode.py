@@ -46,7 +46,7 @@ class GraphDecoder:
     def __init__(self, model: Decoder, cache: PagedKVCache, rope: RotaryEmbedding, method: AttentionMethod,
                  max_context_tokens: int, min_bucket: int = 4096, recorder: type = CudaGraphRecorder,
                  attention: Callable | None = None):
-        """attention: the decoder's layer callable (`attention/hybrid.LayerRouter`); default: the method itself."""
+        """attention: the decoder's layer callable (`attention/common/hybrid.LayerRouter`); default: the method itself."""
         self.model, self.cache, self.rope, self.method = model, cache, rope, method
         self.attention = attention or method
         self.max_bucket = max(min_bucket, -(-max_context_tokens // cache.page_size) * cache.page_size)
@@ -73,7 +73,7 @@ class GraphDecoder:
 
     def reserve_rope(self, context_len: int) -> None:
         """Grow the RoPE tables now to what decoding a `context_len`-token sequence reads (its capacity bucket): run
-        before a prompt's last chunk, whose short-chunk graphs (attention/infinitehip/short_chunk_graphs.py) would
+        before a prompt's last chunk, whose short-chunk graphs (attention/methods/infinitehip/short_chunk_graphs.py) would
         otherwise be invalidated by the first decode step's growth and captured again by the next question."""
         bucket = capacity_bucket(context_len, self.min_bucket, self.max_bucket)
         reads = self.method.decode_rope_positions(bucket) if supports(self.method, GraphDecode) else bucket

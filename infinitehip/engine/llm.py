@@ -12,7 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from infinitehip.attention.needle_probe import NeedleProbe
+from infinitehip.attention.common.needle_probe import NeedleProbe
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.detokenize import stable_text
@@ -93,7 +93,7 @@ class LLM:
 
         Diagnostics, for one conversation: `needle_tokens` (positions in the templated prompt) are watched
         through the method's selections and the output's `needle_trace` says what share each selection kept;
-        `oracle=True` forces them into every selection (attention/needle_probe.py)."""
+        `oracle=True` forces them into every selection (attention/common/needle_probe.py)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]
         probes = None

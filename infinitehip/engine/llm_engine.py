@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from infinitehip.attention.capabilities import kv_token_limit
-from infinitehip.attention.needle_probe import NeedleProbe
+from infinitehip.attention.common.needle_probe import NeedleProbe
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.engine.prompt_format import chat_prompt_ids
@@ -211,7 +211,7 @@ class LLMEngine:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, probe: NeedleProbe | None = None) -> Sequence:
         """Queue a request. `probe` (diagnostics): watch these prompt tokens through the method's selections, or
-        force them in (attention/needle_probe.py)."""
+        force them in (attention/common/needle_probe.py)."""
         kept, max_tokens = self.check_request(prompt_ids, params.max_tokens)
         if any(t >= self.model_config.vocab_size for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be token ids in [0, {self.model_config.vocab_size})")

@@ -14,9 +14,9 @@ import torch
 
 from infinitehip.attention.base import AttentionMethod
 from infinitehip.attention.capabilities import TensorParallelHeads, TokenizerBinding, supports
-from infinitehip.attention.hybrid import LayerRouter
+from infinitehip.attention.common.hybrid import LayerRouter
 from infinitehip.attention.registry import create_method
-from infinitehip.attention.sliding_window import SlidingWindowAttention
+from infinitehip.attention.common.sliding_window import SlidingWindowAttention
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.resolved import ResolvedConfig
 from infinitehip.engine.graph_decode import GraphDecoder
@@ -46,7 +46,7 @@ def build_rank(config: EngineConfig, loaded: LoadedModel, device: torch.device, 
     whole model's config: the same on every rank."""
     resolved = resolve_config(config, loaded.config, loaded.tokenizer, loaded.source, device)
     # The method and its KV cache see only the layers it governs (all of them, unless the model has
-    # sliding-window layers: those keep a ring buffer of their window, attention/sliding_window.py), and only this
+    # sliding-window layers: those keep a ring buffer of their window, attention/common/sliding_window.py), and only this
     # rank's heads.
     layers = getattr(loaded.model, "layer_config", loaded.config)
     mc = layers.method_view()

@@ -6,9 +6,9 @@ import torch
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
 from infinitehip.attention.capabilities import CacheCompaction, supports
-from infinitehip.attention.hybrid import LayerRouter
-from infinitehip.attention.repeated_text import PromptText
-from infinitehip.attention.sliding_window import SlidingWindowAttention
+from infinitehip.attention.common.hybrid import LayerRouter
+from infinitehip.attention.common.repeated_text import PromptText
+from infinitehip.attention.common.sliding_window import SlidingWindowAttention
 from infinitehip.engine import prefix_pages
 from infinitehip.engine.graph_decode import GraphDecoder
 from infinitehip.engine.logprobs import prompt_logprobs

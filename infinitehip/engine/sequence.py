@@ -36,7 +36,7 @@ class Sequence:
     method_state: Any = None  # owned by the attention method
     generator: Any = None  # torch.Generator when the request has a seed
     dropped_prompt_tokens: int = 0  # prompt tokens the method dropped (`truncate`); prompt_ids holds those kept
-    probe: Any = None  # NeedleProbe of a diagnosed request (attention/needle_probe.py); None normally
+    probe: Any = None  # NeedleProbe of a diagnosed request (attention/common/needle_probe.py); None normally
     # With params.logprobs / prompt_logprobs (engine/logprobs.py): one TokenLogprob per output token, and per
     # prompt token after the first (filled chunk by chunk during prefill).
     output_logprobs: list = field(default_factory=list)

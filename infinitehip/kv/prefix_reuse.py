@@ -13,7 +13,7 @@ A reused prefix must give exactly what recomputing it would. What that takes dep
   keys) cannot be shared: the pages holding the last `private_tail_tokens` keys before the boundary are
   copied into pages of the new sequence, with the method's snapshot of that state taken at the boundary;
 - a model's sliding-window layers keep the last window of keys per sequence outside the paged cache
-  (attention/sliding_window.py): a boundary is reusable only where a copy of those rings was taken: a prefill
+  (attention/common/sliding_window.py): a boundary is reusable only where a copy of those rings was taken: a prefill
   chunk's end, or the last full page inside it (`rings`). Their keys depend on the prefix's tokens alone, so any
   owner's copy serves.
 """

@@ -1,10 +1,10 @@
 """Gemma 3 text decoder (transformers' `Gemma3ForCausalLM`) over a flat batch of tokens; Gemma 2 is the same
 decoder without the q/k norms (qk_norm False), with alternating local/global layers and attention soft-capping
-(attn_logit_softcapping, applied by the sliding-window layers and the dense method: attention/softcap.py).
+(attn_logit_softcapping, applied by the sliding-window layers and the dense method: attention/common/softcap.py).
 
 Same contract as `model/llama.py`: every layer hands pre-RoPE q/k/v to the engine's `AttentionFn` with its
 own layer index; the engine routes sliding-window layers to exact local attention and full-attention
-layers to the chosen method (`attention/hybrid.py`). What differs from Llama, as transformers defines it:
+layers to the chosen method (`attention/common/hybrid.py`). What differs from Llama, as transformers defines it:
 - RMSNorm scales by (1 + weight) and casts after the multiply;
 - four norms per layer ("sandwich"): before and after attention, before and after the MLP;
 - embeddings scaled by sqrt(hidden_size) (in the weights' dtype);

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import engine_for_dir, generate_greedy, random_ids, record_step_logits
-from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
+from infinitehip.attention.methods.infinitehip.method import InfiniteHiPAttention
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.methods import method_spec
 from infinitehip.engine.llm_engine import ContextLengthError

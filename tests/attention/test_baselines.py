@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
-from infinitehip.attention.streaming.config import StreamingConfig
-from infinitehip.attention.truncate.config import TruncateConfig
-from infinitehip.attention.truncate.method import head_and_tail
+from infinitehip.attention.methods.streaming.config import StreamingConfig
+from infinitehip.attention.methods.truncate.config import TruncateConfig
+from infinitehip.attention.methods.truncate.method import head_and_tail
 from infinitehip.engine.llm import LLM
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 from tests.conftest import engine_for_dir, generate_greedy, random_ids
@@ -75,7 +75,7 @@ def test_streaming_prompt_shorter_than_the_sinks_equals_dense(tiny_llama_dir):
 def test_streaming_prefill_matches_rolling_oracle(tiny_llama_dir, chunk, rows_per_pass, monkeypatch):
     """Every query sees exactly sink + its own last window keys at rolling positions, across chunk
     boundaries, evictions (chunks capped by the cache limit, compaction after each) and SDPA passes."""
-    from infinitehip.attention.streaming import method as streaming
+    from infinitehip.attention.methods.streaming import method as streaming
 
     monkeypatch.setattr(streaming, "ROWS_PER_PASS", rows_per_pass)
     ids = _ids(300, seed=2)

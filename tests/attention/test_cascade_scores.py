@@ -1,4 +1,4 @@
-"""The cascade's attention with scores (attention/cascade/scores.py) against a query-by-query oracle: outputs are
+"""The cascade's attention with scores (attention/methods/cascade/scores.py) against a query-by-query oracle: outputs are
 softmax attention over the visible keys, and each key's score is the decode-order EMA of the attention it receives,
 reduced over its KV group's query heads (GQA: 6 query heads on 2 KV heads), by max or mean; two chunks give the
 scores of their union."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.cascade.scores import attention_with_scores
+from infinitehip.attention.methods.cascade.scores import attention_with_scores
 
 
 def _oracle(q, k, v, q_pos, k_pos, scores, scale, decay, reduction):

@@ -1,4 +1,4 @@
-"""The cascade's cache update (attention/cascade): the schedule's plan against a token-by-token oracle of the paper's
+"""The cascade's cache update (attention/methods/cascade): the schedule's plan against a token-by-token oracle of the paper's
 four cases, the eager reference against that oracle (every layer and KV head deciding by its own scores), and the
 Triton kernel (interpreted on CPU) against the reference, on random streams through a paged cache."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.cascade.schedule import COMPARE, FILL, PASS, CascadeSchedule
-from infinitehip.attention.cascade.update import cascade_update
+from infinitehip.attention.methods.cascade.schedule import COMPARE, FILL, PASS, CascadeSchedule
+from infinitehip.attention.methods.cascade.update import cascade_update
 from infinitehip.kv.paged_cache import PagedKVCache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,4 +1,4 @@
-"""Joining a stage's chunks with the question's (attention/chunk_merge): the oracle against set semantics, the
+"""Joining a stage's chunks with the question's (attention/ops/chunk_merge): the oracle against set semantics, the
 Triton kernel (interpreted on CPU) against the oracle."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.chunk_merge import merge_chunks
+from infinitehip.attention.ops.chunk_merge import merge_chunks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -5,12 +5,12 @@ sums), representative chunk scores (batched GEMMs), and whole pruning stages (sa
 import pytest
 import torch
 
-from infinitehip.attention import sparse
-from infinitehip.attention.infinitehip.positions import attention_positions
-from infinitehip.attention.infinitehip.pruning import StageSpec, keep_top_chunks, query_blocks, run_stage
-from infinitehip.attention.infinitehip.saliency import KeySaliency
-from infinitehip.attention.infinitehip.scoring import representative_scores
-from infinitehip.attention.infinitehip.scoring.representative_cpu import representative_scores_cpu
+from infinitehip.attention.ops import sparse
+from infinitehip.attention.methods.infinitehip.positions import attention_positions
+from infinitehip.attention.methods.infinitehip.pruning import StageSpec, keep_top_chunks, query_blocks, run_stage
+from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
+from infinitehip.attention.methods.infinitehip.scoring import representative_scores
+from infinitehip.attention.methods.infinitehip.scoring.representative_cpu import representative_scores_cpu
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding
@@ -61,7 +61,7 @@ def test_sdpa_prefill_equals_reference_on_method_lists(start, n):
 
 def test_sdpa_prefill_empty_block_and_small_groups(monkeypatch):
     """A block with no listed key gets zeros; several SDPA groups (GROUP_KEYS small) give the same result."""
-    from infinitehip.attention.sparse import sdpa
+    from infinitehip.attention.ops.sparse import sdpa
 
     gen = torch.Generator().manual_seed(7)
     H, Hkv, d, b, page_size, start, n = 4, 1, 16, 8, 4, 40, 50
@@ -184,7 +184,7 @@ def test_pruning_stages_cpu_keep_the_reference_chunks(style):
 
 
 def test_scratch_buffers_serve_inside_and_outside_inference_mode():
-    from infinitehip.attention.sparse.scratch import ScratchBuffers
+    from infinitehip.attention.ops.sparse.scratch import ScratchBuffers
 
     scratch = ScratchBuffers()
     with torch.inference_mode():
@@ -197,7 +197,7 @@ def test_scratch_buffers_serve_inside_and_outside_inference_mode():
 @pytest.mark.parametrize("prefix,W", [(0, 9), (7, 0), (7, 9), (1, 30)])
 def test_two_part_attention_equals_one_masked_softmax(prefix, W):
     """Prefix seen by all + masked tail (some rows see no tail key) == one softmax over the visible keys."""
-    from infinitehip.attention.sparse.two_part_attention import attend_two_parts, pack_gqa, unpack_gqa
+    from infinitehip.attention.ops.sparse.two_part_attention import attend_two_parts, pack_gqa, unpack_gqa
 
     gen = torch.Generator().manual_seed(prefix * 100 + W)
     m, b, H, Hkv, d = 3, 5, 6, 2, 16

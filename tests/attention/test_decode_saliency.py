@@ -1,4 +1,4 @@
-"""The decode steps' landmark saliency (attention/infinitehip/decode_saliency/): the Triton kernel against the eager
+"""The decode steps' landmark saliency (attention/methods/infinitehip/decode_saliency/): the Triton kernel against the eager
 oracle, the oracle against a per-pair loop, and KeySaliency.update_decode through both impls. Without a CUDA device
 the kernel runs under the Triton interpreter (tests/conftest.py)."""
 
@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from infinitehip.attention.infinitehip.decode_saliency import add_decode_logits  # noqa: E402
+from infinitehip.attention.methods.infinitehip.decode_saliency import add_decode_logits  # noqa: E402
 from infinitehip.model.rope import apply_rotary  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

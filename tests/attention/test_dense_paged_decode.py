@@ -1,4 +1,4 @@
-"""The paged dense decode op (attention/dense/paged_decode/): the Triton kernel (under the interpreter without a CUDA
+"""The paged dense decode op (attention/methods/dense/paged_decode/): the Triton kernel (under the interpreter without a CUDA
 device) against the eager reference over batches of sequences of different lengths (1, page multiples and not),
 GQA ratios, fp32 / bf16, one split or several, a sliding window and soft-capping; the reference against the dense
 prefill path (gather, rotate every key, SDPA) on the same paged cache; DenseAttention.decode against one-token
@@ -12,8 +12,8 @@ import torch
 pytest.importorskip("triton")
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice  # noqa: E402
-from infinitehip.attention.dense.method import DenseAttention, causal_sdpa, softcapped_causal  # noqa: E402
-from infinitehip.attention.dense.paged_decode.op import paged_decode  # noqa: E402
+from infinitehip.attention.methods.dense.method import DenseAttention, causal_sdpa, softcapped_causal  # noqa: E402
+from infinitehip.attention.methods.dense.paged_decode.op import paged_decode  # noqa: E402
 from infinitehip.config.model import ModelConfig  # noqa: E402
 from infinitehip.kv.paged_cache import PagedKVCache  # noqa: E402
 from infinitehip.model.rope import RotaryEmbedding  # noqa: E402
@@ -56,7 +56,7 @@ def _padded(tables: list[torch.Tensor]) -> torch.Tensor:
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("window,cap", [(None, None), (40, None), (None, 5.0), (20, 5.0)])
 def test_kernel_equals_the_reference(dtype, H, Hkv, d, num_splits, window, cap):
-    from infinitehip.attention.dense.paged_decode.triton import paged_decode_triton
+    from infinitehip.attention.methods.dense.paged_decode.triton import paged_decode_triton
 
     cache, tables, q = _filled_cache(H, Hkv, d, dtype, LENGTHS, seed=H * d + Hkv)
     rope = RotaryEmbedding(_model(H, Hkv, d), 256, DEVICE)
@@ -70,7 +70,7 @@ def test_kernel_equals_the_reference(dtype, H, Hkv, d, num_splits, window, cap):
 
 
 def test_kernel_default_splits_and_an_explicit_scale():
-    from infinitehip.attention.dense.paged_decode.triton import paged_decode_triton
+    from infinitehip.attention.methods.dense.paged_decode.triton import paged_decode_triton
 
     cache, tables, q = _filled_cache(8, 2, 16, torch.float32, [300, 5], seed=7)
     rope = RotaryEmbedding(_model(8, 2, 16), 512, DEVICE)
@@ -110,8 +110,8 @@ def _decode_batch(cache: PagedKVCache, tables: list[torch.Tensor], rope: RotaryE
 @pytest.mark.parametrize("cap", [None, 5.0])
 def test_dense_decode_equals_one_token_prefills(impl_device, cap, monkeypatch):
     """DenseAttention.decode (one paged call for the step) equals the base class's loop of one-token prefills."""
-    import infinitehip.attention.dense.method as dense_method
-    from infinitehip.attention.dense.paged_decode import op
+    import infinitehip.attention.methods.dense.method as dense_method
+    from infinitehip.attention.methods.dense.paged_decode import op
 
     if impl_device == "triton":  # the CPU run takes the kernel (interpreted) too
         monkeypatch.setattr(dense_method, "paged_decode", lambda *a, **kw: op.paged_decode(*a, **kw, impl="triton"))

@@ -1,4 +1,4 @@
-"""HiP attention v1 (`attention/hip/`): the hierarchical top-k estimation against brute force and its eager
+"""HiP attention v1 (`attention/methods/hip/`): the hierarchical top-k estimation against brute force and its eager
 reference, dense layers and short contexts equal to dense attention, the decode mask's refresh schedule."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from infinitehip.attention.base import ForwardBatch, SequenceSlice
-from infinitehip.attention.hip.config import HiPConfig
-from infinitehip.attention.hip.hierarchy import num_blocks, select_blocks, select_blocks_reference
-from infinitehip.attention.hip.method import HiPAttention
+from infinitehip.attention.methods.hip.config import HiPConfig
+from infinitehip.attention.methods.hip.hierarchy import num_blocks, select_blocks, select_blocks_reference
+from infinitehip.attention.methods.hip.method import HiPAttention
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary

@@ -10,8 +10,8 @@ import torch
 import transformers
 
 from infinitehip import LLM, EngineConfig, SamplingParams
-from infinitehip.attention.infinipot import method as infinipot_method
-from infinitehip.attention.infinipot.config import PRESETS, InfiniPotConfig
+from infinitehip.attention.methods.infinipot import method as infinipot_method
+from infinitehip.attention.methods.infinipot.config import PRESETS, InfiniPotConfig
 from infinitehip.attention.registry import create_method
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.eval.passkey import make_passkey_sample

@@ -1,4 +1,4 @@
-"""The sync-free, fixed-shape decode step of `infinitehip` (attention/infinitehip/decode.py) against an oracle.
+"""The sync-free, fixed-shape decode step of `infinitehip` (attention/methods/infinitehip/decode.py) against an oracle.
 
 The oracle is the straightforward algorithm with data-dependent shapes: each refreshing stage runs the prefill
 machinery (`run_stage`: candidates only up to the limit, top-k only when there are more chunks than kept) on a
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.infinitehip.method import InfiniteHiPAttention
-from infinitehip.attention.infinitehip.positions import attention_positions
-from infinitehip.attention.infinitehip.pruning import assemble_keys, query_blocks
-from infinitehip.attention.sparse import sparse_attention_decode
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.method import InfiniteHiPAttention
+from infinitehip.attention.methods.infinitehip.positions import attention_positions
+from infinitehip.attention.methods.infinitehip.pruning import assemble_keys, query_blocks
+from infinitehip.attention.ops.sparse import sparse_attention_decode
 from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids, record_step_logits
 from tests.attention.test_infinitehip_method import SMALL
 
@@ -111,7 +111,7 @@ def test_static_decode_shapes_do_not_depend_on_position(tiny_llama_dir):
     config = InfiniteHiPConfig(**SMALL, impl="reference")
     engine = engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", max_context_tokens=2048, prefill_chunk_size=128)
     widths, ptrs = set(), []
-    import infinitehip.attention.infinitehip.method as method_module
+    import infinitehip.attention.methods.infinitehip.method as method_module
 
     inner = method_module.decode_key_list  # the key list op: (tokens, counts, key rope, query rope)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
-from infinitehip.attention.infinitehip.config import PRESETS, InfiniteHiPConfig, infinitehip_preset
+from infinitehip.attention.methods.infinitehip.config import PRESETS, InfiniteHiPConfig, infinitehip_preset
 from tests.conftest import engine_for_dir, random_ids
 
 # The hierarchy alone (question_tokens=0, as the paper): question-time selection has its own tests

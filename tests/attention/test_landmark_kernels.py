@@ -11,10 +11,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from infinitehip.attention.infinitehip.pruning import StageSpec, query_blocks, run_stage  # noqa: E402
-from infinitehip.attention.infinitehip.representatives import salient_tokens  # noqa: E402
-from infinitehip.attention.infinitehip.saliency import KeySaliency  # noqa: E402
-from infinitehip.attention.infinitehip.scoring import representative_scores  # noqa: E402
+from infinitehip.attention.methods.infinitehip.pruning import StageSpec, query_blocks, run_stage  # noqa: E402
+from infinitehip.attention.methods.infinitehip.representatives import salient_tokens  # noqa: E402
+from infinitehip.attention.methods.infinitehip.saliency import KeySaliency  # noqa: E402
+from infinitehip.attention.methods.infinitehip.scoring import representative_scores  # noqa: E402
 from infinitehip.kv.paged_cache import token_slots  # noqa: E402
 from infinitehip.model.rope import RotaryEmbedding  # noqa: E402
 from tests.attention.test_landmark_representatives import _setup as random_paged_keys  # noqa: E402

@@ -3,9 +3,9 @@ representative is the chunk's most salient key per head, and the method runs end
 
 import torch
 
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.infinitehip.saliency import KeySaliency
-from infinitehip.attention.infinitehip.scoring.reference import representative_scores_reference
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
+from infinitehip.attention.methods.infinitehip.scoring.reference import representative_scores_reference
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary

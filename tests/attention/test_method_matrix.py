@@ -26,15 +26,15 @@ from infinitehip.attention.base import AttentionMethod
 from infinitehip.attention.capabilities import (CacheCompaction, GraphDecode, KVOffload, PrefixCaching,
                                                 TensorParallelHeads, TokenizerBinding, accept_offload, kv_scratch_tokens,
                                                 kv_token_limit, prefix_reuse_of, supports)
-from infinitehip.attention.cascade.config import CascadeConfig
-from infinitehip.attention.dense.method import causal_sdpa
-from infinitehip.attention.hip.config import HiPConfig
-from infinitehip.attention.infinipot.config import InfiniPotConfig
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.cascade.config import CascadeConfig
+from infinitehip.attention.methods.dense.method import causal_sdpa
+from infinitehip.attention.methods.hip.config import HiPConfig
+from infinitehip.attention.methods.infinipot.config import InfiniPotConfig
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.registry import method_class
-from infinitehip.attention.streaming.config import StreamingConfig
-from infinitehip.attention.tokenselect.config import TokenSelectConfig
-from infinitehip.attention.truncate.config import TruncateConfig
+from infinitehip.attention.methods.streaming.config import StreamingConfig
+from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
+from infinitehip.attention.methods.truncate.config import TruncateConfig
 from infinitehip.config.methods import METHODS
 from infinitehip.config.model import ModelConfig
 from infinitehip.config.offload import OffloadConfig

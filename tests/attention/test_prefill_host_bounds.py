@@ -5,11 +5,11 @@ it replaces, over every RoPE style, context lengths inside and past the trained 
 import pytest
 import torch
 
-from infinitehip.attention.infinitehip.positions import (ATTENTION_ROPE_STYLES_DECODE, attention_extent,
+from infinitehip.attention.methods.infinitehip.positions import (ATTENTION_ROPE_STYLES_DECODE, attention_extent,
                                                          attention_positions, scoring_extent, scoring_positions)
-from infinitehip.attention.infinitehip.pruning import (host_limit, initial_chunks, prefill_window_width, query_blocks,
+from infinitehip.attention.methods.infinitehip.pruning import (host_limit, initial_chunks, prefill_window_width, query_blocks,
                                                        sparse_limit)
-from infinitehip.attention.infinitehip.config import PRUNING_ROPE_STYLES
+from infinitehip.attention.methods.infinitehip.config import PRUNING_ROPE_STYLES
 
 SINK, STREAM, TRAINED = 16, 64, 1024
 CASES = [(start, n, size) for start in (0, 5, 70, 1000, 5000) for n in (1, 31, 64, 200) for size in (1, 16, 64)]

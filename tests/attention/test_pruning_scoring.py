@@ -11,11 +11,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from infinitehip.attention.infinitehip.scoring import chunk_scores  # noqa: E402
-from infinitehip.attention.infinitehip.scoring.reference import chunk_scores_reference  # noqa: E402
+from infinitehip.attention.methods.infinitehip.scoring import chunk_scores  # noqa: E402
+from infinitehip.attention.methods.infinitehip.scoring.reference import chunk_scores_reference  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
 
-tri = importlib.import_module("infinitehip.attention.infinitehip.scoring.triton")
+tri = importlib.import_module("infinitehip.attention.methods.infinitehip.scoring.triton")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 FP32_MIN = torch.finfo(torch.float32).min

@@ -1,4 +1,4 @@
-"""Question-time selection (attention/question_selection.py) and the needle probe (attention/needle_probe.py):
+"""Question-time selection (attention/common/question_selection.py) and the needle probe (attention/common/needle_probe.py):
 ops against plain-Python references, the question read across a prefill chunk boundary, presets, the offloaded
 scan, and the oracle on the real embedded model."""
 
@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from infinitehip import LLM, SamplingParams
-from infinitehip.attention import question_selection as qs
-from infinitehip.attention.infinitehip import method as ih_method
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.infinitehip.config import PRESETS as IH_PRESETS
-from infinitehip.attention.needle_probe import NeedleProbe
-from infinitehip.attention.tokenselect import method as ts_method
-from infinitehip.attention.tokenselect.config import PRESETS as TS_PRESETS
-from infinitehip.attention.tokenselect.config import TokenSelectConfig
+from infinitehip.attention.common import question_selection as qs
+from infinitehip.attention.methods.infinitehip import method as ih_method
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.config import PRESETS as IH_PRESETS
+from infinitehip.attention.common.needle_probe import NeedleProbe
+from infinitehip.attention.methods.tokenselect import method as ts_method
+from infinitehip.attention.methods.tokenselect.config import PRESETS as TS_PRESETS
+from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.eval.niah import make_niah_sample, needle_for_seed
 from infinitehip.eval.ruler.positions import needle_token_positions
@@ -138,7 +138,7 @@ def test_presets_keep_the_papers_settings_by_name():
 @pytest.mark.parametrize("segment_logits", [4 * 4 * 37, 1 << 26])  # segments of 37 tokens (ragged); one segment
 def test_streamed_votes_equal_the_soft_vote_over_every_candidate(segment_logits):
     """The offloaded scan (two passes over key segments) gives the one-shot soft vote's sums."""
-    from infinitehip.attention.tokenselect import soft_vote
+    from infinitehip.attention.methods.tokenselect import soft_vote
 
     k_flat, table = _cache(512, 3)
     q = torch.randn(4, 4, 16, generator=torch.Generator().manual_seed(4)) * 2
@@ -151,7 +151,7 @@ def test_streamed_votes_equal_the_soft_vote_over_every_candidate(segment_logits)
 
 
 def test_offloading_sizes_the_attention_bank_for_the_question_chunks():
-    from infinitehip.attention.infinitehip.offload_access import check_offload
+    from infinitehip.attention.methods.infinitehip.offload_access import check_offload
 
     big = OffloadConfig(offload_enabled=True, mask_bank_tokens=1 << 30, attention_bank_tokens=1 << 30)
     plain = check_offload(IH_PRESETS["3k"], big, 1 << 17, 9, 2)

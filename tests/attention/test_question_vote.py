@@ -1,4 +1,4 @@
-"""The question's summed soft vote (attention/question_vote): the Triton kernel against its eager reference, and the
+"""The question's summed soft vote (attention/ops/question_vote): the Triton kernel against its eager reference, and the
 reference against TokenSelect's per-row soft vote summed over rows (what question-time selection computed before).
 
 Without CUDA the Triton kernel runs under the interpreter (tests/conftest.py).
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.question_vote import summed_soft_vote
-from infinitehip.attention.tokenselect import soft_vote
+from infinitehip.attention.ops.question_vote import summed_soft_vote
+from infinitehip.attention.methods.tokenselect import soft_vote
 
 pytest.importorskip("triton")
 

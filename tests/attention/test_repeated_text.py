@@ -1,4 +1,4 @@
-"""Repeated prompt text (attention/repeated_text.py): the repeat mask against a plain-Python reference, the question's
+"""Repeated prompt text (attention/common/repeated_text.py): the repeat mask against a plain-Python reference, the question's
 vote leaving out later copies (question_selection.py), and the engine handing the prompt to both methods."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from infinitehip import LLM, SamplingParams
-from infinitehip.attention import question_selection as qs
-from infinitehip.attention.infinitehip import method as ih_method
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.repeated_text import PromptText, repeated_candidates, repeated_tokens
-from infinitehip.attention.tokenselect import method as ts_method
-from infinitehip.attention.tokenselect.config import TokenSelectConfig
+from infinitehip.attention.common import question_selection as qs
+from infinitehip.attention.methods.infinitehip import method as ih_method
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.common.repeated_text import PromptText, repeated_candidates, repeated_tokens
+from infinitehip.attention.methods.tokenselect import method as ts_method
+from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
 from tests.conftest import engine_for_dir
 
 
@@ -176,7 +176,7 @@ def test_engine_hands_the_prompt_to_the_question_vote(method, tiny_dir, monkeypa
 
 def test_novel_chunks_are_the_chunks_with_text_seen_first():
     """A stage-1 chunk is left out exactly when every one of its tokens is marked (the last chunk may be short)."""
-    from infinitehip.attention.infinitehip.repeated_chunks import novel_chunks
+    from infinitehip.attention.methods.infinitehip.repeated_chunks import novel_chunks
 
     ids = _text_with_copies(5)
     repeated = repeated_tokens(torch.tensor(ids), 16)[4:]  # candidates from a sink of 4
@@ -189,9 +189,9 @@ def test_novel_chunks_are_the_chunks_with_text_seen_first():
 def test_hierarchy_keeps_no_chunk_of_repeated_text(tiny_dir, monkeypatch):
     """hierarchy_repeat_span: the prompt's last chunk and every decode refresh keep no stage-1 chunk whose text all
     repeats; a prompt that does not repeat decodes the same greedy tokens as with the setting off."""
-    from infinitehip.attention.infinitehip import decode as ih_decode
-    from infinitehip.attention.infinitehip import pruning as ih_pruning
-    from infinitehip.attention.infinitehip import short_chunk
+    from infinitehip.attention.methods.infinitehip import decode as ih_decode
+    from infinitehip.attention.methods.infinitehip import pruning as ih_pruning
+    from infinitehip.attention.methods.infinitehip import short_chunk
 
     config = InfiniteHiPConfig(**{**CONFIGS["infinitehip"].__dict__, "repeat_span": 0})
     kept = []  # (stage-1 starts, lens) of every prefill stage 1 of the prompt's last chunk and decode refresh

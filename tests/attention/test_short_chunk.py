@@ -1,4 +1,4 @@
-"""A short prompt-ending chunk with static shapes (attention/infinitehip/short_chunk.py, `short_chunk_graphs`): the
+"""A short prompt-ending chunk with static shapes (attention/methods/infinitehip/short_chunk.py, `short_chunk_graphs`): the
 same selection and greedy tokens as the eager prefill, a prefix hit equal to a cold run, and (CUDA) graph replays
 equal to the eager static work for a question of another length."""
 
@@ -12,10 +12,10 @@ import torch
 import transformers
 
 from infinitehip import LLM, SamplingParams
-from infinitehip.attention.infinitehip import method as ih_method
-from infinitehip.attention.infinitehip import short_chunk
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.infinitehip.short_chunk_graphs import ShortChunkGraphs
+from infinitehip.attention.methods.infinitehip import method as ih_method
+from infinitehip.attention.methods.infinitehip import short_chunk
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.short_chunk_graphs import ShortChunkGraphs
 from infinitehip.graph_recorders import ClosureRecorder
 from tests.conftest import TINY_CONFIGS, closure_graph_decoder, engine_for_dir
 
@@ -57,7 +57,7 @@ def _kept(starts: torch.Tensor, lens: torch.Tensor) -> list[tuple[int, int]]:
 def _spy(monkeypatch) -> list[tuple[str, list, torch.Tensor]]:
     """Records each layer's question-time chunks and scores, from the eager prefill or the short chunk's static
     work (whose scores run to a bound, -inf past the chunk's own candidates)."""
-    from infinitehip.attention import question_selection
+    from infinitehip.attention.common import question_selection
 
     seen, scores = [], []
     inner_scores = question_selection.question_scores

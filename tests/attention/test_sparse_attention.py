@@ -11,12 +11,12 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from infinitehip.attention import sparse  # noqa: E402
-from infinitehip.attention.sparse import reference  # noqa: E402
+from infinitehip.attention.ops import sparse  # noqa: E402
+from infinitehip.attention.ops.sparse import reference  # noqa: E402
 from infinitehip.model.rope import apply_rotary  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
 
-tri = importlib.import_module("infinitehip.attention.sparse.triton")
+tri = importlib.import_module("infinitehip.attention.ops.sparse.triton")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}

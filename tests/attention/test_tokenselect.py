@@ -13,10 +13,10 @@ import torch
 
 from infinitehip import SamplingParams
 from infinitehip.attention.base import ForwardBatch, SequenceSlice
-from infinitehip.attention.tokenselect import method as method_module
-from infinitehip.attention.tokenselect import soft_vote
-from infinitehip.attention.tokenselect.config import TokenSelectConfig
-from infinitehip.attention.tokenselect.method import TokenSelectAttention
+from infinitehip.attention.methods.tokenselect import method as method_module
+from infinitehip.attention.methods.tokenselect import soft_vote
+from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
+from infinitehip.attention.methods.tokenselect.method import TokenSelectAttention
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary

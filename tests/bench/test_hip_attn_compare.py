@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from bench.suites import hip_attn_loader as hc
-from infinitehip.attention.infinitehip.config import PRESETS
+from infinitehip.attention.methods.infinitehip.config import PRESETS
 
 
 def test_mapping_of_default_preset():

@@ -4,7 +4,7 @@ for a lone greedy sequence (a second request, sampling or logprobs run one step 
 
 import pytest
 
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.config.sampling import SamplingParams
 from tests.attention.test_infinitehip_method import SMALL
 from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.infinitehip.offload_access import check_offload
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.offload_access import check_offload
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload import planner
 from infinitehip.kv.offload.paged import OffloadedAccessError, OffloadedPagedCache
@@ -43,7 +43,7 @@ def _smallest_banks(config: InfiniteHiPConfig, num_heads: int, seqs: int = 1, co
 
 def _count_decode_groups(monkeypatch):
     """Per decode stage refresh: (candidate chunks N, chunks per group G); the mask-bank resolve calls' distinct slots."""
-    from infinitehip.attention.infinitehip import offload_access
+    from infinitehip.attention.methods.infinitehip import offload_access
 
     groups, inner = [], offload_access.RepresentativeKeys.score_in_fixed_groups
 
@@ -272,8 +272,8 @@ def test_offloaded_graph_decode_equals_resident_and_does_not_sync(tiny_llama_dir
     tokens and logits. While a step replays, the offload path (K/V writes, bank resolves, key-access tables)
     never reads a tensor on the host (item / tolist / bool / int / float would sync a CUDA stream). The CPU
     reference kernels of the method itself may (the Triton ones do not): only the offload entry points are watched."""
-    import infinitehip.attention.infinitehip.decode_rows as decode_rows
-    from infinitehip.attention.infinitehip import offload_access
+    import infinitehip.attention.methods.infinitehip.decode_rows as decode_rows
+    from infinitehip.attention.methods.infinitehip import offload_access
     from infinitehip.engine.graph_decode import ClosureRecorder
     from infinitehip.kv.offload.offloaded import OffloadedKV
 
@@ -345,7 +345,7 @@ def test_offloaded_prefill_logits_equal_resident_with_dense_shortcut(tiny_llama_
                               prefill_chunk_size=96, max_num_seqs=1).prompt_logits(ids)
     engine = engine_for_dir(tiny_llama_dir, None, config, _smallest_banks(config, HEADS), method="infinitehip",
                             max_context_tokens=CONTEXT, prefill_chunk_size=96, max_num_seqs=1)
-    from infinitehip.attention.infinitehip import offload_access
+    from infinitehip.attention.methods.infinitehip import offload_access
 
     calls = {"stages": 0, "groups": 0, "attend": 0, "block_groups": 0}
     inner_stage, inner_groups = offload_access.RepresentativeKeys.score_in_groups, offload_access.prefill_attention_in_groups
@@ -368,7 +368,7 @@ def test_offloaded_prefill_logits_equal_resident_with_dense_shortcut(tiny_llama_
         calls["groups"] += 1
         return inner_call(self, reps, lens)
 
-    import infinitehip.attention.infinitehip.method as method_module
+    import infinitehip.attention.methods.infinitehip.method as method_module
     with pytest.MonkeyPatch.context() as m:
         m.setattr(offload_access.RepresentativeKeys, "score_in_groups", stage)
         m.setattr(offload_access.RepresentativeKeys, "__call__", call)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from infinitehip.attention.auto.presets import PRESETS as AUTO_PRESETS
-from infinitehip.attention.infinitehip.config import PRESETS, InfiniteHiPConfig
-from infinitehip.attention.tokenselect.config import TokenSelectConfig
+from infinitehip.attention.methods.auto.presets import PRESETS as AUTO_PRESETS
+from infinitehip.attention.methods.infinitehip.config import PRESETS, InfiniteHiPConfig
+from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.engine import settings as settings_module

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from infinitehip.attention.cascade.config import CascadeConfig
-from infinitehip.attention.hip.config import HiPConfig
-from infinitehip.attention.infinipot.config import InfiniPotConfig
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.cascade.config import CascadeConfig
+from infinitehip.attention.methods.hip.config import HiPConfig
+from infinitehip.attention.methods.infinipot.config import InfiniPotConfig
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.config.methods import METHODS
-from infinitehip.attention.streaming.config import StreamingConfig
-from infinitehip.attention.tokenselect.config import TokenSelectConfig
-from infinitehip.attention.truncate.config import TruncateConfig
+from infinitehip.attention.methods.streaming.config import StreamingConfig
+from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
+from infinitehip.attention.methods.truncate.config import TruncateConfig
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.model import ModelConfig
 from infinitehip.config.sampling import SamplingParams

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from infinitehip.attention.infinitehip.bank_sizing import check_bank_requests, decode_bank_requests
-from infinitehip.attention.infinitehip.config import PRESETS, infinitehip_preset
+from infinitehip.attention.methods.infinitehip.bank_sizing import check_bank_requests, decode_bank_requests
+from infinitehip.attention.methods.infinitehip.config import PRESETS, infinitehip_preset
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload.bank import KVBank
 from infinitehip.kv.offload.planner import CapacityError, gpu_free_bytes, host_available_bytes, plan_capacity

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.engine.graph_decode import ClosureRecorder, GraphDecoder
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.resolve import resolve
@@ -138,8 +138,8 @@ def test_a_resolve_between_two_steps_makes_the_next_one_resolve_again(tiny_llama
 def test_repeated_text_left_out_offloaded_equals_resident(tiny_llama_dir, graphs):
     """hierarchy_repeat_span on a prompt that repeats itself (most stage-1 chunks left out: empty chunks in the mask
     bank's static groups): the offloaded decode, eager or from graphs, gives the resident tokens and logits."""
-    from infinitehip.attention.infinitehip.repeated_chunks import novel_chunks
-    from infinitehip.attention.repeated_text import repeated_tokens
+    from infinitehip.attention.methods.infinitehip.repeated_chunks import novel_chunks
+    from infinitehip.attention.common.repeated_text import repeated_tokens
     from tests.conftest import closure_graph_decoder
 
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": REFRESH, "hierarchy_repeat_span": 16})

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from infinitehip.attention.infinitehip.offload_access import RepresentativeKeys
+from infinitehip.attention.methods.infinitehip.offload_access import RepresentativeKeys
 from infinitehip.kv.offload.planner import CapacityError
 
 

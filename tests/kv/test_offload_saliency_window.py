@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.infinitehip import decode_rows, method
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip import decode_rows, method
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.kv.offload.offloaded import OffloadedKV
 from infinitehip.kv.offload.resolve import resolve
 from tests.attention.test_infinitehip_method import SMALL

@@ -178,7 +178,7 @@ def test_preemption_while_pages_are_shared(embedded):
 
 
 def test_methods_without_reuse_turn_caching_off_with_a_log_line(embedded, caplog):
-    from infinitehip.attention.streaming.config import StreamingConfig
+    from infinitehip.attention.methods.streaming.config import StreamingConfig
 
     METHODS["streaming"] = StreamingConfig(sink_tokens=4, window_tokens=60, eviction_batch_tokens=40)
     try:

@@ -4,7 +4,7 @@ in host memory; a hit reads them through the banks, and InfiniteHiP's private ta
 from __future__ import annotations
 
 from infinitehip import SamplingParams
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from tests.conftest import engine_for_dir, random_ids
 from tests.attention.test_infinitehip_method import SMALL
 from tests.engine.test_offload_engine import FEW_GROUPS, HEADS, _smallest_banks

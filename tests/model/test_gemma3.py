@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
-from infinitehip.attention.infinipot.config import InfiniPotConfig
+from infinitehip.attention.methods.infinipot.config import InfiniPotConfig
 from infinitehip.attention.registry import create_method
-from infinitehip.attention.streaming.config import StreamingConfig
+from infinitehip.attention.methods.streaming.config import StreamingConfig
 from infinitehip.config.methods import METHODS, method_spec
 from infinitehip.config.model import ModelConfig
 from tests.conftest import TINY_CONFIGS, closure_graph_decoder, engine_for_dir, random_ids, record_step_logits

@@ -8,9 +8,9 @@ import transformers
 
 import infinitehip
 from infinitehip import LLM, SamplingParams
-from infinitehip.attention.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.streaming.config import StreamingConfig
-from infinitehip.attention.tokenselect.config import TokenSelectConfig
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.streaming.config import StreamingConfig
+from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
 from infinitehip.engine.llm_engine import ContextLengthError
 from tests.conftest import engine_for_dir
 
@@ -63,7 +63,7 @@ def test_patch_hands_the_prompt_to_the_repeated_text_settings(tiny_llama, monkey
     """A prompt that repeats a passage: the patched model's InfiniteHiP gets the prompt's ids at its last chunk (the
     pruning stages' and the question vote's repeat masks are made, as in the engine), so its greedy tokens equal the
     engine's; a forward from inputs_embeds has no ids and makes no mask."""
-    from infinitehip.attention.infinitehip import method as ih_method
+    from infinitehip.attention.methods.infinitehip import method as ih_method
 
     seen = []
     inner = ih_method.prompt_novel

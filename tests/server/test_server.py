@@ -554,7 +554,7 @@ def test_offloaded_kv_server_answers_and_reports_bank_metrics(engine):
     client gets the same greedy answer as from a resident engine, and /metrics carries the banks' counters."""
     from infinitehip import SamplingParams
 
-    from infinitehip.attention.infinitehip.config import infinitehip_preset
+    from infinitehip.attention.methods.infinitehip.config import infinitehip_preset
 
     # Stages refreshed within the 8-token answer: steps that refresh nothing reuse the last key list's bank rows
     # without a resolve, so only refresh steps (after the first) count attention-bank hits.

@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 import httpx
 import pytest
 
-from infinitehip.attention.infinitehip.config import infinitehip_preset
+from infinitehip.attention.methods.infinitehip.config import infinitehip_preset
 from infinitehip.cli.main import build_parser
 from infinitehip.cli.serve import configs_from_args
 from infinitehip.config.server import ServerConfig

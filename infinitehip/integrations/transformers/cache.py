@@ -18,9 +18,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from infinitehip.attention.base import ChunkHooks, ForwardBatch, SequenceSlice
 from infinitehip.attention.capabilities import CacheCompaction, kv_scratch_tokens, supports
-from infinitehip.attention.hybrid import LayerRouter
-from infinitehip.attention.repeated_text import PromptText
-from infinitehip.attention.sliding_window import SlidingWindowAttention
+from infinitehip.attention.common.hybrid import LayerRouter
+from infinitehip.attention.common.repeated_text import PromptText
+from infinitehip.attention.common.sliding_window import SlidingWindowAttention
 from infinitehip.kv.paged_cache import PagedKVCache
 
 _seq_ids = itertools.count(1 << 30)  # sequence ids for ring rows of sliding layers, apart from the engine's

@@ -9,7 +9,7 @@ unchanged kernels), `planner` (capacity before allocation),
 
 Wiring (done): `paged.OffloadedPagedCache` is what the engine builds instead of PagedKVCache
 (`engine/kv_setup.py`: method check, planner, summary, refusal before allocation);
-`attention/infinitehip/offload_access.py` (with `bank_sizing.py`, the worst-case requests per resolve call)
+`attention/methods/infinitehip/offload_access.py` (with `bank_sizing.py`, the worst-case requests per resolve call)
 gives the infinitehip kernels their (k_flat, page_table, page_size)
 triples over the banks (decode: options (a) for scoring, in static groups of chunks that fit the mask bank,
 compose.decode_tables for attention; prefill: groups of chunk columns / query blocks sized to the banks), so
@@ -51,7 +51,7 @@ Prefill: the same two calls per group of query blocks, with groups sized so the 
   fits each bank (per block: sink + keep + stream + the chunk's own keys); the prefill kernel's causal mask
   needs token positions, so it uses option (a) (a token -> bank-index table per sequence).
 CUDA graphs: resolve and the row copy are sync-free with static shapes (pad key lists to the worst case of
-  `attention/infinitehip/bank_sizing.py`; padding slots are -1); the stamps come from a device-side clock, so replays advance LRU.
+  `attention/methods/infinitehip/bank_sizing.py`; padding slots are -1); the stamps come from a device-side clock, so replays advance LRU.
   An index returned by resolve is valid until the next resolve of the same bank and layer.
 Validation mode: validate.validate_against_paged compares every row read through the banks with a
   resident PagedKVCache (debug runs at small contexts; it syncs every step).

@@ -11,7 +11,7 @@ are unchanged (store slot = page * page_size + offset, as in the paged cache). W
   (whole-context scans; the decode saliency window when no kept rows hold it);
 - `flat_k` / `flat_v` raise: indexing bank rows with page tables would read the wrong rows silently.
   Offload-aware methods reach rows through `kv.resolve_mask` / `kv.resolve_attention` and the banks' flat
-  rows (see `attention/infinitehip/offload_access.py`).
+  rows (see `attention/methods/infinitehip/offload_access.py`).
 
 `token_table(tokens, bank_index, bank)` scatters bank indices into a persistent [num_slots + 1] int32 table (one per bank) indexed
 by token position, read by kernels as a page table with page_size 1 (design note option (a)): only the

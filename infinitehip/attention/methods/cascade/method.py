@@ -1,0 +1,124 @@
+"""`cascade` (Cascading KV Cache, arXiv 2406.17808): a fixed-size cache of sinks and cascading circular sub-caches.
+
+A sequence holds at most sink + C * W + stride slots (`kv_token_limit`), whatever its length. Its tokens fill the
+slots in order until the stride after the sub-caches is full; then every token after the sinks is pushed through
+the sub-caches (schedule.py: the exponential acceptance schedule, eviction by score) and the sequence keeps
+sink + C * W slots; from then on each stride of new tokens fills the slots after them and is pushed when full. The
+scheduler caps a prefill chunk at the room left, so a chunk never crosses a push: strided prefill is the engine's
+chunked prefill, one attention call per chunk over sinks + sub-caches + the stride so far. Decode stages its tokens
+in the stride the same way, so a decode step attends what a prefill of the same tokens attends (and the update
+runs once per stride).
+
+Keys are cached without RoPE and rotated at their position in the cache (schedule.positions: their rank by age), the
+queries at their slot; the largest position is kept + stride - 1, inside the trained range (checked). Every
+attention call also updates the keys' scores (scores.py); sub-caches decide per layer and KV head, so each holds its
+own tokens (the cache is [pages, page_size, Hkv, d] and a slot's position is the same for every head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, KVSizing, SequenceSlice
+from infinitehip.attention.capabilities import CacheCompaction
+from infinitehip.attention.methods.cascade.config import PRESETS, CascadeConfig
+from infinitehip.attention.methods.cascade.schedule import CascadeSchedule
+from infinitehip.attention.methods.cascade.scores import attention_with_scores
+from infinitehip.attention.methods.cascade.update import cascade_update
+from infinitehip.config.impl import resolve_impl
+from infinitehip.config.model import ModelConfig
+from infinitehip.model.rope import apply_rotary
+from infinitehip.profiling import phase
+
+
+@dataclass
+class CascadeState:
+    """Per sequence: the schedule (shared by layers and heads), the keys' scores [L, Hkv, limit] fp32 by slot
+    (allocated on the first step), and the positions of the step's keys (computed once per step)."""
+
+    schedule: CascadeSchedule
+    scores: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    positions_for: tuple[int, int] | None = None  # (pushed, context_len) the positions were computed for
+
+
+def sized_config(model_config: ModelConfig, config: CascadeConfig | None) -> CascadeConfig:
+    """The config with its cache sized from the model, checked against the model's trained positions."""
+    trained = model_config.max_position_embeddings
+    config = (config or PRESETS["default"]).for_model(trained)
+    if config.limit_tokens > trained:
+        raise ValueError(
+            f"cache_tokens + stride_tokens = {config.kept_tokens} + {config.stride_tokens} exceeds the model's trained "
+            f"length {trained}: the cache's positions would leave the trained range (lower cache_tokens or stride_tokens)")
+    if config.subcache_tokens < 1:
+        raise ValueError(f"cache_tokens = {config.cache_tokens} leaves no slot per sub-cache after {config.sink_tokens} "
+                         f"sinks and {config.num_subcaches} sub-caches")
+    return config
+
+
+class CascadeAttention(AttentionMethod, CacheCompaction):
+    name = "cascade"
+    prefix_reuse_note = "its cache is the cascade of the whole prompt so far, not a reusable prefix"
+
+    def __init__(self, model_config: ModelConfig, config: CascadeConfig | None = None):
+        super().__init__(model_config)
+        self.config = sized_config(model_config, config)
+        self.sm_scale = model_config.head_dim ** -0.5
+
+    @classmethod
+    def kv_sizing(cls, model_config: ModelConfig, config: CascadeConfig | None = None, tokenizer: Any = None) -> KVSizing:
+        # No context limit of its own: memory is bounded and positions stay below the cache's size. 1M tokens.
+        config = sized_config(model_config, config)
+        return KVSizing(1 << 20, kv_token_limit=config.limit_tokens, method_config=config)
+
+    def new_state(self) -> CascadeState:
+        c = self.config
+        return CascadeState(CascadeSchedule(c.sink_tokens, c.num_subcaches, c.subcache_tokens))
+
+    def _positions(self, state: CascadeState, context_len: int, device: torch.device) -> torch.Tensor:
+        """[context_len] position of each slot: the kept slots' ranks, then the stride at its slots."""
+        key = (state.schedule.pushed, context_len)
+        if state.positions_for != key:
+            kept = state.schedule.positions() if state.schedule.pushed else torch.zeros(0, dtype=torch.long)
+            stride = torch.arange(kept.numel(), context_len, dtype=torch.long)
+            state.positions = torch.cat([kept[:context_len], stride]).to(device)
+            state.positions_for = key
+        return state.positions
+
+    def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
+        state: CascadeState = seq.state
+        c, end = self.config, seq.context_len
+        if state.scores is None:
+            shape = (self.model_config.num_layers, self.model_config.num_kv_heads, c.limit_tokens)
+            state.scores = torch.zeros(shape, dtype=torch.float32, device=q.device)
+        k_pos = self._positions(state, end, q.device)
+        batch.rope.ensure(end)
+        k, v = seq.cache.read(layer, seq.context_slots)
+        k = apply_rotary(k, batch.rope.cos[k_pos].unsqueeze(1), batch.rope.sin[k_pos].unsqueeze(1))
+        q = batch.rope.apply_range(q, seq.start_pos)  # the stride's slots are its positions
+        scores = state.scores[layer, :, :end]
+        scores[:, seq.start_pos :] = 0.0  # the chunk's own keys start with no score
+        return attention_with_scores(q, k, v, k_pos[seq.start_pos :], k_pos, scores, self.sm_scale,
+                                     c.score_decay, c.head_reduction)
+
+    def after_forward(self, seq: SequenceSlice, hooks: ChunkHooks) -> int | None:
+        if seq.context_len < self.config.limit_tokens:
+            return None  # the stride is not full yet
+        return self._push(seq)
+
+    @phase("cascade update")
+    def _push(self, seq: SequenceSlice) -> int:
+        state: CascadeState = seq.state
+        schedule = state.schedule
+        first = schedule.sinks if schedule.pushed == 0 else schedule.kept  # the first push takes every non-sink
+        end = seq.context_len
+        ops, slots = schedule.plan_pushes(end - first)
+        cache = seq.cache
+        k = cache.k.view(cache.num_layers, -1, *cache.k.shape[-2:])
+        v = cache.v.view(cache.num_layers, -1, *cache.v.shape[-2:])
+        cascade_update(k, v, state.scores, seq.context_slots, ops, slots, first,
+                       impl=resolve_impl(self.config.impl, cache.device))  # "cpu": the reference
+        return schedule.kept
