@@ -25,7 +25,7 @@ from torch import nn
 
 from infinitehip.config.model import ModelConfig
 from infinitehip.model.llama import MLP, Attention, AttentionFn, OutputHead
-from infinitehip.model.rms_norm import rms_norm
+from infinitehip.model.rms_norm.op import rms_norm
 from infinitehip.model.weights import load_hf_weights
 from infinitehip.distributed.state import ParallelState
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from infinitehip.config.model import ModelConfig
-from infinitehip.model.rms_norm import add_rms_norm, rms_norm
+from infinitehip.model.rms_norm.op import add_rms_norm, rms_norm
 from infinitehip.model.weights import load_hf_weights
 from infinitehip.distributed.linear import VocabParallelLogits, row_linear
 from infinitehip.distributed.shard import local_config, shard_hf_tensor, shard_of

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from infinitehip.attention.methods.cascade.schedule import COMPARE, FILL, PASS, CascadeSchedule
-from infinitehip.attention.methods.cascade.update import cascade_update
+from infinitehip.attention.methods.cascade.update.op import cascade_update
 from infinitehip.kv.paged_cache import PagedKVCache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.ops.chunk_merge import merge_chunks
+from infinitehip.attention.ops.chunk_merge.op import merge_chunks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

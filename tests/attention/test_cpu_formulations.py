@@ -5,12 +5,12 @@ sums), representative chunk scores (batched GEMMs), and whole pruning stages (sa
 import pytest
 import torch
 
-from infinitehip.attention.ops import sparse
+from infinitehip.attention.ops.sparse import op as sparse
 from infinitehip.attention.methods.infinitehip.positions import attention_positions
 from infinitehip.attention.methods.infinitehip.pruning import StageSpec, keep_top_chunks, query_blocks, run_stage
 from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
-from infinitehip.attention.methods.infinitehip.scoring import representative_scores
-from infinitehip.attention.methods.infinitehip.scoring.representative_cpu import representative_scores_cpu
+from infinitehip.attention.methods.infinitehip.scoring.op import representative_scores
+from infinitehip.attention.methods.infinitehip.scoring.representative.cpu import representative_scores_cpu
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding

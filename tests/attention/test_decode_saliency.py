@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from infinitehip.attention.methods.infinitehip.decode_saliency import add_decode_logits  # noqa: E402
+from infinitehip.attention.methods.infinitehip.decode_saliency.op import add_decode_logits  # noqa: E402
 from infinitehip.model.rope import apply_rotary  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

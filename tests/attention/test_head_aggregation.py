@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig  # noqa: E402
 from infinitehip.attention.methods.infinitehip.pruning import StageSpec, query_blocks, run_stage  # noqa: E402
-from infinitehip.attention.methods.infinitehip.scoring import chunk_scores, representative_scores  # noqa: E402
+from infinitehip.attention.methods.infinitehip.scoring.op import chunk_scores, representative_scores  # noqa: E402
 from infinitehip.attention.methods.infinitehip.scoring.aggregate import aggregate_heads  # noqa: E402
 from infinitehip.config.model import ModelConfig  # noqa: E402
 from infinitehip.kv.paged_cache import token_slots  # noqa: E402

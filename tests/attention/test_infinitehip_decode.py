@@ -17,7 +17,7 @@ from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.methods.infinitehip.method import InfiniteHiPAttention
 from infinitehip.attention.methods.infinitehip.positions import attention_positions
 from infinitehip.attention.methods.infinitehip.pruning import assemble_keys, query_blocks
-from infinitehip.attention.ops.sparse import sparse_attention_decode
+from infinitehip.attention.ops.sparse.op import sparse_attention_decode
 from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids, record_step_logits
 from tests.attention.test_infinitehip_method import SMALL
 

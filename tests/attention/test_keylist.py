@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.methods.infinitehip.keylist import decode_key_list, key_list_width
+from infinitehip.attention.methods.infinitehip.keylist.op import decode_key_list, key_list_width
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -1,4 +1,4 @@
-"""Landmark-mode kernels vs their eager oracles: representative chunk scores (scoring/representative_triton.py),
+"""Landmark-mode kernels vs their eager oracles: representative chunk scores (scoring/representative/triton.py),
 the most salient token per chunk (representatives/triton.py), and whole pruning stages through both impls.
 
 Without a CUDA device the kernels run under the Triton interpreter (tests/conftest.py), so shapes are kept small.
@@ -12,9 +12,9 @@ import torch
 pytest.importorskip("triton")
 
 from infinitehip.attention.methods.infinitehip.pruning import StageSpec, query_blocks, run_stage  # noqa: E402
-from infinitehip.attention.methods.infinitehip.representatives import salient_tokens  # noqa: E402
+from infinitehip.attention.methods.infinitehip.representatives.op import salient_tokens  # noqa: E402
 from infinitehip.attention.methods.infinitehip.saliency import KeySaliency  # noqa: E402
-from infinitehip.attention.methods.infinitehip.scoring import representative_scores  # noqa: E402
+from infinitehip.attention.methods.infinitehip.scoring.op import representative_scores  # noqa: E402
 from infinitehip.kv.paged_cache import token_slots  # noqa: E402
 from infinitehip.model.rope import RotaryEmbedding  # noqa: E402
 from tests.attention.test_landmark_representatives import _setup as random_paged_keys  # noqa: E402

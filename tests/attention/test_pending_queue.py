@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.methods.infinitehip.pending import queue_query
+from infinitehip.attention.methods.infinitehip.pending.op import queue_query
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from infinitehip.attention.methods.infinitehip.scoring import chunk_scores  # noqa: E402
+from infinitehip.attention.methods.infinitehip.scoring.op import chunk_scores  # noqa: E402
 from infinitehip.attention.methods.infinitehip.scoring.reference import chunk_scores_reference  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
 

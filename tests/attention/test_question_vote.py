@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.ops.question_vote import summed_soft_vote
+from infinitehip.attention.ops.question_vote.op import summed_soft_vote
 from infinitehip.attention.methods.tokenselect import soft_vote
 
 pytest.importorskip("triton")

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from infinitehip.attention.ops import sparse  # noqa: E402
-from infinitehip.attention.ops.sparse import reference  # noqa: E402
+from infinitehip.attention.ops.sparse import op as sparse  # noqa: E402
+from infinitehip.attention.ops.sparse.op import reference  # noqa: E402
 from infinitehip.model.rope import apply_rotary  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.methods.infinitehip.topchunks import keep_top_chunks
+from infinitehip.attention.methods.infinitehip.topchunks.op import keep_top_chunks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

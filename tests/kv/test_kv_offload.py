@@ -316,7 +316,7 @@ def small_lru_blocks(monkeypatch):
     path the production sizes take at several thousand (several lookup steps, tens of finish programs, several
     partition programs that publish and wait, prefix loops over several steps) at a fraction of the interpreter's
     time. The production sizes run in the slow cases (`make test-all`)."""
-    from infinitehip.kv.offload import lru_triton
+    from infinitehip.kv.offload.lru import triton as lru_triton
 
     monkeypatch.setattr(lru_triton, "LOOKUP_BLOCK", 256)
     monkeypatch.setattr(lru_triton, "SUB", 32)

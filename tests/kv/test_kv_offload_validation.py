@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from infinitehip.attention.ops import sparse  # noqa: E402
+from infinitehip.attention.ops.sparse import op as sparse  # noqa: E402
 from infinitehip.config.offload import OffloadConfig  # noqa: E402
 from infinitehip.kv.offload import OffloadedKV  # noqa: E402
 from infinitehip.kv.offload.compose import decode_tables, list_slots  # noqa: E402

@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from infinitehip.model.rms_norm import add_rms_norm, rms_norm  # noqa: E402
+from infinitehip.model.rms_norm.op import add_rms_norm, rms_norm  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

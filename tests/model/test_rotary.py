@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from infinitehip.model.rotary import rotate_at  # noqa: E402
+from infinitehip.model.rotary.op import rotate_at  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

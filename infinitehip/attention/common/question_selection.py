@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.common.needle_probe import FORCE_BONUS
-from infinitehip.attention.ops.question_vote import summed_soft_vote
+from infinitehip.attention.ops.question_vote.op import summed_soft_vote
 from infinitehip.model.rope import apply_rotary
 
 

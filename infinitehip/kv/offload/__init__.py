@@ -2,7 +2,7 @@
 
 Modules: `store` (all K/V, pinned, flat slots like PagedKVCache), `bank` (one GPU bank: rows, slot
 table, reverse map, LRU stamps and order, counters), `resolve` (the sync-free resolve / invalidate ops),
-`reference` / `triton` (host<->bank row copy, eager oracle and UVA kernel), `lru_triton` (resolve / invalidate
+`reference` / `triton` (host<->bank row copy, eager oracle and UVA kernel), `lru/triton` (resolve / invalidate
 kernels), `offloaded` (store + both banks from an OffloadConfig), `compose` (bank indices as page tables for the
 unchanged kernels), `planner` (capacity before allocation),
 `validate`, `paged` (the offloaded KV behind the paged-cache surface the engine and methods use).

@@ -38,7 +38,7 @@ it on the device when none of the slots was resident, the usual case for newly w
 
 Two implementations with identical results: `impl="reference"` (or "cpu", config/impl.py) runs steps 2-4 and 6 as eager torch ops
 (sync-free; the oracle, plus the syncing reference row copy) and `impl="triton"` runs them in four
-kernels (`lru_triton.py`): lookup (one program over N), partition (<= 128 programs over B; each waits for
+kernels (`lru/triton.py`): lookup (one program over N), partition (<= 128 programs over B; each waits for
 its predecessors' counts, published on the device), finish and output (one program per 256 requests,
 ranks offset by the counts the lookup recorded per 256 requests). A call with
 impl="triton" is: sort (1-3 launches) + 4 kernels + the row copy of k (and v). Memory per entry is
@@ -89,7 +89,7 @@ def resolve(bank: KVBank, store: KVStore, layer: int, slots: torch.Tensor, impl:
         out = torch.empty(n, dtype=torch.int32, device=bank.device)
         rows = torch.empty((2, n), dtype=torch.int32, device=bank.device)
         L = layer
-        importlib.import_module("infinitehip.kv.offload.lru_triton").lru_resolve_triton(
+        importlib.import_module("infinitehip.kv.offload.lru.triton").lru_resolve_triton(
             bank.table[L], bank.owner[L], bank.last_used[L], bank.order[L], bank.clock[L : L + 1], bank.hits[L : L + 1],
             bank.misses[L : L + 1], bank.overflows[L : L + 1], s_sorted, perm, bank.bank_tokens, out, rows[0], rows[1])
         src_rows, dst_rows = rows[0], rows[1]
@@ -169,7 +169,7 @@ def invalidate(bank: KVBank, layer: int, slots: torch.Tensor, impl: str = "refer
     S, B = bank.num_slots, bank.bank_tokens
     table, owner, last_used, order = bank.table[layer], bank.owner[layer], bank.last_used[layer], bank.order[layer]
     if impl == "triton":
-        importlib.import_module("infinitehip.kv.offload.lru_triton").lru_invalidate_triton(
+        importlib.import_module("infinitehip.kv.offload.lru.triton").lru_invalidate_triton(
             table, owner, last_used, order, slots, S, B)
         return
     slots = torch.where((slots >= 0) & (slots < S), slots, S)

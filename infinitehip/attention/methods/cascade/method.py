@@ -27,7 +27,7 @@ from infinitehip.attention.capabilities import CacheCompaction
 from infinitehip.attention.methods.cascade.config import PRESETS, CascadeConfig
 from infinitehip.attention.methods.cascade.schedule import CascadeSchedule
 from infinitehip.attention.methods.cascade.scores import attention_with_scores
-from infinitehip.attention.methods.cascade.update import cascade_update
+from infinitehip.attention.methods.cascade.update.op import cascade_update
 from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
 from infinitehip.model.rope import apply_rotary

@@ -16,7 +16,7 @@ from infinitehip.attention.capabilities import KVOffload, PrefixCaching
 from infinitehip.attention.methods.dense.paged_decode.op import paged_decode
 from infinitehip.attention.common.softcap import attend
 from infinitehip.kv.prefix_reuse import PrefixReuse
-from infinitehip.model.rotary import rotate_at
+from infinitehip.model.rotary.op import rotate_at
 
 ROWS_PER_PASS = 512  # soft-capped queries per pass: their scores are materialised, heads x rows x context floats
 

@@ -25,7 +25,7 @@ from infinitehip.attention.capabilities import TensorParallelHeads
 from infinitehip.attention.methods.dense.method import causal_sdpa
 from infinitehip.attention.methods.hip.config import HiPConfig, candidate_end
 from infinitehip.attention.methods.hip.hierarchy import select_blocks, select_blocks_reference
-from infinitehip.attention.ops.sparse import sparse_attention_decode, sparse_attention_prefill
+from infinitehip.attention.ops.sparse.op import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
 from infinitehip.model.rope import apply_rotary

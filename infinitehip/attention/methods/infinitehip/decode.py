@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from infinitehip.attention.ops.chunk_merge import merge_chunks
+from infinitehip.attention.ops.chunk_merge.op import merge_chunks
 from infinitehip.attention.methods.infinitehip.positions import scoring_positions
 from infinitehip.attention.methods.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, force_chunks, score_candidates,
                                                       sparse_limit, subdivide)
 from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
-from infinitehip.attention.methods.infinitehip.topchunks import keep_top_chunks
-from infinitehip.model.rotary import rotate_at
+from infinitehip.attention.methods.infinitehip.topchunks.op import keep_top_chunks
+from infinitehip.model.rotary.op import rotate_at
 
 
 @dataclass

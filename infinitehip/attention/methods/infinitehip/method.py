@@ -25,22 +25,22 @@ from infinitehip.attention.methods.dense.method import causal_sdpa, resident_dec
 from infinitehip.attention.methods.infinitehip.decode import (StageCache, merge_question, refresh_stage, stage1_candidates,
                                                      window_width)
 from infinitehip.attention.methods.infinitehip.decode_rows import DecodeRows, attention_access, decode_rows_for, window_reader
-from infinitehip.attention.methods.infinitehip.keylist import decode_key_list
+from infinitehip.attention.methods.infinitehip.keylist.op import decode_key_list
 from infinitehip.attention.methods.infinitehip.mask_rows import MaskRows, mask_rows_for, stage_keys
 from infinitehip.attention.methods.infinitehip.offload_access import (StagedLayer, check_offload, prefill_attention_in_groups,
                                                               question_key_reader, scoring_access, stage_prefill_layer)
-from infinitehip.attention.methods.infinitehip.pending import queue_query
+from infinitehip.attention.methods.infinitehip.pending.op import queue_query
 from infinitehip.attention.methods.infinitehip.positions import attention_extent, attention_positions, group_size
 from infinitehip.attention.methods.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,
                                                       prefill_window_width, run_stage, sparse_limit)
 from infinitehip.attention.methods.infinitehip.repeated_chunks import decode_novel, prompt_novel
-from infinitehip.attention.ops.chunk_merge import merge_chunks
+from infinitehip.attention.ops.chunk_merge.op import merge_chunks
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
 from infinitehip.attention.methods.infinitehip.short_chunk_graphs import ShortChunkGraphs, prefill_short_chunk
 from infinitehip.attention.common.question_selection import question_chunks
 from infinitehip.attention.common.repeated_text import repeated_candidates
-from infinitehip.attention.ops.sparse import sparse_attention_decode, sparse_attention_prefill
+from infinitehip.attention.ops.sparse.op import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.prefix_reuse import PrefixReuse

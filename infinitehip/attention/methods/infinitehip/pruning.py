@@ -17,9 +17,9 @@ import torch
 from infinitehip.attention.methods.infinitehip.positions import scoring_extent, scoring_positions
 from infinitehip.attention.common.needle_probe import FORCE_BONUS
 from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
-from infinitehip.attention.methods.infinitehip.scoring import chunk_scores, representative_scores
+from infinitehip.attention.methods.infinitehip.scoring.op import chunk_scores, representative_scores
 from infinitehip.attention.methods.infinitehip.scoring.aggregate import aggregate_heads
-from infinitehip.model.rotary import rotate_at
+from infinitehip.model.rotary.op import rotate_at
 
 
 @dataclass

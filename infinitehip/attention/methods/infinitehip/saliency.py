@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.common.host_values import host_to_device
-from infinitehip.attention.methods.infinitehip.decode_saliency import add_decode_logits
-from infinitehip.attention.methods.infinitehip.representatives import salient_tokens
+from infinitehip.attention.methods.infinitehip.decode_saliency.op import add_decode_logits
+from infinitehip.attention.methods.infinitehip.representatives.op import salient_tokens
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary, apply_rotary_fused
 from infinitehip.profiling import phase

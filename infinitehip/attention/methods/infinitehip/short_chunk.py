@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from infinitehip.attention.ops.chunk_merge import merge_chunks
+from infinitehip.attention.ops.chunk_merge.op import merge_chunks
 from infinitehip.attention.methods.infinitehip.positions import attention_positions
 from infinitehip.attention.methods.infinitehip.pruning import (QueryBlocks, StageOutput, assemble_keys, host_limit,
                                                       prefill_window_width, run_stage, sparse_limit)
 from infinitehip.attention.common.question_selection import question_chunks
-from infinitehip.attention.ops.sparse import sparse_attention_prefill
+from infinitehip.attention.ops.sparse.op import sparse_attention_prefill
 from infinitehip.config.impl import resolve_impl
 
 

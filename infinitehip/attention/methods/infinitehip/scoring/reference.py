@@ -125,7 +125,7 @@ def representative_scores_reference(
 ) -> torch.Tensor:
     """Chunk scores when the representatives are given (landmark mode): max over heads and the block's
     valid queries of q . k_rep, the key at the stage's RoPE position. -> [M, N] fp32, -inf for padding.
-    The oracle of `representative_triton.representative_scores_triton`."""
+    The oracle of `representative.triton.representative_scores_triton`."""
     M, b, H, _ = q_rot.shape
     N = reps.shape[1]
     if N == 0 or M == 0:

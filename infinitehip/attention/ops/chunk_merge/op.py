@@ -1,0 +1,24 @@
+"""Joining a stage's chunk list with extra chunks of the same grid (question-time selection's chunks).
+
+- `reference`: eager PyTorch (a sort), the oracle;
+- `triton`: two Triton kernels (tiles of chunks ranked against both lists), imported on first use.
+
+`merge_chunks(..., impl=...)` dispatches; see `reference.py` for the arguments and outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infinitehip.attention.ops.chunk_merge.reference import merge_chunks_reference
+from infinitehip.config.impl import select_impl
+
+
+def merge_chunks(starts: torch.Tensor, lens: torch.Tensor, extra_starts: torch.Tensor, extra_lens: torch.Tensor,
+                 impl: str = "reference") -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (starts, lens) [M, C + E]: the listed chunks of both in position order, then (0, 0) empties."""
+    fn = select_impl(impl, merge_chunks_reference, f"infinitehip.attention.ops.chunk_merge.triton", "merge_chunks_triton", "chunk merge")
+    return fn(starts, lens, extra_starts, extra_lens)
+
+
+__all__ = ["merge_chunks"]

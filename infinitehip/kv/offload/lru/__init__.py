@@ -1,0 +1,1 @@
+"""The LRU bank resolve as Triton kernels (`triton.py`); the dispatch and the eager oracle are `../resolve.py`."""
