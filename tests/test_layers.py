@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "infinitehip"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("config", ("infinitehip.config",)),
     ("kernels and distributed primitives", ("infinitehip.distributed", "infinitehip.triton_interpreter",
-                                            "infinitehip.graph_recorders", "infinitehip.profiling")),
+                                            "infinitehip.host_values", "infinitehip.graph_recorders",
+                                            "infinitehip.profiling")),
     ("model", ("infinitehip.model",)),
     ("kv", ("infinitehip.kv",)),
     ("attention methods", ("infinitehip.attention",)),

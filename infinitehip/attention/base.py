@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from infinitehip.attention.common.host_values import device_tensor
+from infinitehip.host_values import device_tensor
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import PagedKVCache
 from infinitehip.model.rope import RotaryEmbedding

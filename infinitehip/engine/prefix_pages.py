@@ -17,7 +17,7 @@ import torch
 
 from infinitehip.attention.base import AttentionMethod
 from infinitehip.attention.capabilities import kv_token_limit, prefix_reuse_of
-from infinitehip.attention.common.host_values import device_tensor
+from infinitehip.host_values import device_tensor
 from infinitehip.attention.common.sliding_window import SlidingWindowAttention
 from infinitehip.engine.sequence import Sequence
 from infinitehip.kv.prefix_reuse import PrefixHit, PrefixPolicy

@@ -138,7 +138,7 @@ def test_presets_keep_the_papers_settings_by_name():
 @pytest.mark.parametrize("segment_logits", [4 * 4 * 37, 1 << 26])  # segments of 37 tokens (ragged); one segment
 def test_streamed_votes_equal_the_soft_vote_over_every_candidate(segment_logits):
     """The offloaded scan (two passes over key segments) gives the one-shot soft vote's sums."""
-    from infinitehip.attention.methods.tokenselect import soft_vote
+    from infinitehip.attention.methods.tokenselect.soft_vote.op import soft_vote
 
     k_flat, table = _cache(512, 3)
     q = torch.randn(4, 4, 16, generator=torch.Generator().manual_seed(4)) * 2

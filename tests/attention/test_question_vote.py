@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from infinitehip.attention.ops.question_vote.op import summed_soft_vote
-from infinitehip.attention.methods.tokenselect import soft_vote
+from infinitehip.attention.methods.tokenselect.soft_vote.op import soft_vote
 
 pytest.importorskip("triton")
 

@@ -14,7 +14,7 @@ import torch
 from infinitehip import SamplingParams
 from infinitehip.attention.base import ForwardBatch, SequenceSlice
 from infinitehip.attention.methods.tokenselect import method as method_module
-from infinitehip.attention.methods.tokenselect import soft_vote
+from infinitehip.attention.methods.tokenselect.soft_vote.op import soft_vote
 from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
 from infinitehip.attention.methods.tokenselect.method import TokenSelectAttention
 from infinitehip.config.model import ModelConfig

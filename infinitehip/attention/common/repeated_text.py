@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from infinitehip.attention.common.host_values import host_to_device
+from infinitehip.host_values import host_to_device
 
 # Fixed odd multipliers of the window hash: the same prompt gives the same mask in every process. Stored as int64:
 # products and sums wrap mod 2^64 alike on the CPU and on CUDA.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.base import ForwardBatch, SequenceSlice
-from infinitehip.attention.common.host_values import device_tensor
+from infinitehip.host_values import device_tensor
 from infinitehip.attention.common.softcap import attend
 from infinitehip.config.model import ModelConfig
 from infinitehip.model.rope import apply_rotary, inverse_frequencies, rotary_at

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from infinitehip.attention.common.host_values import host_to_device
+from infinitehip.host_values import host_to_device
 from infinitehip.attention.methods.infinitehip.decode_saliency.op import add_decode_logits
 from infinitehip.attention.methods.infinitehip.representatives.op import salient_tokens
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots

@@ -42,12 +42,12 @@ import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, KVSizing, SequenceSlice
 from infinitehip.attention.capabilities import PrefixCaching, TensorParallelHeads
-from infinitehip.attention.common.host_values import device_tensor
+from infinitehip.host_values import device_tensor
 from infinitehip.attention.common.needle_probe import FORCE_BONUS
 from infinitehip.attention.common.question_selection import question_tokens
 from infinitehip.attention.common.repeated_text import repeated_candidates
 from infinitehip.attention.ops.sparse.op import sparse_attention_decode, sparse_attention_prefill
-from infinitehip.attention.methods.tokenselect import soft_vote
+from infinitehip.attention.methods.tokenselect.soft_vote.op import soft_vote
 from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
 from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
