@@ -18,7 +18,7 @@ Decode (`_sparse_decode_kernel`), flash-decoding. Grid: (B, Hkv, num_splits). Ea
 GROUP heads of one kv head (padded to BLOCK_H >= 16 rows for tl.dot) and a contiguous share of the
 sequence's listed keys (shares are balanced per sequence from its own key count, rounded to BLOCK_N).
 With one split it writes the output directly; otherwise it writes a normalized partial output and its
-log2-sum-exp, and `_combine_splits_kernel` (grid B * H) merges the splits.
+log2-sum-exp, and `combine_splits_kernel` (grid B * H) merges the splits.
 
 fp32 inputs use IEEE fp32 dots (no TF32) so they match the fp32 oracle; bf16/fp16 inputs use tensor-core
 dots of the input dtype with fp32 accumulation (q/k are rotated in fp32 and rounded once). Slots are
@@ -228,7 +228,7 @@ def _sparse_decode_kernel(
 
 
 @triton.jit
-def _combine_splits_kernel(
+def combine_splits_kernel(
     PartOut, PartLse, Out, num_heads, num_splits, stride_ob, stride_oh,
     D: tl.constexpr, D_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
@@ -440,7 +440,7 @@ def sparse_attention_decode(
             SPLIT=split, **cfg,
         )
         if split:
-            _combine_splits_kernel[(B * H,)](
+            combine_splits_kernel[(B * H,)](
                 part_out, part_lse, out, H, num_splits, out.stride(0), out.stride(1),
                 D=d, D_PAD=triton.next_power_of_2(d), SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
                 num_warps=4 if d >= 128 else 2,

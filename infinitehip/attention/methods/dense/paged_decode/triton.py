@@ -7,7 +7,8 @@ page is read from memory once per step and one long sequence still spreads over 
 in tiles of BLOCK_N tokens: token -> page table -> flat slot, the key tile loaded in two halves (transposed,
 [d/2, BLOCK_N]) so rotate-half RoPE at the token's position is elementwise, S = q1 @ k1' + q2 @ k2' (fp32
 accumulation), optional soft-capping, online softmax in the exp2 domain, acc += P @ V. With one split the program
-writes the output; otherwise a normalized partial and its log2-sum-exp, merged by `_combine_splits_kernel`.
+writes the output; otherwise a normalized partial and its log2-sum-exp, merged by
+`combine_splits_kernel` (ops/sparse/triton.py).
 
 Every shape depends on host ints only (B, the page-table width, num_splits); lengths and page tables are read
 from device tensors, so a launch is sync-free. fp32 inputs use IEEE fp32 dots (they match the fp32 oracle);
@@ -22,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from infinitehip.attention.ops.sparse.triton import combine_splits_kernel  # the same merge of split partials
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 fix_interpreter_if_active()
@@ -111,27 +113,6 @@ def _paged_decode_kernel(
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
 
 
-@triton.jit
-def _combine_splits_kernel(PartOut, PartLse, Out, num_heads, num_splits, stride_ob, stride_oh,
-                           D: tl.constexpr, D_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    row = tl.program_id(0)  # b * num_heads + h
-    b = row // num_heads
-    h = row % num_heads
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, D_PAD)
-    s_ok = offs_s < num_splits
-    base = row.to(tl.int64) * num_splits
-    lse = tl.load(PartLse + base + offs_s, mask=s_ok, other=float("-inf"))
-    part = tl.load(PartOut + (base + offs_s)[:, None] * D + offs_d[None, :],
-                   mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)
-    denom = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * part, 0) / tl.where(denom > 0.0, denom, 1.0)
-    tl.store(Out + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=offs_d < D)
-
-
 def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
     """Key splits per (sequence, kv head) from host ints only (a graph's shapes follow its capacity): ~8 programs
     per SM, at least 256 keys a split (each split costs a partial write and its share of the merge), at most 64."""
@@ -185,7 +166,7 @@ def paged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
             WINDOW=window is not None, SOFTCAP=softcap is not None, num_warps=4, num_stages=2,
         )
         if split:
-            _combine_splits_kernel[(B * H,)](
+            combine_splits_kernel[(B * H,)](
                 part_out, part_lse, out, H, num_splits, out.stride(0), out.stride(1),
                 D=d, D_PAD=triton.next_power_of_2(d), SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
                 num_warps=4 if d >= 128 else 2,
