@@ -20,7 +20,9 @@ from infinitehip.attention.methods.infinitehip import method as method_module
 from infinitehip.attention.methods.infinitehip.config import PRESETS, InfiniteHiPConfig
 from infinitehip.attention.methods.infinitehip.method import InfiniteHiPAttention
 from infinitehip.attention.methods.infinitehip.positions import scoring_positions
-from infinitehip.attention.methods.infinitehip.pruning import host_limit, initial_chunks, query_blocks, sparse_limit, subdivide
+from infinitehip.attention.methods.infinitehip.pruning import (
+    host_limit, initial_chunks, query_blocks, sparse_limit, subdivide,
+)
 from infinitehip.attention.methods.infinitehip.scoring.op import chunk_scores, representative_scores
 from infinitehip.attention.common.question_selection import question_chunks
 from infinitehip.config.model import ModelConfig

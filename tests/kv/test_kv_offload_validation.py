@@ -13,7 +13,9 @@ from infinitehip.attention.ops.sparse import op as sparse  # noqa: E402
 from infinitehip.config.offload import OffloadConfig  # noqa: E402
 from infinitehip.kv.offload import OffloadedKV  # noqa: E402
 from infinitehip.kv.offload.compose import decode_tables, list_slots  # noqa: E402
-from infinitehip.kv.offload.validate import OffloadMismatchError, mirror_paged_cache, validate_against_paged  # noqa: E402
+from infinitehip.kv.offload.validate import (  # noqa: E402
+    OffloadMismatchError, mirror_paged_cache, validate_against_paged,
+)
 from infinitehip.kv.paged_cache import PagedKVCache  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
 

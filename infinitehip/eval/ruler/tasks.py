@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infinitehip.eval.niah import insert_needle
-from infinitehip.eval.sample import completion_suffix, fit_to_length, length_tolerance, prompt_length, user_message, validate_request
+from infinitehip.eval.sample import (
+    completion_suffix, fit_to_length, length_tolerance, prompt_length, user_message, validate_request,
+)
 
 from .haystacks import get_haystack
 from .needles import KINDS, draw_keys, draw_values, needle_sentence, spread_depths

@@ -24,7 +24,9 @@ from infinitehip.attention.capabilities import GraphDecode, KVOffload, PrefixCac
 from infinitehip.attention.methods.dense.method import causal_sdpa, resident_decode
 from infinitehip.attention.methods.infinitehip.decode import (StageCache, merge_question, refresh_stage, stage1_candidates,
                                                      window_width)
-from infinitehip.attention.methods.infinitehip.decode_rows import DecodeRows, attention_access, decode_rows_for, window_reader
+from infinitehip.attention.methods.infinitehip.decode_rows import (
+    DecodeRows, attention_access, decode_rows_for, window_reader,
+)
 from infinitehip.attention.methods.infinitehip.keylist.op import decode_key_list
 from infinitehip.attention.methods.infinitehip.mask_rows import MaskRows, mask_rows_for, stage_keys
 from infinitehip.attention.methods.infinitehip.offload_access import (StagedLayer, check_offload, prefill_attention_in_groups,

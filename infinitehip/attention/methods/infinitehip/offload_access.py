@@ -27,7 +27,9 @@ from typing import Callable
 
 import torch
 
-from infinitehip.attention.methods.infinitehip.bank_sizing import BankRequests, check_bank_requests, decode_bank_requests
+from infinitehip.attention.methods.infinitehip.bank_sizing import (
+    BankRequests, check_bank_requests, decode_bank_requests,
+)
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload.compose import decode_tables, list_slots

@@ -22,7 +22,9 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.methods.infinitehip.scoring.representative.cpu import representative_scores_cpu
-from infinitehip.attention.methods.infinitehip.scoring.reference import chunk_scores_reference, representative_scores_reference
+from infinitehip.attention.methods.infinitehip.scoring.reference import (
+    chunk_scores_reference, representative_scores_reference,
+)
 from infinitehip.config.impl import select_impl
 
 

@@ -33,7 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-from infinitehip.attention.methods.infinitehip.scoring.triton import _FP32_MIN, _OP_DTYPES, FP32_DOT_PRECISION, MAX_BLOCK_Q, _load_q, _max_qk
+from infinitehip.attention.methods.infinitehip.scoring.triton import (
+    _FP32_MIN, _OP_DTYPES, FP32_DOT_PRECISION, MAX_BLOCK_Q, _load_q, _max_qk,
+)
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 fix_interpreter_if_active()
