@@ -82,7 +82,7 @@ def test_pick_setting_chooses_on_tuning_genres_and_refuses_held_out(tmp_path):
         pick_setting.pick([f"u={unknown}=--x 4"])
 
 
-@pytest.mark.parametrize("haystack", ["essays", "cmudict", "code"])
+@pytest.mark.parametrize("haystack", ["essays", "cmudict", "code", "catalogs"])
 def test_variable_tracking_hides_a_chain_in_text_order(tok, haystack):
     s = make_ruler_sample(tok, "vt_chain", haystack, 3000, 0.3, seed=11, vary_haystack=True)
     assert abs(prompt_length(tok, s.messages) - 3000) <= length_tolerance(3000)
