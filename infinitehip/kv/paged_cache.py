@@ -16,6 +16,11 @@ def token_slots(page_table: torch.Tensor, tokens: torch.Tensor, page_size: int) 
     return page_table.long()[tokens // page_size] * page_size + tokens % page_size
 
 
+def is_offloaded(cache) -> bool:
+    """Whether `cache` keeps its KV in host memory behind GPU banks (`kv/offload/paged.py`): no resident pages."""
+    return getattr(cache, "is_offloaded", False)
+
+
 class PagedKVCache:
     def __init__(
         self,

@@ -15,6 +15,7 @@ from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSl
 from infinitehip.attention.capabilities import KVOffload, PrefixCaching
 from infinitehip.attention.methods.dense.paged_decode.op import paged_decode
 from infinitehip.attention.common.softcap import attend
+from infinitehip.kv.paged_cache import is_offloaded
 from infinitehip.kv.prefix_reuse import PrefixReuse
 from infinitehip.model.rotary.op import rotate_at
 
@@ -73,7 +74,7 @@ class DenseAttention(AttentionMethod, KVOffload, PrefixCaching):
 
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         """q [B, H, d] pre-RoPE, one token per sequence -> [B, H, d]: all sequences in one paged decode call."""
-        if getattr(batch.cache, "is_offloaded", False):  # no resident pages: each sequence reads through its bank
+        if is_offloaded(batch.cache):  # no resident pages: each sequence reads through its bank
             return super().decode(layer, q, seqs, batch)
         return resident_decode(layer, q, batch, softcap=self.model_config.attn_logit_softcapping)
 

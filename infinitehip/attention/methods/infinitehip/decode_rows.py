@@ -30,7 +30,8 @@ import itertools
 
 import torch
 
-from infinitehip.attention.methods.infinitehip.offload_access import decode_attention_rows, is_offloaded
+from infinitehip.attention.methods.infinitehip.offload_access import decode_attention_rows
+from infinitehip.kv.paged_cache import is_offloaded
 
 _TOKENS = itertools.count(1)
 

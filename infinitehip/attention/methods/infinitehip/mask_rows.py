@@ -22,7 +22,8 @@ import itertools
 
 import torch
 
-from infinitehip.attention.methods.infinitehip.offload_access import RepresentativeKeys, is_offloaded
+from infinitehip.attention.methods.infinitehip.offload_access import RepresentativeKeys
+from infinitehip.kv.paged_cache import is_offloaded
 
 _TOKENS = itertools.count(1)
 

@@ -45,6 +45,7 @@ from infinitehip.attention.common.repeated_text import repeated_candidates
 from infinitehip.attention.ops.sparse.op import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
+from infinitehip.kv.paged_cache import is_offloaded
 from infinitehip.kv.prefix_reuse import PrefixReuse
 from infinitehip.profiling import phase
 
@@ -400,7 +401,7 @@ class InfiniteHiPAttention(AttentionMethod, GraphDecode, KVOffload, PrefixCachin
                       first: int) -> torch.Tensor:
         """q [B, H, d] of the step's decode sequences first..first+B-1 -> [B, H, d]: each query over every key of its
         sequence at original positions; one paged op over a resident cache (as dense decodes)."""
-        if not getattr(batch.cache, "is_offloaded", False):
+        if not is_offloaded(batch.cache):
             return resident_decode(layer, q, batch, slice(first, first + len(seqs)))
         return torch.cat([_exact(q[i : i + 1], seq, seq.cache.read(layer, seq.context_slots), batch)
                           for i, seq in enumerate(seqs)])

@@ -35,16 +35,12 @@ from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload.compose import decode_tables, list_slots
 from infinitehip.kv.offload.paged import safe_rows
 from infinitehip.kv.offload.planner import CapacityError
-from infinitehip.kv.paged_cache import token_slots
+from infinitehip.kv.paged_cache import is_offloaded, token_slots
 from infinitehip.profiling import phase
 
 # score(keys, rows, cols) -> the scores of query blocks `rows` and chunks `cols` (a slice each) with their
 # representatives' keys read through keys = (k_flat, page_table, page_size).
 Score = Callable[[tuple[torch.Tensor, torch.Tensor, int], slice, slice], torch.Tensor]
-
-
-def is_offloaded(cache) -> bool:
-    return getattr(cache, "is_offloaded", False)
 
 
 class RepresentativeKeys:

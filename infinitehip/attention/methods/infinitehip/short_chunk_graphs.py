@@ -17,12 +17,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from infinitehip.attention.methods.infinitehip.offload_access import is_offloaded
 from infinitehip.attention.methods.infinitehip.pruning import host_limit
 from infinitehip.attention.methods.infinitehip.short_chunk import (ShortChunk, ShortChunkInputs, pad_rows, padded, qualifies,
                                                           question_bounds, short_chunk_attention)
 from infinitehip.attention.common.repeated_text import repeated_candidates
 from infinitehip.graph_recorders import ClosureRecorder, CudaGraphRecorder
+from infinitehip.kv.paged_cache import is_offloaded
 
 Outputs = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
 
