@@ -251,8 +251,29 @@ def combine_splits_kernel(
              mask=offs_d < D)
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
+
+
+def split_partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split-K launch's partial outputs [B, H, num_splits, d] and log2-sum-exps [B, H, num_splits] (fp32) for
+    `out` [B, H, d]; with one split the kernel writes `out` itself and both are `out` (unused)."""
+    if num_splits == 1:
+        return out, out
+    B, H, d = out.shape
+    return (torch.empty(B, H, num_splits, d, dtype=torch.float32, device=out.device),
+            torch.empty(B, H, num_splits, dtype=torch.float32, device=out.device))
+
+
+def merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
+    """Write into `out` [B, H, d] the merge of a split-K launch's partials (`split_partials`), one program per row."""
+    B, H, d = out.shape
+    num_splits = part_lse.shape[-1]
+    combine_splits_kernel[(B * H,)](
+        part_out, part_lse, out, H, num_splits, out.stride(0), out.stride(1),
+        D=d, D_PAD=triton.next_power_of_2(d), SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+        num_warps=4 if d >= 128 else 2,
+    )
 
 
 def _prep(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -361,7 +382,7 @@ def sparse_attention_prefill(
             sm_scale * _LOG2E, n, query_block_size, tiles_per_qblock, page_size, key_tokens.shape[1],
             q.stride(0), q.stride(1), k_flat.stride(0), k_flat.stride(1), v_flat.stride(0), v_flat.stride(1),
             out.stride(0), out.stride(1), key_tokens.stride(0), key_rope_pos.stride(0), cos.stride(0),
-            GROUP=group, GROUP_PAD=group_pad, HALF=half, HALF_PAD=half_pad, DOT_PRECISION=_dot_precision(q.dtype),
+            GROUP=group, GROUP_PAD=group_pad, HALF=half, HALF_PAD=half_pad, DOT_PRECISION=dot_precision(q.dtype),
             **cfg,
         )
     return out
@@ -422,11 +443,7 @@ def sparse_attention_decode(
         num_splits = default_num_splits(B, Hkv, max_keys, q.device)
     num_splits = max(1, min(int(num_splits), triton.cdiv(max_keys, block_n)))
     split = num_splits > 1
-    if split:
-        part_out = torch.empty(B, H, num_splits, d, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
-    else:
-        part_out = part_lse = out  # unused
+    part_out, part_lse = split_partials(out, num_splits)
 
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         _sparse_decode_kernel[(B, Hkv, num_splits)](
@@ -436,13 +453,9 @@ def sparse_attention_decode(
             q.stride(0), q.stride(1), k_flat.stride(0), k_flat.stride(1), v_flat.stride(0), v_flat.stride(1),
             out.stride(0), out.stride(1), page_tables.stride(0), key_tokens.stride(0), key_rope_pos.stride(0),
             cos.stride(0),
-            GROUP=group, BLOCK_H=block_h, HALF=half, HALF_PAD=half_pad, DOT_PRECISION=_dot_precision(q.dtype),
+            GROUP=group, BLOCK_H=block_h, HALF=half, HALF_PAD=half_pad, DOT_PRECISION=dot_precision(q.dtype),
             SPLIT=split, **cfg,
         )
         if split:
-            combine_splits_kernel[(B * H,)](
-                part_out, part_lse, out, H, num_splits, out.stride(0), out.stride(1),
-                D=d, D_PAD=triton.next_power_of_2(d), SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
-                num_warps=4 if d >= 128 else 2,
-            )
+            merge_splits(part_out, part_lse, out)
     return out

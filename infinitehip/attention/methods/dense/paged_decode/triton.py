@@ -8,7 +8,7 @@ in tiles of BLOCK_N tokens: token -> page table -> flat slot, the key tile loade
 [d/2, BLOCK_N]) so rotate-half RoPE at the token's position is elementwise, S = q1 @ k1' + q2 @ k2' (fp32
 accumulation), optional soft-capping, online softmax in the exp2 domain, acc += P @ V. With one split the program
 writes the output; otherwise a normalized partial and its log2-sum-exp, merged by
-`combine_splits_kernel` (ops/sparse/triton.py).
+the sparse op's `merge_splits` (ops/sparse/triton.py).
 
 Every shape depends on host ints only (B, the page-table width, num_splits); lengths and page tables are read
 from device tensors, so a launch is sync-free. fp32 inputs use IEEE fp32 dots (they match the fp32 oracle);
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infinitehip.attention.ops.sparse.triton import combine_splits_kernel  # the same merge of split partials
+from infinitehip.attention.ops.sparse.triton import dot_precision, merge_splits, split_partials  # split-K as there
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 fix_interpreter_if_active()
@@ -149,11 +149,7 @@ def paged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
         num_splits = default_num_splits(B, Hkv, max_tokens, q.device)
     num_splits = max(1, min(int(num_splits), triton.cdiv(max_tokens, block_n)))
     split = num_splits > 1
-    if split:
-        part_out = torch.empty(B, H, num_splits, d, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
-    else:
-        part_out = part_lse = out  # unused
+    part_out, part_lse = split_partials(out, num_splits)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         _paged_decode_kernel[(B, Hkv, num_splits)](
             q, k_flat, v_flat, out, part_out, part_lse, page_tables, lengths, cos, sin,
@@ -162,13 +158,9 @@ def paged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
             q.stride(0), q.stride(1), k_flat.stride(0), k_flat.stride(1), v_flat.stride(0), v_flat.stride(1),
             out.stride(0), out.stride(1), page_tables.stride(0), cos.stride(0),
             GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, HALF=half, HALF_PAD=half_pad,
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", SPLIT=split,
+            DOT_PRECISION=dot_precision(q.dtype), SPLIT=split,
             WINDOW=window is not None, SOFTCAP=softcap is not None, num_warps=4, num_stages=2,
         )
         if split:
-            combine_splits_kernel[(B * H,)](
-                part_out, part_lse, out, H, num_splits, out.stride(0), out.stride(1),
-                D=d, D_PAD=triton.next_power_of_2(d), SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
-                num_warps=4 if d >= 128 else 2,
-            )
+            merge_splits(part_out, part_lse, out)
     return out
