@@ -3,7 +3,8 @@
 # may last longer) and polls it back. A plan is a bash file of `run NAME COMMAND...` lines; each command's
 # output goes to DIR/NAME.log, and `wait_file PATH` waits for a file another call brings (the joined GGUF); the
 # commands are `python3 -m bench SUITE ...` (bench/README.md).
-#   bench/detached_gpu.sh start PLAN DIR   (returns at once)
+#   bench/detached_gpu.sh start PLAN[,PLAN...] DIR   (returns at once; several plans run one after another, so
+#                                           the most needed go first when device time is short)
 #   bench/detached_gpu.sh poll DIR SECS    (waits up to SECS for the plan to end, prints each log's tail and
 #                                           archives DIR to $OUT/results.tgz)
 # The machine is given back 30 s after a call ends, detached runs with it: poll back to back.
@@ -20,7 +21,7 @@ if [ "$cmd" = start ]; then
   setsid bash -c "export PYTHONPATH=/tmp/site:$dir/tree PYTHONUNBUFFERED=1 OUT_DIR=$dir
     run() { local name=\$1; shift; echo \"\$(date +%T) \$name\" >> $dir/progress; \"\$@\" > $dir/\$name.log 2>&1; }
     wait_file() { while [ ! -e \"\$1\" ]; do sleep 2; done; }
-    source $plan
+    for p in ${plan//,/ }; do source \$p; done
     touch $dir/done" < /dev/null > /dev/null 2>&1 &
   echo started
 else

@@ -8,8 +8,6 @@ CORPORA=${CORPORA:-.corpora}
 run mem_cascade python3 -m bench memory --method cascade --preset paper --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_cascade.json
 run mem_streaming python3 -m bench memory --method streaming --window-tokens 16316 --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_streaming.json
 run mem_infinipot python3 -m bench memory --method infinipot --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_infinipot.json
-# Whole-model prefill at 128K and 1M: cascade vs streaming at the same cache vs dense (layer-wise where it does not fit).
-run prefill python3 -m bench prefill --contexts 131072 1048576 --methods cascade streaming dense --cascade-preset paper --chunk 1024 --dense-layerwise --output $OUT_DIR/prefill_cascade.json
 run decode python3 -m bench decode --contexts 131072 1048576 --methods dense cascade:paper streaming --output $OUT_DIR/decode_cascade.json
 # One layer: HiP v1 vs infinitehip's default vs dense SDPA-flash (prefill chunk, decode).
 run hip_latency python3 -m bench method-latency --contexts 131072 1048576 --methods hip infinitehip:default --output $OUT_DIR/method_latency_hip.json
@@ -22,3 +20,5 @@ G="python3 -m bench ruler --model $MODEL_DIR/gemma.gguf --model-cache-dir $MODEL
 run ruler_hip $G --method hip --dense-layers 0 --lengths 32000 131072 --output $OUT_DIR/ruler_hip.json
 run ruler_cascade $G --method cascade --lengths 32000 131072 --output $OUT_DIR/ruler_cascade.json
 run ruler_streaming $G --method streaming --lengths 32000 131072 --output $OUT_DIR/ruler_streaming.json
+# Whole-model prefill at 128K and 1M: cascade vs streaming at the same cache vs dense (layer-wise where it does not fit).
+run prefill python3 -m bench prefill --contexts 131072 1048576 --methods cascade streaming dense --cascade-preset paper --chunk 1024 --dense-layerwise --output $OUT_DIR/prefill_cascade.json
