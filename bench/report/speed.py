@@ -119,3 +119,23 @@ def tensor_parallel(table: Table, rows: list[Row], manifest: Manifest) -> tuple[
                 r["rank0_plan"].split(": ", 1)[-1]]))
     return ["TP", "context", "TTFT s", "cold TTFT s (length)", "prefill", "decode tokens/s",
             "decode ms/step mean / median", "rank-0 peak GPU GB", "KV capacity per rank (planner)"], lines, {}
+
+
+def batch_decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    """`bench batch-decode`: one line per (method, KV, context, N) cell, and one per cell the run skipped (out of
+    memory, a refusal): a cell that did not run is said, not left out."""
+    lines = []
+    for row in rows:
+        runs = {}
+        for data, r in entries(manifest, row, "rows"):
+            runs[id(data)] = data
+            lines.append((row, [r["method"], r["mode"], f"{r['context']:,}", str(r["batch"]),
+                                f"{field(row, r, 'step_ms_median'):.2f}", f"{r['tok_s']:.1f}",
+                                f"{r['ratio_vs_batch_1']:.2f}", f"{r['bound_ms']:.2f}",
+                                f"{r['captures']} / {r['replays']}"]))
+        for data in runs.values():
+            for s in data.get("skipped") or []:
+                lines.append((row, [s["method"], s["mode"], f"{s['context']:,}", str(s["batch"]),
+                                    f"not run: {s['why']}", "-", "-", "-", "-"]))
+    return ["method", "KV", "context", "N", "decode ms/step (median)", "aggregate tokens/s", "x N=1",
+            "bytes-read bound ms", "graphs captured / replays"], lines, {}

@@ -15,19 +15,11 @@ import json
 from pathlib import Path
 
 from infinitehip.cli import eval_ruler
-from infinitehip.cli.method_options import add_method_flags
-from infinitehip.cli.options import add_dataclass_flags
-from infinitehip.config.engine import EngineConfig
-from infinitehip.config.offload import OffloadConfig
 from infinitehip.eval.ruler.runner import RulerConfig
 
 
 def add_arguments(p) -> None:
-    # the flags of `infinitehip eval ruler` (cli/eval_ruler.py), RulerConfig's --output included
-    add_dataclass_flags(p, RulerConfig, title="RULER sweep (RulerConfig)")
-    add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)")
-    add_method_flags(p)
-    add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
+    eval_ruler.add_ruler_flags(p)  # `infinitehip eval ruler`'s own flags, RulerConfig's --output included
     p.set_defaults(output=RulerConfig.output)
 
 

@@ -27,13 +27,18 @@ class RulerReportConfig:
     title: str = "RULER results"  # heading of the report
 
 
-def register(tasks) -> None:
-    p = add_command(tasks, "ruler", help="RULER-style NIAH tasks over real prose", description=__doc__)
+def add_ruler_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `run` reads; `python -m bench ruler` takes the same ones."""
     add_dataclass_flags(p, RulerConfig, title="RULER sweep (RulerConfig)")
     add_dataclass_flags(p, EngineConfig, title="engine (EngineConfig)")
     add_method_flags(p)
     add_dataclass_flags(p, OffloadConfig, title="KV offloading (OffloadConfig)")
     add_print_config_flag(p)
+
+
+def register(tasks) -> None:
+    p = add_command(tasks, "ruler", help="RULER-style NIAH tasks over real prose", description=__doc__)
+    add_ruler_flags(p)
     p.set_defaults(func=run)
     r = add_command(tasks, "ruler-report", help="markdown tables from `eval ruler` result files")
     r.add_argument("files", nargs="+", help="result JSON files of `infinitehip eval ruler`")

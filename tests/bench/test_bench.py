@@ -97,3 +97,15 @@ def test_listing_names_every_suite(capsys):
         main(["--help"])
     text = capsys.readouterr().out
     assert all(name in text for name in SUITES)
+
+
+def test_ruler_suite_takes_every_flag_of_eval_ruler():
+    """`python -m bench ruler` hands its namespace to `infinitehip eval ruler`'s run: a flag that only the product
+    registers (seen: --print-config) crashed every bench ruler command on the GPU."""
+    from bench.cli import build_parser
+    from infinitehip.cli.main import build_parser as product_parser
+
+    bench = vars(build_parser("ruler").parse_args(["ruler"]))
+    product = vars(product_parser().parse_args(["eval", "ruler"]))
+    missing = set(product) - set(bench) - {"command", "task", "func"}
+    assert not missing, sorted(missing)
