@@ -44,6 +44,11 @@ class GraphDecode(ABC):
         """Host-side key of everything the next decode step of `seq` launches besides device tensors; None: this
         step cannot be replayed from a graph (it runs eagerly)."""
 
+    def replays_each(self, method_keys: list[Hashable]) -> bool:
+        """Several sequences decode together with these graph keys: replay each one's graph in turn (True) instead
+        of one batched eager step (False, the default: a batched op reads the weights once for all)."""
+        return False
+
     def decode_rope_positions(self, capacity: int) -> int:
         """RoPE table rows a decode step sized for `capacity` tokens may read. The engine reserves them before a
         prompt's last chunk (`GraphDecoder.reserve_rope`), so the tables are not regrown, and graphs captured over

@@ -107,15 +107,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> tuple[list[Sequence], torch.Tensor]:
         """Compute the step; return the sequences that sample a token now and their logits [N, vocab]."""
-        graphs = self.graph_decoder is not None and not plan.prefill and len(plan.decode) == 1
-        if graphs and plan.decode[0].probe is None:  # a probe records on the host: eager steps only
-            seq = plan.decode[0]
-            s = self._slice(seq, 0, 1, is_prefill=False)
-            key = self.graph_decoder.key(s)
-            if key is not None:
-                logits = self.graph_decoder.step(s, seq.token_ids(seq.num_computed, seq.num_computed + 1)[0], key)
-                self._advance(seq, s, None)
-                return [seq], logits
+        if self.graph_decoder is not None and not plan.prefill and plan.decode:
+            logits = self._graph_steps(plan.decode)
+            if logits is not None:
+                return plan.decode, logits
         slices, input_ids, sample_rows, samplers = [], [], [], []
         for seq, n in plan.prefill:
             slices.append(self._slice(seq, len(input_ids), n, is_prefill=True))
@@ -140,6 +135,23 @@ class ModelRunner:
         for s, seq in zip(slices, [seq for seq, _ in plan.prefill] + plan.decode):
             self._advance(seq, s, hidden)
         return samplers, logits
+
+    def _graph_steps(self, decode: list[Sequence]) -> torch.Tensor | None:
+        """A decode-only step from CUDA graphs -> logits [N, vocab], or None (eager: nothing ran). One sequence replays
+        its graph; several replay theirs one after another only where the method says its batched eager decode is
+        slower than that (`GraphDecode.replays_each`: infinitehip's pruned decode runs each sequence apart anyway)."""
+        if any(seq.probe is not None for seq in decode):  # a probe records on the host: eager steps only
+            return None
+        slices = [self._slice(seq, 0, 1, is_prefill=False) for seq in decode]
+        keys = [self.graph_decoder.key(s) for s in slices]
+        if None in keys or (len(keys) > 1 and not self.method.replays_each([k[1] for k in keys])):
+            return None
+        out = []
+        for seq, s, key in zip(decode, slices, keys):
+            logits = self.graph_decoder.step(s, seq.token_ids(seq.num_computed, seq.num_computed + 1)[0], key)
+            out.append(logits if len(decode) == 1 else logits.clone())  # the next replay rewrites a graph's output
+            self._advance(seq, s, None)
+        return out[0] if len(out) == 1 else torch.cat(out)
 
     @torch.inference_mode()
     def run_graph_ahead(self, seq: Sequence) -> torch.Tensor | None:

@@ -53,3 +53,48 @@ def test_past_the_trained_length_auto_prunes_only_the_chunks_beyond_it(tiny_llam
     assert len(seq.output_ids) == 4
     assert pruned_contexts and min(pruned_contexts) > TRAINED  # chunks within the trained length ran exactly
     assert max(pruned_contexts) == len(ids)  # the prompt's last chunk was pruned
+
+
+def test_auto_decode_replays_graphs_within_and_past_the_trained_length(tiny_llama_dir):
+    """Graph decode (CUDA-graph semantics on CPU): the steps within the trained length replay one exact graph (dense's
+    paged op, no host state), the steps past it switch to the pruned keys; tokens and logits are the eager engine's."""
+    from conftest import closure_graph_decoder
+    from infinitehip.attention.methods.infinitehip.method import EXACT_STEP
+
+    ids, steps = random_ids(TRAINED - 4, seed=8), 10
+
+    def run(graphs: bool):
+        engine = engine_for_dir(tiny_llama_dir, method="auto", max_context_tokens=8192, prefill_chunk_size=1024)
+        keys = []
+        if graphs:
+            decoder = closure_graph_decoder(engine, min_bucket=256)
+            key = decoder.key
+            decoder.key = lambda seq: keys.append(key(seq)) or keys[-1]
+        logits = record_step_logits(engine)
+        seq = generate_greedy(engine, ids, steps)
+        return seq.output_ids, torch.cat([x[-1:] for x in logits]), keys, engine.runner.graph_decoder
+
+    eager_ids, eager_logits, _, _ = run(False)
+    ids_g, logits_g, keys, decoder = run(True)
+    assert ids_g == eager_ids
+    torch.testing.assert_close(logits_g, eager_logits, rtol=1e-5, atol=1e-5)
+    method_keys = [None if k is None else k[1] for k in keys]
+    exact = [k == EXACT_STEP for k in method_keys]
+    assert exact[:3] == [True] * 3 and not any(exact[5:])  # within: exact; past TRAINED: pruned (or eager)
+    assert decoder.replays >= 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+@pytest.mark.parametrize("method", ["dense", "auto"])
+def test_cuda_graph_decode_equals_eager_on_the_gpu(tiny_llama_dir, method):
+    """Real CUDA graphs of dense's paged decode op (dense, and auto within the trained length): captured, replayed,
+    the same greedy tokens as the eager engine."""
+    ids = random_ids(600, seed=9)
+    runs = {}
+    for graphs in (False, True):
+        engine = engine_for_dir(tiny_llama_dir, method=method, device="cuda", max_context_tokens=2048,
+                                prefill_chunk_size=256, cuda_graphs=graphs)
+        runs[graphs] = (generate_greedy(engine, ids, 24).output_ids, engine.runner.graph_decoder)
+    assert runs[True][0] == runs[False][0]
+    decoder = runs[True][1]
+    assert decoder is not None and decoder.captures >= 1 and decoder.replays >= 20

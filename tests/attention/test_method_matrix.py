@@ -330,8 +330,10 @@ def test_every_graph_decode_method_keys_steps_and_replays_what_eager_decodes(tin
     assert generate_greedy(engine, ids, 10).output_ids == eager
     assert len(keys) == len(eager_keys) == 9 and all(k is None or hash(k) is not None for k in keys)
     assert [None if k is None else k[1] for k in keys] == eager_keys  # (capacity bucket, method key)
-    if method == "infinitehip":  # beyond the budgets (auto: within the trained length, exact and eager)
+    if method == "infinitehip":  # beyond the budgets: a graph per refresh pattern
         assert graphs.replays > 0 and len({k for k in keys if k is not None}) > 1
+    if method in ("dense", "auto"):  # one exact graph (auto: within the trained length), replayed from step 2 on
+        assert None not in keys and len(set(keys)) == 1 and graphs.replays == len(keys) - 1
 
 
 class _PlainAttention(AttentionMethod):

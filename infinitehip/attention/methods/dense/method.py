@@ -2,7 +2,8 @@
 
 Prefill chunks gather their sequence's keys, rotate them and run causal SDPA. Decode runs every decode sequence of
 the step in one paged op (`paged_decode/`): each cache page read once, keys rotated as they are read, split-K over
-the pages on CUDA; it reads positions and page tables from the batch's device tensors, so it is sync-free.
+the pages on CUDA; it reads positions and page tables from the batch's device tensors and its shapes follow the
+page-table width only, so a step replays from a CUDA graph (GraphDecode) at any position of its capacity bucket.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
-from infinitehip.attention.capabilities import KVOffload, PrefixCaching
+from infinitehip.attention.capabilities import GraphDecode, KVOffload, PrefixCaching
 from infinitehip.attention.methods.dense.paged_decode.op import paged_decode
 from infinitehip.attention.common.softcap import attend
 from infinitehip.kv.paged_cache import is_offloaded
@@ -53,9 +54,14 @@ def softcapped_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offse
     return out
 
 
-class DenseAttention(AttentionMethod, KVOffload, PrefixCaching):
+class DenseAttention(AttentionMethod, GraphDecode, KVOffload, PrefixCaching):
     name = "dense"
     supports_attn_softcapping = True
+
+    def graph_key(self, seq: SequenceSlice) -> tuple | None:
+        """Every resident step launches the same paged op (no host state); an offloaded one reads its bank from the
+        host per sequence: eager."""
+        return None if is_offloaded(seq.cache) else ("dense",)
 
     def check_offload(self, offload, max_context_tokens: int, max_num_seqs: int) -> None:
         """Dense reads every key with `cache.read`, which an offloaded cache serves through its attention bank in

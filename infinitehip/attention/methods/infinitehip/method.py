@@ -49,6 +49,8 @@ from infinitehip.kv.paged_cache import is_offloaded
 from infinitehip.kv.prefix_reuse import PrefixReuse
 from infinitehip.profiling import phase
 
+EXACT_STEP = ("exact",)  # graph key of a decode step attended exactly (dense_within_trained)
+
 
 @dataclass
 class InfiniteHiPState:
@@ -324,8 +326,8 @@ class InfiniteHiPAttention(AttentionMethod, GraphDecode, KVOffload, PrefixCachin
 
     def graph_key(self, seq: SequenceSlice) -> tuple | None:
         state: InfiniteHiPState = seq.state
-        if self.within_trained(seq.context_len):
-            return None  # exact attention over a context that grows each step: eager
+        if self.within_trained(seq.context_len):  # dense's paged op: no host state, shapes by the capacity bucket
+            return None if is_offloaded(seq.cache) else EXACT_STEP
         if not self.graph_capturable() or any(c is None for c in state.stage_cache):
             return None  # the first decode step allocates the stage caches: it runs eagerly
         steps = state.decode_steps  # the layers' step counters agree (one pattern for the step) unless a step stopped
@@ -336,6 +338,11 @@ class InfiniteHiPAttention(AttentionMethod, GraphDecode, KVOffload, PrefixCachin
         masks = isinstance(state.mask_rows, MaskRows) and state.mask_rows.reusable(pattern, state.decode_steps[0])
         return pattern, self.group(seq.context_len), kept, masks
 
+    def replays_each(self, method_keys: list) -> bool:
+        """Pruned steps: the eager batch runs each sequence's stages apart (a Python loop of launches), slower than
+        each sequence's graph in turn; exact steps share one batched paged op, which reads the weights once."""
+        return EXACT_STEP not in method_keys
+
     def host_counters(self, state: InfiniteHiPState) -> tuple:
         return list(state.decode_steps), list(state.refreshes)
 
@@ -343,6 +350,8 @@ class InfiniteHiPAttention(AttentionMethod, GraphDecode, KVOffload, PrefixCachin
         state.decode_steps[:], state.refreshes[:] = counters[0], counters[1]
 
     def advance_host_counters(self, state: InfiniteHiPState, key: tuple) -> None:
+        if key == EXACT_STEP:  # an exact step advances no pruning counter (decode runs the paged op alone)
+            return
         pattern = key[0]
         for kept in filter(None, (state.decode_rows, state.mask_rows)):  # a replay ran no Python: their host state
             kept.after_replay(pattern)
