@@ -31,7 +31,7 @@ $(GEMMA_STAMP): $(STAMP)
 	$(PY) -c "from infinitehip.model.builtin import gemma3_270m_path; print(gemma3_270m_path())"
 	touch $(GEMMA_STAMP)
 
-.PHONY: install install-gemma demo test test-all
+.PHONY: test-slow install install-gemma demo test test-all
 
 install: $(STAMP)
 
@@ -46,6 +46,11 @@ demo: $(STAMP)
 # the workers in collection order, which tests/conftest.py makes longest first (--no-loadscope-reorder keeps it).
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n auto --dist loadfile --no-loadscope-reorder
+
+# The tests marked slow alone, as `make test` runs the rest: CI runs both (.ci/run), so `make test` stays the
+# ~5-minute loop of a change and nothing goes untested.
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow -n auto --dist loadfile
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q

@@ -269,6 +269,7 @@ def test_pot_sizes_follow_the_model_unless_given(llama3, tokenizer):
     assert (method.config.pot_tokens, method.config.compressed_tokens) == (2048, 512)
 
 
+@pytest.mark.slow  # a real-model retrieval (10-16 s of CPU): CI's slow pass (make test-slow)
 def test_embedded_model_finds_passkey_beyond_a_small_pot():
     """~3K-token prompt, 1024-slot pot (the prompt passes through ~3 distillations) with the general catalyst."""
     loaded = load_model(None, default_cache_root(), torch.device("cpu"), torch.float32)

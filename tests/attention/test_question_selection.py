@@ -182,6 +182,7 @@ def embedded_llm():
     return LLM(method="tokenselect", method_config=config, max_context_tokens=4200, show_progress=False, device="cpu")
 
 
+@pytest.mark.slow  # a real-model retrieval (10-16 s of CPU): CI's slow pass (make test-slow)
 def test_oracle_answers_a_real_prompt_the_method_misses(embedded_llm):
     """The oracle separates a selection miss from a reading miss: same prompt, same method, needle forced in."""
     llm = embedded_llm

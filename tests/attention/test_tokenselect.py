@@ -225,6 +225,7 @@ def test_equals_dense_when_the_budget_covers_the_context(tiny_llama_dir, impl):
     assert stats["hits"] + stats["misses"] == 2 * 5  # 2 layers x 5 decode steps (token 1 comes from prefill)
 
 
+@pytest.mark.slow  # a real-model retrieval (10-16 s of CPU): CI's slow pass (make test-slow)
 def test_embedded_model_finds_passkey_with_a_small_budget():
     from infinitehip import LLM, EngineConfig
     from infinitehip.engine.llm_engine import LLMEngine

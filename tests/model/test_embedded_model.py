@@ -96,6 +96,7 @@ def test_bf16_cache_logits_within_rounding_of_fp32_conversion(embedded):
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.95
 
 
+@pytest.mark.slow  # a real-model retrieval (10-16 s of CPU): CI's slow pass (make test-slow)
 def test_embedded_model_finds_passkey(embedded):
     llm = LLM.from_engine(_engine(embedded, max_context_tokens=2048))
     for depth, seed in ((0.2, 11), (0.8, 12)):

@@ -96,6 +96,7 @@ def test_hidden_states_and_logits_match_transformers(gemma_dir, tokenizer, loade
     assert (got - ref).abs().max().item() <= 3 * spread + 1e-3
 
 
+@pytest.mark.slow  # a real-model retrieval (10-16 s of CPU): CI's slow pass (make test-slow)
 def test_real_prose_needle_is_answered_with_the_completion_form(loaded):
     """A base model (no chat template): `eval ruler`'s prompt ends with "Answer: The secret code word for the ... is",
     which Gemma 3 270M continues with the hidden code word (dense, fp32, 2K tokens: the prompt crosses the 512-token

@@ -13,7 +13,11 @@ from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.server.app import create_app
 from tests.server.test_server import ServerThread
 
-langchain_openai = pytest.importorskip("langchain_openai")
+@pytest.fixture(scope="module")
+def langchain_openai():
+    """Imported by the test that uses it, not at collection: every xdist worker collects every module, and the
+    import takes seconds."""
+    return pytest.importorskip("langchain_openai")
 
 
 class City(BaseModel):
@@ -21,7 +25,7 @@ class City(BaseModel):
     population: int
 
 
-def test_with_structured_output_returns_a_valid_object():
+def test_with_structured_output_returns_a_valid_object(langchain_openai):
     import openai
 
     engine = LLMEngine(EngineConfig(max_context_tokens=1024, kv_cache_tokens=8192, device="cpu", dtype="float32",

@@ -11,10 +11,14 @@ from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.server.app import create_app
 from tests.server.test_server import ServerThread
 
-litellm = pytest.importorskip("litellm")
+@pytest.fixture(scope="module")
+def litellm():
+    """Imported by the test that uses it, not at collection: every xdist worker collects every module, and the
+    import takes seconds."""
+    return pytest.importorskip("litellm")
 
 
-def test_over_context_error_is_a_context_window_error_for_litellm():
+def test_over_context_error_is_a_context_window_error_for_litellm(litellm):
     engine = LLMEngine(EngineConfig(max_context_tokens=512, kv_cache_tokens=4096, device="cpu", dtype="float32",
                                     show_progress=False))
     with ServerThread(create_app(engine, ServerConfig(served_model_name="smol"))) as url:

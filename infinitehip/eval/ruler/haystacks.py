@@ -34,13 +34,15 @@ from typing import Any, Callable
 from infinitehip.eval import haystack as essays
 
 from . import corpora
+from .token_cache import cached_token_ids
 from .corpora import load_pydoc_prose, load_sotu_speeches  # noqa: F401 (re-exported: tests, older callers)
 
 __all__ = ["HAYSTACKS", "HELD_OUT", "TUNING", "Haystack", "get_haystack", "load_pydoc_prose", "load_sotu_speeches"]
 
 
 class _PerTokenizer:
-    """Token ids of one corpus, cached per tokenizer object (weakly where the tokenizer allows it)."""
+    """Token ids of one corpus, cached per tokenizer object (weakly where the tokenizer allows it) and on disk
+    (token_cache.py: every process tokenized each corpus again)."""
 
     def __init__(self, text: Callable[[], str]) -> None:
         self._text = text
@@ -54,7 +56,8 @@ class _PerTokenizer:
             hit = self._strong.get(id(tokenizer))
             ids = hit[1] if hit is not None and hit[0] is tokenizer else None
         if ids is None:
-            ids = list(tokenizer.encode(self._text() + corpora.SEPARATOR, add_special_tokens=False))
+            ids = cached_token_ids(self._text() + corpora.SEPARATOR, tokenizer,
+                                   lambda text: list(tokenizer.encode(text, add_special_tokens=False)))
             try:
                 self._weak[tokenizer] = ids
             except TypeError:
