@@ -2,19 +2,22 @@
 # bf16 weights (`--model random8b`) for memory and speed; the embedded SmolLM2 for the passkey; Gemma 3 270M for the
 # real-text suite (MODEL_DIR holds gemma.gguf, bench/device_models.py; CORPORA the exported texts).
 # Rows of docs/results.md (file each JSON with `python -m bench.report add`).
+# The embedded SmolLM2 travels as a model too (the GPU machine lacks its package): carry .gguf/smol.part0* and run
+# `python3 -m bench.device_models join MODEL_DIR smol` after the last part, as for Gemma.
 MODEL_DIR=${MODEL_DIR:-/root}
 CORPORA=${CORPORA:-.corpora}
+wait_file $MODEL_DIR/smol_ready
 # KV memory constant in the input length: cascade (paper preset) beside streaming and InfiniPot at 32K-1M.
-run mem_cascade python3 -m bench memory --method cascade --preset paper --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_cascade.json
-run mem_streaming python3 -m bench memory --method streaming --window-tokens 16316 --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_streaming.json
-run mem_infinipot python3 -m bench memory --method infinipot --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_infinipot.json
+run mem_cascade python3 -m bench memory --tokenizer-model $MODEL_DIR/smol.gguf --model-cache-dir $MODEL_DIR/cache --method cascade --preset paper --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_cascade.json
+run mem_streaming python3 -m bench memory --tokenizer-model $MODEL_DIR/smol.gguf --model-cache-dir $MODEL_DIR/cache --method streaming --window-tokens 16316 --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_streaming.json
+run mem_infinipot python3 -m bench memory --tokenizer-model $MODEL_DIR/smol.gguf --model-cache-dir $MODEL_DIR/cache --method infinipot --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_infinipot.json
 run decode python3 -m bench decode --contexts 131072 1048576 --methods dense cascade:paper streaming --output $OUT_DIR/decode_cascade.json
 # One layer: HiP v1 vs infinitehip's default vs dense SDPA-flash (prefill chunk, decode).
 run hip_latency python3 -m bench method-latency --contexts 131072 1048576 --methods hip infinitehip:default --output $OUT_DIR/method_latency_hip.json
 # Accuracy: passkey on the embedded model, cascade (a 64K cache) vs streaming at the same size; hip at 32K-128K.
-run passkey_cascade python3 -m bench accuracy --method cascade --preset paper-65k --lengths 32768 131072 1048576 --output $OUT_DIR/passkey_cascade.json
-run passkey_streaming python3 -m bench accuracy --method streaming --sink-tokens 64 --window-tokens 65472 --lengths 32768 131072 1048576 --output $OUT_DIR/passkey_streaming.json
-run passkey_hip python3 -m bench accuracy --method hip --lengths 32768 131072 --output $OUT_DIR/passkey_hip.json
+run passkey_cascade python3 -m bench accuracy --model $MODEL_DIR/smol.gguf --model-cache-dir $MODEL_DIR/cache --method cascade --preset paper-65k --lengths 32768 131072 1048576 --output $OUT_DIR/passkey_cascade.json
+run passkey_streaming python3 -m bench accuracy --model $MODEL_DIR/smol.gguf --model-cache-dir $MODEL_DIR/cache --method streaming --sink-tokens 64 --window-tokens 65472 --lengths 32768 131072 1048576 --output $OUT_DIR/passkey_streaming.json
+run passkey_hip python3 -m bench accuracy --model $MODEL_DIR/smol.gguf --model-cache-dir $MODEL_DIR/cache --method hip --lengths 32768 131072 --output $OUT_DIR/passkey_hip.json
 wait_file $MODEL_DIR/gemma_ready
 G="python3 -m bench ruler --model $MODEL_DIR/gemma.gguf --model-cache-dir $MODEL_DIR/cache --prefill-chunk-size 32768 --plots false --haystack-dir $CORPORA --tasks niah_single_word --seeds 0 --samples-per-depth 1 --haystacks sotu essays code"
 run ruler_hip $G --method hip --dense-layers 0 --lengths 32000 131072 --output $OUT_DIR/ruler_hip.json

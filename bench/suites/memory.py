@@ -44,6 +44,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--method", choices=tuple(COMPACTION), default="infinipot",
                         help="a fixed-memory method: infinipot (default), cascade or streaming")
     models.add_model_flags(parser, default="embedded")
+    parser.add_argument("--tokenizer-model", default="embedded",
+                        help="with a random model: the model whose tokenizer it runs with (InfiniPot's catalyst "
+                             "prompt), e.g. a carried smol.gguf where the embedded package is not installed")
     parser.add_argument("--prefill-chunk-size", type=parse_int, default=EngineConfig.prefill_chunk_size)
     parser.add_argument("--decode-steps", type=int, default=64)
     parser.add_argument("--device", default="cuda")
@@ -66,7 +69,7 @@ def run(args, out) -> dict:
     phase_name = COMPACTION[args.method]
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    embedded = models.load("embedded" if models.is_random(args.model) else args.model, device, dtype,
+    embedded = models.load(args.tokenizer_model if models.is_random(args.model) else args.model, device, dtype,
                            getattr(args, "model_cache_dir", None))
     if models.is_random(args.model):
         random = models.load(args.model, device, dtype)
