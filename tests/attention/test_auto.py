@@ -59,7 +59,7 @@ def test_auto_decode_replays_graphs_within_and_past_the_trained_length(tiny_llam
     """Graph decode (CUDA-graph semantics on CPU): the steps within the trained length replay one exact graph (dense's
     paged op, no host state), the steps past it switch to the pruned keys; tokens and logits are the eager engine's."""
     from conftest import closure_graph_decoder
-    from infinitehip.attention.methods.infinitehip.method import EXACT_STEP
+    from infinitehip.attention.methods.infinitehip.graph_hooks import EXACT_STEP
 
     ids, steps = random_ids(TRAINED - 4, seed=8), 10
 

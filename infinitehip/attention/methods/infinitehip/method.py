@@ -13,22 +13,21 @@ Offloaded KV: decode steps reuse the bank rows of earlier steps where they are u
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, KVSizing, SequenceSlice
-from infinitehip.attention.capabilities import GraphDecode, KVOffload, PrefixCaching, TensorParallelHeads
+from infinitehip.attention.capabilities import KVOffload, TensorParallelHeads
 from infinitehip.attention.methods.dense.method import causal_sdpa, resident_decode
 from infinitehip.attention.methods.infinitehip.decode import (StageCache, merge_question, refresh_stage, stage1_candidates,
                                                      window_width)
 from infinitehip.attention.methods.infinitehip.decode_rows import (
-    DecodeRows, attention_access, decode_rows_for, window_reader,
+    attention_access, decode_rows_for, window_reader,
 )
 from infinitehip.attention.methods.infinitehip.keylist.op import decode_key_list
-from infinitehip.attention.methods.infinitehip.mask_rows import MaskRows, mask_rows_for, stage_keys
+from infinitehip.attention.methods.infinitehip.mask_rows import mask_rows_for, stage_keys
 from infinitehip.attention.methods.infinitehip.offload_access import (StagedLayer, check_offload, prefill_attention_in_groups,
                                                               question_key_reader, scoring_access, stage_prefill_layer)
 from infinitehip.attention.methods.infinitehip.pending.op import queue_query
@@ -38,6 +37,9 @@ from infinitehip.attention.methods.infinitehip.pruning import (QueryBlocks, Stag
 from infinitehip.attention.methods.infinitehip.repeated_chunks import decode_novel, prompt_novel
 from infinitehip.attention.ops.chunk_merge.op import merge_chunks
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.graph_hooks import InfiniteHiPGraphHooks
+from infinitehip.attention.methods.infinitehip.prefix_hooks import InfiniteHiPPrefixHooks
+from infinitehip.attention.methods.infinitehip.state import InfiniteHiPState
 from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
 from infinitehip.attention.methods.infinitehip.short_chunk_graphs import ShortChunkGraphs, prefill_short_chunk
 from infinitehip.attention.common.question_selection import question_chunks
@@ -46,38 +48,7 @@ from infinitehip.attention.ops.sparse.op import sparse_attention_decode, sparse_
 from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.paged_cache import is_offloaded
-from infinitehip.kv.prefix_reuse import PrefixReuse
 from infinitehip.profiling import phase
-
-EXACT_STEP = ("exact",)  # graph key of a decode step attended exactly (dense_within_trained)
-
-
-@dataclass
-class InfiniteHiPState:
-    """Per sequence: each layer's cached stage outputs (allocated at the first decode step) and step counter."""
-
-    stage_cache: list[list[StageCache] | None]
-    decode_steps: list[int]
-    # Landmark saliency of decode queries is applied at the next refresh (see decode): per layer, the queries
-    # not applied yet [P, H, d] and their positions [P] (-1: empty), P = min(refresh_intervals).
-    pending_q: list[torch.Tensor | None] = field(default_factory=list)
-    pending_pos: list[torch.Tensor | None] = field(default_factory=list)
-    refreshes: list[int] = field(default_factory=list)  # stage recomputations in decode, per stage
-    # Question-time selection per layer (question_tokens > 0): final-stage chunks (starts [E], lens [E]) the
-    # answer attends, and the last question_tokens pre-RoPE prefill queries [<= question_tokens, H, d].
-    question: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
-    recent_q: list[torch.Tensor | None] = field(default_factory=list)
-    # The last stage's chunks joined with the question's (starts, lens [C + E]), updated in place when the last
-    # stage refreshes: the join then runs once per refresh, not at every decode step.
-    question_merged: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
-    # Offloaded KV: the attention-bank rows of each layer's last key list, reused by steps that refresh no stage
-    # (decode_rows.py); None until the first decode step, False when the cache cannot keep them.
-    decode_rows: DecodeRows | bool | None = None
-    mask_rows: MaskRows | bool | None = None  # the same for the last stage's mask-bank rows (mask_rows.py)
-    # hierarchy_repeat_span > 0 (repeated_chunks.py): the prompt's stage-1 chunks of new text [N] bool, and per
-    # decode stage-1 candidate count that mask cut or padded to it.
-    novel: torch.Tensor | None = None
-    novel_by_width: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def _forced(probe, device: torch.device) -> torch.Tensor | None:
@@ -85,7 +56,8 @@ def _forced(probe, device: torch.device) -> torch.Tensor | None:
     return probe.on(device) if probe is not None and probe.oracle else None
 
 
-class InfiniteHiPAttention(AttentionMethod, GraphDecode, KVOffload, PrefixCaching, TensorParallelHeads):
+class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, InfiniteHiPPrefixHooks,
+                           TensorParallelHeads):
     name = "infinitehip"
 
     def __init__(self, model_config: ModelConfig, config: InfiniteHiPConfig | None = None):
@@ -122,39 +94,6 @@ class InfiniteHiPAttention(AttentionMethod, GraphDecode, KVOffload, PrefixCachin
         return InfiniteHiPState(stage_cache=[None] * L, decode_steps=[0] * L, refreshes=[0] * S,
                                 pending_q=[None] * L, pending_pos=[None] * L, question=[None] * L, recent_q=[None] * L,
                                 question_merged=[None] * L)
-
-    # ---- prefix caching ----------------------------------------------------------------------------------
-    def prefix_reuse(self) -> PrefixReuse:
-        """Prefill selection depends on the chunk (its context length; landmark saliency from the chunk's later
-        queries): exact on the prefill-chunk grid only. Landmark saliency of a key changes until `landmark_window`
-        later queries saw it: the keys of that window before the boundary are private copies, their sums restored
-        from a snapshot taken at the boundary, with the last question_tokens queries before it (a short question's
-        vote reads them). The rest of the state (stage caches, question selection) is made after the boundary.
-        Without landmark saliency there is no snapshot: the question's queries are recomputed instead."""
-        if self.saliency is None:
-            return PrefixReuse(chunk_aligned=True, min_recompute_tokens=max(1, self.config.question_tokens))
-        return PrefixReuse(chunk_aligned=True, private_tail_tokens=self.config.landmark_window - 1)
-
-    def prefix_snapshot(self, cache, slots: torch.Tensor, state: InfiniteHiPState | None = None):
-        if self.saliency is None:
-            return None
-        out = {f"{kind}.{layer}": t for layer, (total, count) in self.saliency.snapshot(slots).items()
-               for kind, t in (("sum", total), ("count", count))}
-        for layer, q in enumerate(state.recent_q if state is not None else []):
-            if q is not None:  # [<= question_tokens, H, d]: the queries a question after the boundary votes with
-                out[f"recent_q.{layer}"] = q.to("cpu", copy=True)
-        return out
-
-    def restore_prefix(self, cache, slots: torch.Tensor, snapshot, state: InfiniteHiPState | None = None) -> None:
-        if self.saliency is None or snapshot is None:
-            return
-        layers = sorted(int(name.split(".")[1]) for name in snapshot if name.startswith("sum."))
-        self.saliency.restore(cache, slots, {layer: (snapshot[f"sum.{layer}"], snapshot[f"count.{layer}"])
-                                             for layer in layers})
-        if state is not None:
-            for name, q in snapshot.items():
-                if name.startswith("recent_q."):
-                    state.recent_q[int(name.split(".")[1])] = q.to(cache.device)
 
     def _impl(self, x: torch.Tensor) -> str:
         """Every op's implementation for x's device (config/impl.py): Triton on CUDA; on CPU the ops' CPU
@@ -314,51 +253,11 @@ class InfiniteHiPAttention(AttentionMethod, GraphDecode, KVOffload, PrefixCachin
         step = state.decode_steps[layer]
         return tuple(state.stage_cache[layer] is None or step % r == 0 for r in self.config.refresh_intervals)
 
-    def graph_capturable(self) -> bool:
-        """The decode step launches the same kernels for any position (landmark + Triton: no host sync)."""
-        return self.config.representative == "landmark" and self.config.impl in ("auto", "triton")
-
     def group(self, context_len: int) -> int:
         """The `dynamic` styles' position group at this context (1 unless a style uses it)."""
         c = self.config
         uses = "dynamic" in (c.early_pruning_rope, c.late_pruning_rope, c.attention_rope)
         return group_size(context_len, self.trained_len) if uses else 1
-
-    def graph_key(self, seq: SequenceSlice) -> tuple | None:
-        state: InfiniteHiPState = seq.state
-        if self.within_trained(seq.context_len):  # dense's paged op: no host state, shapes by the capacity bucket
-            return None if is_offloaded(seq.cache) else EXACT_STEP
-        if not self.graph_capturable() or any(c is None for c in state.stage_cache):
-            return None  # the first decode step allocates the stage caches: it runs eagerly
-        steps = state.decode_steps  # the layers' step counters agree (one pattern for the step) unless a step stopped
-        if steps.count(steps[0]) != len(steps):  # midway: a graph runs every layer's step at once
-            return None
-        pattern = self.refresh_pattern(state, 0)  # + whether the step has the kept attention-bank rows (decode_rows.py)
-        kept = isinstance(state.decode_rows, DecodeRows) and state.decode_rows.kept_step(state.decode_steps)
-        masks = isinstance(state.mask_rows, MaskRows) and state.mask_rows.reusable(pattern, state.decode_steps[0])
-        return pattern, self.group(seq.context_len), kept, masks
-
-    def replays_each(self, method_keys: list) -> bool:
-        """Pruned steps: the eager batch runs each sequence's stages apart (a Python loop of launches), slower than
-        each sequence's graph in turn; exact steps share one batched paged op, which reads the weights once."""
-        return EXACT_STEP not in method_keys
-
-    def host_counters(self, state: InfiniteHiPState) -> tuple:
-        return list(state.decode_steps), list(state.refreshes)
-
-    def set_host_counters(self, state: InfiniteHiPState, counters: tuple) -> None:
-        state.decode_steps[:], state.refreshes[:] = counters[0], counters[1]
-
-    def advance_host_counters(self, state: InfiniteHiPState, key: tuple) -> None:
-        if key == EXACT_STEP:  # an exact step advances no pruning counter (decode runs the paged op alone)
-            return
-        pattern = key[0]
-        for kept in filter(None, (state.decode_rows, state.mask_rows)):  # a replay ran no Python: their host state
-            kept.after_replay(pattern)
-        for layer in range(self.model_config.num_layers):
-            state.decode_steps[layer] += 1
-        for s, refreshed in enumerate(pattern):
-            state.refreshes[s] += self.model_config.num_layers * int(refreshed)
 
     def _stage_caches(self, state: InfiniteHiPState, layer: int, device: torch.device) -> list[StageCache]:
         if state.stage_cache[layer] is None:
@@ -388,11 +287,6 @@ class InfiniteHiPAttention(AttentionMethod, GraphDecode, KVOffload, PrefixCachin
             self.saliency.update_decode(layer, pending_q, pending_pos, page_table, batch.cache, batch.rope, read_keys,
                                         impl=self._impl(q))
             pending_pos.fill_(-1)
-
-    def decode_rope_positions(self, capacity: int) -> int:
-        # positions every RoPE style may ask for: the capacity, its stage-1 candidates' ranks, the stream
-        c = self.config
-        return capacity + stage1_candidates(capacity, c.sink_tokens, c.chunk_sizes[0]) + c.stream_tokens + 2
 
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         """Sync-free decode (decode.py): fixed shapes, positions from batch.decode_positions; CUDA-graph capturable.

@@ -1,0 +1,65 @@
+"""InfiniteHiP's CUDA-graph decode hooks (attention/capabilities.GraphDecode): which graph a decode step replays,
+and the host counters a replay advances by hand. A mixin of `InfiniteHiPAttention`: the hooks read its config, its
+refresh pattern and the sequence's state (state.py)."""
+
+from __future__ import annotations
+
+from infinitehip.attention.base import SequenceSlice
+from infinitehip.attention.capabilities import GraphDecode
+from infinitehip.attention.methods.infinitehip.decode import stage1_candidates
+from infinitehip.attention.methods.infinitehip.decode_rows import DecodeRows
+from infinitehip.attention.methods.infinitehip.mask_rows import MaskRows
+from infinitehip.attention.methods.infinitehip.state import InfiniteHiPState
+from infinitehip.kv.paged_cache import is_offloaded
+
+EXACT_STEP = ("exact",)  # graph key of a decode step attended exactly (dense_within_trained)
+
+
+class InfiniteHiPGraphHooks(GraphDecode):
+    """The GraphDecode hooks of InfiniteHiPAttention (which provides config, model_config, within_trained,
+    refresh_pattern and group)."""
+
+    def graph_capturable(self) -> bool:
+        """The decode step launches the same kernels for any position (landmark + Triton: no host sync)."""
+        return self.config.representative == "landmark" and self.config.impl in ("auto", "triton")
+
+    def graph_key(self, seq: SequenceSlice) -> tuple | None:
+        state: InfiniteHiPState = seq.state
+        if self.within_trained(seq.context_len):  # dense's paged op: no host state, shapes by the capacity bucket
+            return None if is_offloaded(seq.cache) else EXACT_STEP
+        if not self.graph_capturable() or any(c is None for c in state.stage_cache):
+            return None  # the first decode step allocates the stage caches: it runs eagerly
+        steps = state.decode_steps  # the layers' step counters agree (one pattern for the step) unless a step stopped
+        if steps.count(steps[0]) != len(steps):  # midway: a graph runs every layer's step at once
+            return None
+        pattern = self.refresh_pattern(state, 0)  # + whether the step has the kept attention-bank rows (decode_rows.py)
+        kept = isinstance(state.decode_rows, DecodeRows) and state.decode_rows.kept_step(state.decode_steps)
+        masks = isinstance(state.mask_rows, MaskRows) and state.mask_rows.reusable(pattern, state.decode_steps[0])
+        return pattern, self.group(seq.context_len), kept, masks
+
+    def replays_each(self, method_keys: list) -> bool:
+        """Pruned steps: the eager batch runs each sequence's stages apart (a Python loop of launches), slower than
+        each sequence's graph in turn; exact steps share one batched paged op, which reads the weights once."""
+        return EXACT_STEP not in method_keys
+
+    def host_counters(self, state: InfiniteHiPState) -> tuple:
+        return list(state.decode_steps), list(state.refreshes)
+
+    def set_host_counters(self, state: InfiniteHiPState, counters: tuple) -> None:
+        state.decode_steps[:], state.refreshes[:] = counters[0], counters[1]
+
+    def advance_host_counters(self, state: InfiniteHiPState, key: tuple) -> None:
+        if key == EXACT_STEP:  # an exact step advances no pruning counter (decode runs the paged op alone)
+            return
+        pattern = key[0]
+        for kept in filter(None, (state.decode_rows, state.mask_rows)):  # a replay ran no Python: their host state
+            kept.after_replay(pattern)
+        for layer in range(self.model_config.num_layers):
+            state.decode_steps[layer] += 1
+        for s, refreshed in enumerate(pattern):
+            state.refreshes[s] += self.model_config.num_layers * int(refreshed)
+
+    def decode_rope_positions(self, capacity: int) -> int:
+        # positions every RoPE style may ask for: the capacity, its stage-1 candidates' ranks, the stream
+        c = self.config
+        return capacity + stage1_candidates(capacity, c.sink_tokens, c.chunk_sizes[0]) + c.stream_tokens + 2
