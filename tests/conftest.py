@@ -277,7 +277,7 @@ def closure_graph_decoder(engine, min_bucket: int = 512, ahead: bool = False):
 
     r = engine.runner
     r.graph_decoder = GraphDecoder(r.model, r.cache, r.rope, r.method, engine.max_context_tokens, min_bucket=min_bucket,
-                                   recorder=ClosureRecorder, attention=r.router)
+                                   recorder=ClosureRecorder, attention=r.router, max_num_seqs=engine.config.max_num_seqs)
     engine.ahead.enabled = ahead and engine.config.overlap_decode
     return r.graph_decoder
 

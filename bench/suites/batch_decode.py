@@ -111,6 +111,7 @@ def run_cell(loaded: LoadedModel, spec: str, mode: str, context: int, num_seqs: 
                step_ms_median=median * 1e3, step_ms_mean=statistics.fmean(timed) * 1e3, steps=len(timed),
                tok_s=num_seqs / median, kv_bytes_per_step=int(num_seqs * mean_context * args.kv_bytes_per_token),
                captures=graphs.captures if graphs else 0, replays=graphs.replays if graphs else 0,
+               batch_replays=graphs.batch_replays if graphs else 0,
                peak_gb=torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else 0.0)
     del engine, seqs
     if device.type == "cuda":
@@ -195,11 +196,11 @@ def print_table(body: dict) -> None:
     print(f"\nmodel: {body['model']} ({body['weight_bytes'] / 1e9:.2f} GB); bandwidth of the bound: "
           f"{f'{bw / 1e9:.0f} GB/s' if bw else 'none'}")
     print("| method | KV | context | N | decode ms/step (median) | tok/s | x N=1 | bound ms (weights + KV) | "
-          "of bound | weights-only ms | graphs |")
+          "of bound | weights-only ms | graphs captured / replayed |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in body["rows"]:
         ratio = f"{r['ratio_vs_batch_1']:.2f}" if r["ratio_vs_batch_1"] else "-"
         bound = (f"{r['bound_ms']:.2f} | {r['fraction_of_bound']:.0%} | {r['weights_bound_ms']:.2f}"
                  if "bound_ms" in r else "- | - | -")
         print(f"| {r['method']} | {r['mode']} | {r['context']:,} | {r['batch']} | {r['step_ms_median']:.2f} | "
-              f"{r['tok_s']:.1f} | {ratio} | {bound} | {r['captures']} / {r['replays']} |")
+              f"{r['tok_s']:.1f} | {ratio} | {bound} | {r['captures']} / {r['replays']} ({r.get('batch_replays', 0)} batched) |")

@@ -20,6 +20,7 @@ does without each of them, the functions at the end of this module:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from enum import Enum
 from typing import Any, Hashable
 
 import torch
@@ -34,6 +35,13 @@ def supports(method: AttentionMethod | type[AttentionMethod], capability: type) 
     return issubclass(method if isinstance(method, type) else type(method), capability)
 
 
+class GraphBatching(Enum):
+    """How several sequences' decode step with one graph key runs (`GraphDecode.graph_batching`)."""
+
+    ONE_GRAPH = "one graph"  # one graph of them all (engine/graph_decode.py)
+    EACH_GRAPH = "each graph"  # each sequence's own graph in turn (its step uses state of one sequence alone)
+
+
 class GraphDecode(ABC):
     """Decode steps replayed from CUDA graphs: the method's decode reads positions and page tables from
     batch.decode_positions / decode_page_tables and its shapes depend only on batch.decode_capacity, so a graph
@@ -44,10 +52,10 @@ class GraphDecode(ABC):
         """Host-side key of everything the next decode step of `seq` launches besides device tensors; None: this
         step cannot be replayed from a graph (it runs eagerly)."""
 
-    def replays_each(self, method_keys: list[Hashable]) -> bool:
-        """Several sequences decode together with these graph keys: replay each one's graph in turn (True) instead
-        of one batched eager step (False, the default: a batched op reads the weights once for all)."""
-        return False
+    def graph_batching(self, seqs: list[SequenceSlice], method_key: Hashable) -> GraphBatching:
+        """Several sequences (their slices) decode this step with one graph key: one graph of them all (the default:
+        the batch reads the weights once) or each one's own graph in turn."""
+        return GraphBatching.ONE_GRAPH
 
     def decode_rope_positions(self, capacity: int) -> int:
         """RoPE table rows a decode step sized for `capacity` tokens may read. The engine reserves them before a

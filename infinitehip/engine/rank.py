@@ -67,6 +67,7 @@ def build_rank(config: EngineConfig, loaded: LoadedModel, device: torch.device, 
     router = LayerRouter(method, layers, sliding) if sliding is not None else None
     graphs = None
     if resolved.cuda_graphs:
-        graphs = GraphDecoder(loaded.model, cache, rope, method, max_context_tokens, attention=router)
+        graphs = GraphDecoder(loaded.model, cache, rope, method, max_context_tokens, attention=router,
+                              max_num_seqs=config.max_num_seqs)
     runner = ModelRunner(loaded.model, cache, rope, method, graphs, router)
     return RankParts(method, cache, kv_plan, rope, sliding, runner, resolved)

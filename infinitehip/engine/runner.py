@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, SequenceSlice
-from infinitehip.attention.capabilities import CacheCompaction, supports
+from infinitehip.attention.capabilities import CacheCompaction, GraphBatching, supports
 from infinitehip.attention.common.hybrid import LayerRouter
 from infinitehip.attention.common.repeated_text import PromptText
 from infinitehip.attention.common.sliding_window import SlidingWindowAttention
@@ -15,6 +15,7 @@ from infinitehip.engine.logprobs import prompt_logprobs
 from infinitehip.engine.prefix_pages import BoundaryState
 from infinitehip.engine.scheduler import StepPlan
 from infinitehip.engine.sequence import Sequence
+from infinitehip.host_values import device_tensor
 from infinitehip.kv.paged_cache import PagedKVCache
 from infinitehip.kv.prefix_reuse import PrefixHit, PrefixPolicy
 from infinitehip.model.loading import Decoder
@@ -33,7 +34,7 @@ class ModelRunner:
         # full-attention layers and runs the sliding-window ones itself.
         self.router = router
         self.device = cache.device
-        self.graph_decoder = graph_decoder  # decode-only steps of one sequence replay CUDA graphs (CUDA only)
+        self.graph_decoder = graph_decoder  # decode-only steps replay CUDA graphs (CUDA only)
         self.prefix: PrefixPolicy | None = None  # prefix caching's policy (set by the engine): ring copies at boundaries
         # Per sequence: a device copy of its page table [capacity] (int32) and how many entries are valid.
         self._page_tables: dict[int, tuple[torch.Tensor, int]] = {}
@@ -137,21 +138,42 @@ class ModelRunner:
         return samplers, logits
 
     def _graph_steps(self, decode: list[Sequence]) -> torch.Tensor | None:
-        """A decode-only step from CUDA graphs -> logits [N, vocab], or None (eager: nothing ran). One sequence replays
-        its graph; several replay theirs one after another only where the method says its batched eager decode is
-        slower than that (`GraphDecode.replays_each`: infinitehip's pruned decode runs each sequence apart anyway)."""
+        """A decode-only step from CUDA graphs -> logits [N, vocab], or None (eager: nothing ran). The sequences are
+        grouped by method key (a pruned method's key says which stages refresh, so the sequences refreshing nothing
+        share one group); each group replays one graph of them all, or each one's in turn, as the method says
+        (`GraphDecode.graph_batching`)."""
         if any(seq.probe is not None for seq in decode):  # a probe records on the host: eager steps only
             return None
-        slices = [self._slice(seq, 0, 1, is_prefill=False) for seq in decode]
-        keys = [self.graph_decoder.key(s) for s in slices]
-        if None in keys or (len(keys) > 1 and not self.method.replays_each([k[1] for k in keys])):
+        alone = [self._slice(seq, 0, 1, is_prefill=False) for seq in decode]
+        keys = [self.graph_decoder.key(s) for s in alone]
+        if None in keys:
             return None
-        out = []
-        for seq, s, key in zip(decode, slices, keys):
-            logits = self.graph_decoder.step(s, seq.token_ids(seq.num_computed, seq.num_computed + 1)[0], key)
-            out.append(logits if len(decode) == 1 else logits.clone())  # the next replay rewrites a graph's output
+        tokens = [seq.token_ids(seq.num_computed, seq.num_computed + 1)[0] for seq in decode]
+        if len(decode) == 1:
+            logits = self.graph_decoder.step(alone, tokens, keys[0])
+        else:
+            groups: dict = {}
+            for i, key in enumerate(keys):
+                groups.setdefault(key[1], []).append(i)
+            rows, parts = [], []  # each graph's output stays valid until its next replay: the step's end
+            for method_key, members in groups.items():
+                if len(members) == 1 or self.method.graph_batching([alone[i] for i in members], method_key) \
+                        is GraphBatching.EACH_GRAPH:
+                    parts += [self.graph_decoder.step([alone[i]], [tokens[i]], keys[i]) for i in members]
+                else:
+                    batch = [self._slice(decode[i], j, 1, is_prefill=False) for j, i in enumerate(members)]
+                    parts.append(self.graph_decoder.step(batch, [tokens[i] for i in members],
+                                                         self.graph_decoder.batch_key([keys[i] for i in members])))
+                rows += members
+            logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+            if rows != list(range(len(decode))):  # back to the step's order
+                order = [0] * len(rows)
+                for at, i in enumerate(rows):
+                    order[i] = at
+                logits = logits[device_tensor(order, torch.long, logits.device)]
+        for seq, s in zip(decode, alone):
             self._advance(seq, s, None)
-        return out[0] if len(out) == 1 else torch.cat(out)
+        return logits
 
     @torch.inference_mode()
     def run_graph_ahead(self, seq: Sequence) -> torch.Tensor | None:
@@ -161,7 +183,7 @@ class ModelRunner:
         key = self.graph_decoder.key(s)
         if key is None:
             return None
-        logits = self.graph_decoder.step(s, None, key)
+        logits = self.graph_decoder.step([s], None, key)
         self._advance(seq, s, None)
         return logits
 

@@ -171,33 +171,6 @@ def test_graph_decoder_replays_equal_eager_decode(tiny_llama_dir, overrides):
     assert decoder.captures == 3 and decoder.replays == steps - 1 - 1 - 3
 
 
-def test_several_sequences_replay_their_own_graphs_with_the_tokens_of_each_alone(tiny_llama_dir):
-    """Sequences of different lengths (so different refresh phases) decoding together: the pruned steps replay each
-    sequence's graphs in turn (`replays_each`: infinitehip's eager batch runs each sequence apart anyway), and every
-    sequence's greedy tokens are those it decodes alone."""
-    config = InfiniteHiPConfig(**SMALL)
-    prompts, steps = [random_ids(700, seed=21), random_ids(530, seed=22)], 12
-
-    def engine(graphs: bool):
-        e = engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", max_context_tokens=2048,
-                           prefill_chunk_size=128, max_num_seqs=4)
-        return e, closure_graph_decoder(e) if graphs else None
-
-    alone = []
-    for p in prompts:
-        e, _ = engine(False)
-        seq = e.add_request(p, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True))
-        while e.has_work:
-            e.step()
-        alone.append(seq.output_ids)
-    e, decoder = engine(True)
-    seqs = [e.add_request(p, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)) for p in prompts]
-    while e.has_work:
-        e.step()
-    assert [s.output_ids for s in seqs] == alone
-    assert decoder.replays > len(prompts) * 2  # the batched steps ran from graphs, not eagerly
-
-
 def test_static_decode_triton_kernels_equal_oracle(tiny_llama_dir):
     """The same step through the Triton kernels (interpreted on CPU: salient tokens, representative scores,
     top chunks, key list, sparse decode) against the oracle with the eager references."""
@@ -226,8 +199,8 @@ def test_graph_decoder_drops_graphs_of_outgrown_buckets(tiny_llama_dir):
         held = []
         while engine.has_work:
             engine.step()
-            if decoder is not None and seq.seq_id in decoder._seqs:
-                held.append({k[0] for k in decoder._seqs[seq.seq_id]})
+            if decoder is not None and decoder.graphs_of(seq.seq_id):
+                held.append({k[0] for k in decoder.graphs_of(seq.seq_id)})
         return seq.output_ids, held
 
     eager, _ = run(False)

@@ -167,3 +167,23 @@ def test_offloaded_kv_holds_the_full_layers_and_equals_resident(gemma_dir):
     assert ours == resident
     for a, b in zip(logits, resident_logits):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["dense", "infinitehip"])
+def test_a_batch_graph_reads_each_sequences_own_sliding_window_ring(gemma_dir, method):
+    """Several sequences in one decode graph of a hybrid model (engine/graph_decode.py): the sliding layers read each
+    one's ring row (a device tensor the graph keeps), so every sequence decodes the greedy tokens it decodes alone."""
+    from tests.engine.test_batch_graphs import _decode
+
+    config = SMALL.get(method)
+    requests = [(random_ids(400, seed=41), 10, 0), (random_ids(250, seed=42), 8, 2)]
+
+    def engine(graphs: bool):
+        e = engine_for_dir(gemma_dir, None, config, method=method, max_context_tokens=2048, prefill_chunk_size=2048,
+                           max_num_seqs=4)
+        return e, closure_graph_decoder(e) if graphs else None
+
+    alone = [_decode(engine(False)[0], [(p, n, 0)])[0] for p, n, _ in requests]
+    e, decoder = engine(True)
+    assert _decode(e, requests) == alone
+    assert decoder.batch_replays >= 1

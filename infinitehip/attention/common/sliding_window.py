@@ -38,6 +38,9 @@ class SlidingWindowAttention:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._rows: dict[int, int] = {}  # seq_id -> ring row
         self._free = list(range(max_rows - 1, -1, -1))
+        # The ring rows of a decode batch as a device tensor [B], built once per composition: a CUDA graph of the
+        # batch (engine/graph_decode.py) reads it, so it lives until one of its rows is released.
+        self._row_tensors: dict[tuple[int, ...], torch.Tensor] = {}
         # seq_id -> (boundary, k, v [layers, window, kv_heads, head_dim]): the rings as they were at a prefix
         # boundary inside the sequence's last prefill chunk (SequenceSlice.ring_boundary)
         self._at_boundary: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
@@ -65,6 +68,8 @@ class SlidingWindowAttention:
         row = self._rows.pop(seq_id, None)
         if row is not None:
             self._free.append(row)
+            for rows in [r for r in self._row_tensors if row in r]:
+                del self._row_tensors[rows]
 
     def snapshot(self, seq_id: int, boundary: int, num_computed: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Host copies of a sequence's rings at token `boundary`, k and v [layers, window, kv_heads, head_dim] (a
@@ -157,7 +162,9 @@ class SlidingWindowAttention:
         if B == 1:  # a host int: no index tensor to build (the graph decoder's case)
             slot = rows[0] * W + pos.remainder(W)
         else:
-            row_t = device_tensor(rows, torch.long, device)
+            row_t = self._row_tensors.get(tuple(rows))
+            if row_t is None:  # built by the eager step before a graph of the batch is captured
+                row_t = self._row_tensors[tuple(rows)] = device_tensor(rows, torch.long, device)
             slot = row_t * W + pos.remainder(W)
         flat_k.index_copy_(0, slot, k.to(flat_k.dtype))
         flat_v.index_copy_(0, slot, v.to(flat_v.dtype))

@@ -177,6 +177,8 @@ _PAPER_5K = dict(_PAPER_3K, chunk_sizes=(64, 32, 16), keep_tokens=(32768, 16384,
 # `paper-3k` / `paper-5k` name them as such. `3k-fast` / `3k-flash`: the paper's 3k with longer mask refresh
 # intervals (speed presets). `3k-question` / `3k-fast-question`: the paper's 3k (8-token final chunks) with
 # question-time selection (not in the paper; attention/common/question_selection.py), with either refresh intervals.
+# `question-chunks`: the answer's pruned keys cut to one final-stage chunk budget of 256 tokens (early layers too), so
+# the question's chosen chunks are most of what it reads beyond the sink and the window.
 PRESETS: dict[str, InfiniteHiPConfig] = {
     "default": InfiniteHiPConfig(),
     "3k": InfiniteHiPConfig(**_PAPER_3K),
@@ -187,6 +189,7 @@ PRESETS: dict[str, InfiniteHiPConfig] = {
     "3k-flash": InfiniteHiPConfig(**dict(_PAPER_3K, refresh_intervals=(96, 24, 8))),
     "3k-question": InfiniteHiPConfig(**dict(_PAPER_3K, question_tokens=32)),
     "3k-fast-question": InfiniteHiPConfig(**dict(_PAPER_3K, refresh_intervals=(32, 16, 8), question_tokens=32)),
+    "question-chunks": InfiniteHiPConfig(keep_tokens=(32768, 8192, 256), early_last_keep_tokens=256),
 }
 
 

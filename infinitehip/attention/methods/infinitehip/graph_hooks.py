@@ -5,7 +5,7 @@ refresh pattern and the sequence's state (state.py)."""
 from __future__ import annotations
 
 from infinitehip.attention.base import SequenceSlice
-from infinitehip.attention.capabilities import GraphDecode
+from infinitehip.attention.capabilities import GraphBatching, GraphDecode
 from infinitehip.attention.methods.infinitehip.decode import stage1_candidates
 from infinitehip.attention.methods.infinitehip.decode_rows import DecodeRows
 from infinitehip.attention.methods.infinitehip.mask_rows import MaskRows
@@ -37,10 +37,10 @@ class InfiniteHiPGraphHooks(GraphDecode):
         masks = isinstance(state.mask_rows, MaskRows) and state.mask_rows.reusable(pattern, state.decode_steps[0])
         return pattern, self.group(seq.context_len), kept, masks
 
-    def replays_each(self, method_keys: list) -> bool:
-        """Pruned steps: the eager batch runs each sequence's stages apart (a Python loop of launches), slower than
-        each sequence's graph in turn; exact steps share one batched paged op, which reads the weights once."""
-        return EXACT_STEP not in method_keys
+    def graph_batching(self, seqs: list[SequenceSlice], method_key: tuple) -> GraphBatching:
+        """A resident cache: one graph. Offloaded, a step alone keeps attention- and mask-bank rows
+        (decode_rows.py / mask_rows.py) that a batch does not read: each sequence's graph in turn."""
+        return GraphBatching.EACH_GRAPH if is_offloaded(seqs[0].cache) else GraphBatching.ONE_GRAPH
 
     def host_counters(self, state: InfiniteHiPState) -> tuple:
         return list(state.decode_steps), list(state.refreshes)

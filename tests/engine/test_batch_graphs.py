@@ -1,0 +1,105 @@
+"""Several sequences decoding in one CUDA graph (engine/graph_decode.py; graph semantics on CPU through the closure
+recorder, real graphs on a GPU): sequences of different lengths, so different capacity buckets and refresh phases,
+decode the greedy tokens each decodes alone, and their steps replay graphs of the whole batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infinitehip import SamplingParams
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from tests.attention.test_infinitehip_method import SMALL
+from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids
+
+CONFIGS = {"dense": None, "infinitehip": InfiniteHiPConfig(**SMALL)}
+# KV room for every sequence at once (a preempted sequence's recomputed prefill would end its chunks elsewhere)
+ROOMY = dict(max_context_tokens=2048, kv_cache_tokens=4 * 2048, prefill_chunk_size=2048, max_num_seqs=4)
+
+
+def _engine(path, method: str, graphs: bool, device: str = "cpu"):
+    # Each prompt prefilled as one chunk, alone or beside others: infinitehip's pruned prefill depends on where
+    # chunks end, which a shared token budget would move; the subject here is decode.
+    engine = engine_for_dir(path, None, CONFIGS[method], method=method, device=device, **ROOMY,
+                            cuda_graphs=graphs and device == "cuda")
+    if graphs and device == "cpu":
+        closure_graph_decoder(engine)
+    return engine
+
+
+def _decode(engine, requests: list[tuple[list[int], int, int]]) -> list[list[int]]:
+    """requests: (prompt, tokens to decode, engine step at which it arrives) -> each one's greedy tokens."""
+    seqs, step = {}, 0
+    while engine.has_work or len(seqs) < len(requests):
+        for i, (prompt, n, at) in enumerate(requests):
+            if at == step:
+                seqs[i] = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        engine.step()
+        step += 1
+    return [seqs[i].output_ids for i in range(len(requests))]
+
+
+def _alone(path, method: str, requests, device: str = "cpu") -> list[list[int]]:
+    return [_decode(_engine(path, method, False, device), [(p, n, 0)]) for p, n, _ in requests]
+
+
+# 700 and 300 tokens: buckets 1024 and 512 (the batch's graphs sized for the larger); 505 crosses the 512 bucket
+# while decoding and arrives 3 steps later (another refresh phase); sequences finish at different steps, so the
+# batch shrinks to new compositions.
+REQUESTS = [(random_ids(700, seed=31), 14, 0), (random_ids(300, seed=32), 10, 0), (random_ids(505, seed=33), 12, 3)]
+
+
+def _record_graph_steps(decoder) -> list[tuple[tuple[int, ...], object]]:
+    """(sequence ids, method key) of every graph step the decoder runs from now on."""
+    calls, step = [], decoder.step
+    decoder.step = lambda seqs, tokens, key: calls.append((tuple(s.seq_id for s in seqs), key[1])) or \
+        step(seqs, tokens, key)
+    return calls
+
+
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+def test_a_batch_decodes_from_one_graph_the_tokens_of_each_sequence_alone(tiny_llama_dir, method):
+    alone = [ids[0] for ids in _alone(tiny_llama_dir, method, REQUESTS)]
+    engine = _engine(tiny_llama_dir, method, True)
+    decoder = engine.runner.graph_decoder
+    calls = _record_graph_steps(decoder)
+    assert _decode(engine, REQUESTS) == alone
+    assert decoder.batch_replays >= 1
+    if method == "dense":  # one method key: every decode-only step is one graph of all its sequences
+        assert {len(ids) for ids, _ in calls} == {1, 2, 3} and decoder.batch_replays >= 6
+    # every composition that ended took its graphs with it (a sequence's release drops them)
+    assert not decoder._graphs and not decoder._pools
+
+
+def test_sequences_in_different_refresh_phases_decode_in_one_graph_per_method_key(tiny_llama_dir):
+    """Infinitehip's method key says which stages refresh: a step's sequences are grouped by it, so those refreshing
+    nothing share a graph while one refreshing its stages replays another; the groups follow the phases, which cycle
+    with the refresh intervals, so graphs replay more often than they are captured; every sequence's tokens are
+    those it decodes alone."""
+    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
+    requests = [(random_ids(700, seed=31), 24, 0), (random_ids(600, seed=32), 24, 1), (random_ids(650, seed=34), 24, 2)]
+
+    def engine():
+        return engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", **ROOMY)
+
+    alone = [_decode(engine(), [(p, n, 0)])[0] for p, n, _ in requests]
+    e = engine()
+    decoder = closure_graph_decoder(e)
+    calls = _record_graph_steps(decoder)
+    assert _decode(e, requests) == alone
+    batched = [(ids, key) for ids, key in calls if len(ids) > 1]
+    # grouped by key: the sequences refreshing nothing together, a refreshing one through its own graph
+    assert batched and all(not any(key[0]) for _, key in batched) and any(len(ids) < 3 for ids, _ in batched)
+    assert any(len(ids) == 1 and any(key[0]) for ids, key in calls)
+    assert decoder.batch_replays > 0 and decoder.replays > decoder.captures
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+def test_a_batch_replayed_from_real_cuda_graphs_decodes_each_sequences_tokens(tiny_llama_dir, method):
+    """Real CUDA graphs of a batch (no host copy inside a capture, every buffer alive while its graph is): the greedy
+    tokens of the sequences decoded one by one without graphs."""
+    alone = [ids[0] for ids in _alone(tiny_llama_dir, method, REQUESTS, device="cuda")]
+    engine = _engine(tiny_llama_dir, method, True, device="cuda")
+    assert _decode(engine, REQUESTS) == alone
+    assert engine.runner.graph_decoder.batch_replays >= 3
