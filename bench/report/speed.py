@@ -139,3 +139,18 @@ def batch_decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[lis
                                     f"not run: {s['why']}", "-", "-", "-", "-"]))
     return ["method", "KV", "context", "N", "decode ms/step (median)", "aggregate tokens/s", "x N=1",
             "bytes-read bound ms", "graphs captured / replays"], lines, {}
+
+
+def paged_decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    """`bench paged-decode`: one line per (N, context, rope tables, launch) the row's select picks."""
+    lines = []
+    for row in rows:
+        for _, r in entries(manifest, row, "rows"):
+            if "us" not in r:  # a launch that did not compile
+                lines.append((row, [str(r["batch"]), f"{r['context']:,}", r["tables"], r["launch"],
+                                    f"not run: {r.get('error', '?')}", "-", "-"]))
+                continue
+            lines.append((row, [str(r["batch"]), f"{r['context']:,}", r["tables"], r["launch"], f"{r['us']:.1f}",
+                                f"{r['gb_s']:.0f}", f"{r['fraction_of_bound']:.0%}"]))
+    return ["N", "context", "rope tables", "launch (keys:warps:stages)", "us", "K/V GB/s", "of copy bandwidth"], \
+        lines, {}

@@ -66,7 +66,8 @@ def _yarn(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: RopeScal
 
 
 class RotaryEmbedding:
-    """cos/sin tables [max_positions, head_dim / 2] in float32, grown (by doubling) on demand."""
+    """cos/sin tables [max_positions, head_dim / 2] in float32, grown (by doubling) on demand; cos16/sin16 the same in
+    float16 (what a decode kernel reads beside every cached key: half the bytes, the rotation itself in float32)."""
 
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device | str = "cpu"):
         self.inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
@@ -84,6 +85,7 @@ class RotaryEmbedding:
         angles = torch.outer(torch.arange(n, dtype=torch.float64), self.inv_freq)
         self.cos = angles.cos().to(self.device, torch.float32)
         self.sin = angles.sin().to(self.device, torch.float32)
+        self.cos16, self.sin16 = self.cos.half(), self.sin.half()
 
     def ensure(self, n: int) -> None:
         if n > self.max_positions:

@@ -80,6 +80,25 @@ def test_kernel_default_splits_and_an_explicit_scale():
         torch.testing.assert_close(paged_decode_triton(*args, scale=scale), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("launch", [(16, 2, 1), (32, 8, 3), (128, 4, 4)])
+def test_every_launch_and_fp16_tables_equal_the_reference(launch):
+    """The launch parameters the op benchmark sweeps (bench/suites/paged_decode.py) give the reference's output; fp16
+    rope tables (half the bytes beside each key) stay within the bf16 tolerance."""
+    from infinitehip.attention.methods.dense.paged_decode.triton import PagedDecodeLaunch, paged_decode_triton
+
+    cache, tables, q = _filled_cache(8, 2, 32, torch.bfloat16, LENGTHS, seed=11)
+    rope = RotaryEmbedding(_model(8, 2, 32), 256, DEVICE)
+    args = (q, cache.k[0], cache.v[0], _padded(tables), torch.tensor(LENGTHS, device=DEVICE), rope.cos, rope.sin)
+    want = paged_decode(*args, window=40, impl="reference").float()
+    block_n, warps, stages = launch
+    for cos, sin in ((rope.cos, rope.sin), (rope.cos.half(), rope.sin.half())):
+        got = paged_decode_triton(q, *args[1:5], cos, sin, window=40, num_splits=2,
+                                  launch=PagedDecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages))
+        torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    with pytest.raises(ValueError, match="block_n"):
+        PagedDecodeLaunch(block_n=48)
+
+
 @pytest.mark.parametrize("cap", [None, 5.0])
 @pytest.mark.parametrize("H,Hkv", [(4, 2), (3, 3)])
 def test_reference_equals_the_dense_prefill_path(cap, H, Hkv):

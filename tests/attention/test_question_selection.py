@@ -123,10 +123,14 @@ def test_presets_keep_the_papers_settings_by_name():
     assert IH_PRESETS["3k"] == paper and IH_PRESETS["3k-question"].keep_tokens == paper.keep_tokens
     assert IH_PRESETS["paper-5k"].question_tokens == 0 and IH_PRESETS["paper-5k"].chunk_sizes == (64, 32, 16)
     assert IH_PRESETS["3k-flash"].question_tokens == 0 and IH_PRESETS["3k-fast"].chunk_sizes == (256, 32, 8)
-    # The default (best on the real-text suite): question-time selection, 16-token final chunks, the paper's budgets.
+    # The default (best on the real-text suite): question-time selection, 16-token final chunks, the paper's budgets
+    # but the last stage's, which `wide-final` keeps (as the paper's 3k does).
     default = IH_PRESETS["default"]
     assert default == InfiniteHiPConfig() and default.question_tokens > 0 and default.chunk_sizes[-1] == 16
-    assert default.keep_tokens == paper.keep_tokens and default.sink_tokens == paper.sink_tokens
+    assert default.keep_tokens[:-1] == paper.keep_tokens[:-1] and default.sink_tokens == paper.sink_tokens
+    assert default == IH_PRESETS["question-chunks"] and default.keep_tokens[-1] == default.early_last_keep_tokens == 256
+    wide = IH_PRESETS["wide-final"]
+    assert (wide.keep_tokens, wide.early_last_keep_tokens) == (paper.keep_tokens, paper.early_last_keep_tokens)
     assert TS_PRESETS["paper"].question_tokens == 0 and TS_PRESETS["paper"].vote_pool_size == 1
     assert TS_PRESETS["default"] == TokenSelectConfig()
     with pytest.raises(ValueError, match="question_window"):

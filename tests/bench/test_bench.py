@@ -34,6 +34,7 @@ def run_suite(tmp_path: Path, *argv: str) -> dict:
 FAST = [
     ("decode", "--smoke"),
     ("batch-decode", "--smoke", "--bandwidth-gbs", "100"),
+    ("paged-decode", "--smoke"),
     ("prefill", "--smoke", "--dense-layerwise"),
     ("prefix-ttft", "--smoke"),
     ("attention-latency", "--device", "cpu", "--contexts", "4096", "--chunk", "256", "--impl", "reference",

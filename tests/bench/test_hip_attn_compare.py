@@ -13,7 +13,7 @@ from infinitehip.attention.methods.infinitehip.config import PRESETS
 
 
 def test_mapping_of_default_preset():
-    m = hc.hip_mapping(PRESETS["default"], "late", (4, 4, 1))
+    m = hc.hip_mapping(PRESETS["wide-final"], "late", (4, 4, 1))  # the paper's last-stage budget
     # hip's stage i scores the tokens the previous stage kept (stage_k); second_stage_k is the last stage's keep
     assert [(s["stage_chunk_size"], s["stage_k"], s["stage_block_stride_q"]) for s in m["stages"]] == [
         (256, None, 4), (32, 32768, 4), (16, 8192, 1)]

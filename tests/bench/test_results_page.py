@@ -17,7 +17,7 @@ from bench.report.manifest import load_manifest
 from bench.report.page import PAGE, render, table_markdown
 from bench.report.store import STORE, ResultsError, canonical_name, length_tag
 
-RULER_RUN = "ruler/h100/gemma3-270m/sotu.niah_single_word.infinitehip-default.64k.s0-2.json"
+RULER_RUN = "ruler/h100/gemma3-270m/sotu.niah_single_word.infinitehip-wide-final.64k.s0-2.json"
 TABLE = """[[table]]
 id = "t"
 kind = "accuracy"
@@ -110,7 +110,7 @@ def test_add_files_a_run_under_its_canonical_name(tmp_path, with_meta):
     run.parent.mkdir()
     run.write_text(json.dumps(data))
     path = _store(tmp_path, "")
-    target = add(run, "t", "infinitehip", note="a new genre", manifest_path=path)
+    target = add(run, "t", "infinitehip", setting="wide-final", note="a new genre", manifest_path=path)
     assert target == tmp_path / RULER_RUN and target.read_text() == run.read_text()
     manifest = load_manifest(path)
     (row,) = manifest.rows
@@ -124,14 +124,14 @@ def test_add_files_a_run_under_its_canonical_name(tmp_path, with_meta):
     with pytest.raises(ResultsError, match="exists and differs"):  # a second run never overwrites the first
         data["samples"][0]["correct"] = not data["samples"][0]["correct"]
         run.write_text(json.dumps(data))
-        add(run, "t", "again", manifest_path=path)
+        add(run, "t", "again", setting="wide-final", manifest_path=path)
 
 
 def test_names_say_what_a_run_measures():
     assert len({length_tag(n) for n in (32000, 32768, 65536, 1048576)}) == 4
     data = json.loads((STORE / RULER_RUN).read_text())
     data["ruler_config"]["vary_haystack"] = False
-    assert canonical_name(data, "q512") == RULER_RUN.replace("sotu.", "sotu-fixed.").replace("-default", "-q512")
+    assert canonical_name(data, "q512") == RULER_RUN.replace("sotu.", "sotu-fixed.").replace("-wide-final", "-q512")
 
 
 @pytest.mark.parametrize("run, expected", [

@@ -33,10 +33,12 @@ class InfiniteHiPConfig:
     # as with 32/16/8, and the longer intervals are what meets the decode speed targets.
     # The paper's settings are the presets `paper-3k` (= `3k`) and `paper-5k` (= `5k`).
     chunk_sizes: tuple[int, ...] = (256, 32, 16)  # chunk tokens per stage (powers of two, each dividing the last)
-    keep_tokens: tuple[int, ...] = (32768, 8192, 2048)  # tokens each pruning stage keeps
+    # The last stage keeps one chunk budget of 256 tokens (the paper's 2048; preset `wide-final`): beside the sink,
+    # the window and the question's chunks, more pruned keys made the answer copy look-alike text on code.
+    keep_tokens: tuple[int, ...] = (32768, 8192, 256)  # tokens each pruning stage keeps
     refresh_intervals: tuple[int, ...] = (96, 24, 8)  # decode steps between refreshes of each stage's mask
     early_layers: int = 3  # layers [0, early_layers) use the early RoPE style and early keep
-    early_last_keep_tokens: int = 4096  # keep_tokens of the last stage in early layers
+    early_last_keep_tokens: int = 256  # keep_tokens of the last stage in early layers
     early_pruning_rope: str = "chunk_indexed"  # RoPE style while scoring chunks in the early layers
     late_pruning_rope: str = "relative"  # RoPE style while scoring chunks in the other layers
     attention_rope: str = "streaming"  # RoPE style inside the block-sparse attention
@@ -170,15 +172,16 @@ class InfiniteHiPConfig:
         return self.early_pruning_rope if layer < self.early_layers else self.late_pruning_rope
 
 
-_PAPER_3K = dict(chunk_sizes=(256, 32, 8), refresh_intervals=(16, 8, 4), question_tokens=0, repeat_span=0,
-                 hierarchy_repeat_span=0)
+_PAPER_3K = dict(chunk_sizes=(256, 32, 8), keep_tokens=(32768, 8192, 2048), early_last_keep_tokens=4096,
+                 refresh_intervals=(16, 8, 4), question_tokens=0, repeat_span=0, hierarchy_repeat_span=0)
 _PAPER_5K = dict(_PAPER_3K, chunk_sizes=(64, 32, 16), keep_tokens=(32768, 16384, 4096), early_last_keep_tokens=4096)
 # `default`: the field defaults (best on the real-text suite). `3k`, `5k`: the paper's settings (Appendix F);
 # `paper-3k` / `paper-5k` name them as such. `3k-fast` / `3k-flash`: the paper's 3k with longer mask refresh
 # intervals (speed presets). `3k-question` / `3k-fast-question`: the paper's 3k (8-token final chunks) with
 # question-time selection (not in the paper; attention/common/question_selection.py), with either refresh intervals.
-# `question-chunks`: the answer's pruned keys cut to one final-stage chunk budget of 256 tokens (early layers too), so
-# the question's chosen chunks are most of what it reads beyond the sink and the window.
+# `question-chunks`: the default's final-stage budgets by name (the question's chosen chunks are most of what an answer
+# reads beyond the sink and the window). `wide-final`: the default with the paper's final-stage budgets (2048 tokens,
+# 4096 in early layers), the previous default.
 PRESETS: dict[str, InfiniteHiPConfig] = {
     "default": InfiniteHiPConfig(),
     "3k": InfiniteHiPConfig(**_PAPER_3K),
@@ -190,6 +193,7 @@ PRESETS: dict[str, InfiniteHiPConfig] = {
     "3k-question": InfiniteHiPConfig(**dict(_PAPER_3K, question_tokens=32)),
     "3k-fast-question": InfiniteHiPConfig(**dict(_PAPER_3K, refresh_intervals=(32, 16, 8), question_tokens=32)),
     "question-chunks": InfiniteHiPConfig(keep_tokens=(32768, 8192, 256), early_last_keep_tokens=256),
+    "wide-final": InfiniteHiPConfig(keep_tokens=(32768, 8192, 2048), early_last_keep_tokens=4096),
 }
 
 

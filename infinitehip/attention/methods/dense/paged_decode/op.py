@@ -21,7 +21,7 @@ def paged_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, 
                  window: int | None = None, softcap: float | None = None, impl: str | None = None) -> torch.Tensor:
     """q [B, H, d] rotated at position lengths - 1; k/v pages [num_pages, page_size, Hkv, d]; page_tables [B, P]
     (zero-padded, int); lengths [B] (device tensor, 1 <= length <= P * page_size); cos/sin [positions, d/2] fp32
-    tables covering every key position; scale None: d ** -0.5 -> [B, H, d] in q's dtype.
+    (or fp16) tables covering every key position; scale None: d ** -0.5 -> [B, H, d] in q's dtype.
     impl None: "triton" for CUDA tensors, "reference" otherwise."""
     impl = impl or ("triton" if q.is_cuda else "reference")
     fn = select_impl(impl, paged_decode_reference, "infinitehip.attention.methods.dense.paged_decode.triton",

@@ -18,6 +18,7 @@ bf16/fp16 use tensor-core dots of the input dtype (keys rotated in fp32, rounded
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 import triton
@@ -82,8 +83,8 @@ def _paged_decode_kernel(
         k1 = tl.load(k_ptrs, mask=k_mask, other=0.0).to(tl.float32)
         k2 = tl.load(k_ptrs + HALF, mask=k_mask, other=0.0).to(tl.float32)
         cs_off = tok[None, :].to(tl.int64) * stride_cos + offs_h[:, None]
-        cos = tl.load(Cos + cs_off, mask=k_mask, other=0.0)
-        sin = tl.load(Sin + cs_off, mask=k_mask, other=0.0)
+        cos = tl.load(Cos + cs_off, mask=k_mask, other=0.0).to(tl.float32)
+        sin = tl.load(Sin + cs_off, mask=k_mask, other=0.0).to(tl.float32)
         k1r = (k1 * cos - k2 * sin).to(dot_dtype)
         k2r = (k2 * cos + k1 * sin).to(dot_dtype)
         s = tl.dot(q1, k1r, input_precision=DOT_PRECISION)
@@ -113,6 +114,33 @@ def _paged_decode_kernel(
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
 
 
+@dataclasses.dataclass(frozen=True)
+class PagedDecodeLaunch:
+    """Launch parameters of the kernel (tile of keys, warps, software-pipeline stages); None: the defaults below."""
+
+    block_n: int | None = None  # keys a tile; None: `default_launch`'s
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self):
+        if self.block_n is not None and (self.block_n < 16 or self.block_n & (self.block_n - 1)):
+            raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
+        if self.num_warps not in (None, 1, 2, 4, 8, 16) or not 1 <= (self.num_stages or 1) <= 8:
+            raise ValueError(f"num_warps in 1..16 (a power of two) and num_stages in 1..8 expected, "
+                             f"got {self.num_warps}, {self.num_stages}")
+
+
+def default_launch(batch: int, num_kv_heads: int, half_pad: int) -> PagedDecodeLaunch:
+    """Measured on an H200 (bench/suites/paged_decode.py, Llama-3-8B's layer): where a few (sequence, kv head) pairs
+    are split 64 ways, small programs (32 keys, 2 warps, 3 stages) read fastest; with more pairs, 64-key tiles over 4
+    warps. Head dims above 128 keep 32-key tiles over 4 warps (the register budget of the wider tiles)."""
+    if half_pad > 64:
+        return PagedDecodeLaunch(block_n=32, num_warps=4, num_stages=2)
+    if batch * num_kv_heads <= 8:
+        return PagedDecodeLaunch(block_n=32, num_warps=2, num_stages=3)
+    return PagedDecodeLaunch(block_n=64, num_warps=4, num_stages=3)
+
+
 def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
     """Key splits per (sequence, kv head) from host ints only (a graph's shapes follow its capacity): ~8 programs
     per SM, at least 256 keys a split (each split costs a partial write and its share of the merge), at most 64."""
@@ -124,8 +152,10 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: t
 def paged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_tables: torch.Tensor,
                         lengths: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: float | None = None,
                         window: int | None = None, softcap: float | None = None,
-                        num_splits: int | None = None) -> torch.Tensor:
-    """See `reference.paged_decode_reference`; num_splits None: `default_num_splits` of the page-table width."""
+                        num_splits: int | None = None, launch: PagedDecodeLaunch | None = None) -> torch.Tensor:
+    """See `reference.paged_decode_reference`; num_splits None: `default_num_splits` of the page-table width.
+    cos/sin: fp32 tables, or fp16 (half the bytes a key reads beside it; the rotation still in fp32); launch None:
+    `default_launch`."""
     B, H, d = q.shape
     num_pages, page_size, Hkv, dk = k_pages.shape
     if d % 2 or dk != d or v_pages.shape != k_pages.shape or H % Hkv or cos.shape[-1] != d // 2:
@@ -138,12 +168,16 @@ def paged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
     k_flat, v_flat = k_pages.view(num_pages * page_size, Hkv, d), v_pages.view(num_pages * page_size, Hkv, d)
     page_tables = page_tables.to(torch.int32).contiguous()
     lengths = lengths.to(torch.int32).contiguous()
-    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    table_dtype = torch.float16 if cos.dtype == torch.float16 else torch.float32
+    cos, sin = cos.to(table_dtype).contiguous(), sin.to(table_dtype).contiguous()
 
     group, half = H // Hkv, d // 2
     half_pad = max(16, triton.next_power_of_2(half))
     block_h = max(16, triton.next_power_of_2(group))
-    block_n = 64 if half_pad <= 64 else 32
+    auto = default_launch(B, Hkv, half_pad)
+    launch = launch or auto
+    block_n, num_warps = launch.block_n or auto.block_n, launch.num_warps or auto.num_warps
+    num_stages = launch.num_stages or auto.num_stages
     max_tokens = page_tables.shape[1] * page_size
     if num_splits is None:
         num_splits = default_num_splits(B, Hkv, max_tokens, q.device)
@@ -159,7 +193,8 @@ def paged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
             out.stride(0), out.stride(1), page_tables.stride(0), cos.stride(0),
             GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, HALF=half, HALF_PAD=half_pad,
             DOT_PRECISION=dot_precision(q.dtype), SPLIT=split,
-            WINDOW=window is not None, SOFTCAP=softcap is not None, num_warps=4, num_stages=2,
+            WINDOW=window is not None, SOFTCAP=softcap is not None, num_warps=num_warps,
+            num_stages=num_stages,
         )
         if split:
             merge_splits(part_out, part_lse, out)

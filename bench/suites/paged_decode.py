@@ -1,0 +1,138 @@
+"""The dense paged decode op alone (attention/methods/dense/paged_decode/), one layer, against the bytes it must read.
+
+B sequences of T cached tokens each (Llama-3-8B's attention shape by default: 32 query / 8 KV heads, d 128, bf16,
+pages of 64 in shuffled order), one query token each. Every launch variant (keys a tile, warps, pipeline stages) and
+rope-table dtype is timed as a CUDA-graph replay with a cold L2 (median); the bound is the K and V bytes of every
+sequence at the device-to-device copy bandwidth measured in the same run; each variant's output is compared with the
+default launch's (max abs difference) and, for the smallest cell, with the eager reference.
+
+    python -m bench paged-decode --contexts 32768 131072 --batch-sizes 1 8
+    python -m bench paged-decode --launches 64:4:2 32:4:3 --tables fp32 fp16
+    python -m bench paged-decode --smoke        # CPU, Triton interpreter, a tiny shape
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench.common.cli import add_smoke_flag
+from bench.common.timing import Timer, log, time_graph
+from infinitehip.cli.options import parse_int
+
+PAGE = 64
+DEFAULT_LAUNCHES = ["default", "32:4:2", "64:4:3", "64:8:2", "64:8:3", "128:8:2", "128:8:3", "32:2:3"]
+
+
+def parse_launch(text: str):
+    from infinitehip.attention.methods.dense.paged_decode.triton import PagedDecodeLaunch
+
+    if text == "default":
+        return PagedDecodeLaunch()
+    try:
+        block_n, warps, stages = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise SystemExit(f"--launches: BLOCK_N:WARPS:STAGES or 'default' expected, got {text!r}") from None
+    return PagedDecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages)
+
+
+def rope_tables(positions: int, d: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [positions, d/2] fp32, rotate-half RoPE at base theta."""
+    inv_freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=device) / d)
+    angles = torch.arange(positions, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
+    return angles.cos().float(), angles.sin().float()
+
+
+def build_cell(B: int, T: int, H: int, Hkv: int, d: int, dtype: torch.dtype, device: torch.device, seed: int):
+    """Random pages for B sequences of T tokens (each sequence's pages shuffled over the pool), q, tables, lengths."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    pages_per_seq = -(-T // PAGE)
+    num_pages = B * pages_per_seq
+    k = torch.randn(num_pages, PAGE, Hkv, d, generator=g, device=device, dtype=dtype)
+    v = torch.randn(num_pages, PAGE, Hkv, d, generator=g, device=device, dtype=dtype)
+    order = torch.randperm(num_pages, generator=g, device=device).to(torch.int32)
+    tables = order.view(B, pages_per_seq).contiguous()
+    q = torch.randn(B, H, d, generator=g, device=device, dtype=dtype)
+    lengths = torch.full((B,), T, dtype=torch.int32, device=device)
+    return q, k, v, tables, lengths
+
+
+def run_cell(B: int, T: int, args, device: torch.device, dtype: torch.dtype, bandwidth: float | None,
+             timer: Timer) -> list[dict]:
+    from infinitehip.attention.methods.dense.paged_decode.reference import paged_decode_reference
+    from infinitehip.attention.methods.dense.paged_decode.triton import paged_decode_triton
+
+    q, k, v, tables, lengths = build_cell(B, T, args.heads, args.kv_heads, args.head_dim, dtype, device, seed=B + T)
+    cos32, sin32 = rope_tables(T, args.head_dim, 500000.0, device)
+    kv_bytes = 2 * B * T * args.kv_heads * args.head_dim * k.element_size()
+    base = paged_decode_triton(q, k, v, tables, lengths, cos32, sin32).float()
+    ref_err = None
+    if B * T <= args.reference_tokens:
+        ref = paged_decode_reference(q, k, v, tables, lengths, cos32, sin32).float()
+        ref_err = (base - ref).abs().max().item()
+    rows = []
+    for table in args.tables:
+        cos, sin = (cos32, sin32) if table == "fp32" else (cos32.half(), sin32.half())
+        for text in args.launches:
+            launch = parse_launch(text)
+
+            def fn(cos=cos, sin=sin, launch=launch):
+                return paged_decode_triton(q, k, v, tables, lengths, cos, sin, launch=launch)
+
+            try:
+                diff = (fn().float() - base).abs().max().item()
+                ms = time_graph(timer, fn)["ms"] if device.type == "cuda" else timer(fn)["ms"]
+            except Exception as exc:  # noqa: BLE001 - a launch that does not compile (registers) is a row, not the end
+                log(f"  B={B} T={T} {table} {text}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+                rows.append(dict(batch=B, context=T, tables=table, launch=text, error=type(exc).__name__))
+                continue
+            row = dict(batch=B, context=T, tables=table, launch=text, us=ms * 1e3, kv_bytes=kv_bytes,
+                       gb_s=kv_bytes / (ms / 1e3) / 1e9, max_diff_vs_default=diff, reference_max_diff=ref_err)
+            if bandwidth:
+                row["bound_us"] = kv_bytes / bandwidth * 1e6
+                row["fraction_of_bound"] = row["bound_us"] / row["us"]
+            log(f"  B={B:>2} T={T:>7} {table} {text:>8}: {row['us']:8.1f} us {row['gb_s']:7.0f} GB/s"
+                + (f" ({row['fraction_of_bound']:.0%} of the copy bandwidth)" if bandwidth else "")
+                + f" diff {diff:.2e}")
+            rows.append(row)
+    return rows
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--contexts", type=parse_int, nargs="+", default=[32768, 131072], help="cached tokens a sequence")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="sequences, one query token each")
+    parser.add_argument("--launches", nargs="+", default=DEFAULT_LAUNCHES,
+                        help="BLOCK_N:WARPS:STAGES launch variants ('default': the op's own)")
+    parser.add_argument("--tables", nargs="+", default=["fp32", "fp16"], choices=("fp32", "fp16"),
+                        help="dtype of the rope cos/sin tables the kernel reads beside each key")
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--reference-tokens", type=parse_int, default=32768,
+                        help="compare with the eager reference where B x T is at most this")
+    add_smoke_flag(parser, "a tiny shape on the CPU, the kernels in the Triton interpreter")
+
+
+def run(args, out) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    if args.smoke:
+        args.contexts, args.batch_sizes, args.heads, args.kv_heads, args.head_dim = [200], [1, 2], 4, 2, 16
+        args.launches = ["default", "32:4:2"]
+    if device.type == "cpu":
+        out.meta["device"] = "cpu"
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    bandwidth = None
+    if device.type == "cuda":
+        from bench.suites.decode import hbm_bandwidth
+
+        bandwidth = hbm_bandwidth()
+        log(f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s")
+    timer = Timer(device, warmup=3, min_reps=10, max_reps=200, budget_s=0.5 if device.type == "cuda" else 0.0)
+    rows = []
+    for T in args.contexts:
+        for B in args.batch_sizes:
+            rows += run_cell(B, T, args, device, dtype, bandwidth, timer)
+            out.write(dict(bandwidth_bytes_s=bandwidth, shape=dict(heads=args.heads, kv_heads=args.kv_heads,
+                                                                    head_dim=args.head_dim, page_size=PAGE),
+                           rows=rows))
+    return dict(bandwidth_bytes_s=bandwidth, shape=dict(heads=args.heads, kv_heads=args.kv_heads,
+                                                         head_dim=args.head_dim, page_size=PAGE), rows=rows)
