@@ -15,7 +15,8 @@ FIGURES = ROOT / "docs" / "figures"
 RENDERERS = {"accuracy": accuracy.accuracy, "kv-memory": accuracy.kv_memory, "layer-decode": speed.layer_decode,
              "decode": speed.decode, "hip-attn": speed.hip_attn, "ttft": speed.ttft,
              "prefix-ttft": speed.prefix_ttft, "tensor-parallel": speed.tensor_parallel,
-             "batch-decode": speed.batch_decode, "paged-decode": speed.paged_decode}
+             "batch-decode": speed.batch_decode, "paged-decode": speed.paged_decode,
+             "method-latency": speed.method_latency}
 NUMERIC = {"accuracy": ":-:", "kv-memory": "---:"}
 
 

@@ -154,3 +154,24 @@ def paged_decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[lis
                                 f"{r['gb_s']:.0f}", f"{r['fraction_of_bound']:.0%}"]))
     return ["N", "context", "rope tables", "launch (keys:warps:stages)", "us", "K/V GB/s", "of copy bandwidth"], \
         lines, {}
+
+
+def method_latency(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    """`bench method-latency`: one line per (context, method), dense SDPA-flash of the same run beside each."""
+    lines = []
+    for row in rows:
+        dense = {}
+        picked = entries(manifest, row, "rows")
+        for _, r in picked:
+            if r["method"].startswith("dense"):
+                dense[r["context"]] = r
+        for _, r in picked:
+            d = dense.get(r["context"])
+            is_dense = r["method"].startswith("dense")
+            speedup = "-" if is_dense or not d else f"{d['prefill_ms'] / r['prefill_ms']:.1f}x"
+            refresh = f"{r['decode_us']:.1f}" if is_dense else f"{r['refresh_us']:.1f}"
+            e2e = f"{r['decode_us']:.1f}" if is_dense else f"{r['e2e_us']:.1f}"
+            lines.append((row, [length_label(r["context"]), r["method"], f"{r['prefill_ms']:.2f}", speedup, refresh,
+                                e2e]))
+    return ["context", "method", "prefill chunk ms", "x dense prefill", "decode us (fresh state: a refresh)",
+            "decode us (mean of 16 eager steps)"], lines, {}
