@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     resolved: dict = {}  # each method's engine settings (config/resolved.py)
     records = run_compare(config, engine_config, loaded=loaded, console=console, resolved=resolved)
     meta = {"model": loaded.source, "device": str(engine_config.torch_device()), "dtype": str(engine_config.torch_dtype()),
-            "page_size": engine_config.page_size, "prefill_chunk_size": engine_config.prefill_chunk_size,
+            "page_size": engine_config.page_size,
+            "prefill_chunk_size": engine_config.prefill_chunk_for(engine_config.torch_device()),
             "resolved_configs": resolved}
     paths = write_reports(records, config, meta, config.output_dir)
     console.print(paths["markdown"].read_text())

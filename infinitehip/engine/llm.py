@@ -132,7 +132,7 @@ class LLM:
 
     def _prefill_bar(self, total: int) -> tqdm:
         """Prefill progress on stderr (tokens/s) when it takes several steps and show_progress is on."""
-        show = self.config.show_progress and total > self.config.prefill_chunk_size
+        show = self.config.show_progress and total > self.engine.resolved.prefill_chunk_size
         return tqdm(total=total, desc="prefill", unit="tok", unit_scale=True, disable=not show, leave=False)
 
     def _run(self, prompt_ids: list[list[int]], params: SamplingParams, probes: list | None = None) -> list[RequestOutput]:

@@ -108,7 +108,7 @@ class LLMEngine:
         # With tensor parallelism every rank copies its shard of a hit's pages (engine/parallel/step_sync.py).
         self.prefix = prefix_pages.prefix_policy(config.enable_prefix_caching, self.method,
                                                  bool(loaded.config.sliding_layers), config.page_size,
-                                                 config.prefill_chunk_size)
+                                                 self.resolved.prefill_chunk_size)
         r = self.resolved
         allocator = (PageAllocator if self.prefix is None else PrefixCachingAllocator)(r.num_pages, r.page_size)
         self.scheduler = Scheduler(allocator, r.max_num_seqs, r.prefill_chunk_size, r.kv_token_limit,
@@ -251,7 +251,7 @@ class LLMEngine:
         try:
             chunks = []
             while seq.in_prefill:
-                n = min(self.config.prefill_chunk_size, seq.num_prompt_tokens - seq.num_computed)
+                n = min(self.resolved.prefill_chunk_size, seq.num_prompt_tokens - seq.num_computed)
                 if limit is not None:  # a compacting method evicts after each chunk; a chunk fits the room left
                     n = min(n, limit - seq.num_cached)
                 chunks.append(self.runner.forward_logits(seq, n))

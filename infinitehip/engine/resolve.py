@@ -42,7 +42,7 @@ def resolve_config(config: EngineConfig, model_config: ModelConfig, tokenizer=No
         device=str(device), dtype=str(dtype).removeprefix("torch."), tensor_parallel_size=config.tensor_parallel_size,
         max_context_tokens=max_context, max_context_from="config" if config.max_context_tokens else "method default",
         kv_token_limit=limit, kv_scratch_tokens=scratch, kv_cache_tokens=num_pages * config.page_size,
-        page_size=config.page_size, num_pages=num_pages, prefill_chunk_size=config.prefill_chunk_size,
+        page_size=config.page_size, num_pages=num_pages, prefill_chunk_size=config.prefill_chunk_for(device),
         max_num_seqs=config.max_num_seqs, rope_table_tokens=min(max_context, ROPE_TABLE_TOKENS),
         cuda_graphs=config.cuda_graphs and device.type == "cuda",
         overlap_decode=config.overlap_decode and config.tensor_parallel_size == 1,

@@ -66,7 +66,7 @@ def server_info(engine: LLMEngine, model_name: str, preset: str | None, max_wait
         "method_config": _json_safe(dataclasses.asdict(method_config)) if dataclasses.is_dataclass(method_config)
         else None,
         "prefix_caching": engine.prefix is not None,
-        "prefill_chunk_size": engine.config.prefill_chunk_size,
+        "prefill_chunk_size": engine.resolved.prefill_chunk_size,
         "max_waiting_requests": max_waiting_requests,
         "sampling_defaults": sampling,
     }

@@ -240,3 +240,17 @@ def test_token_count_flags_take_k_and_m_suffixes():
     assert dataclass_from_args(EngineConfig, parser.parse_args(["--max-context-tokens", "128k"])).max_context_tokens == 131072
     with pytest.raises(SystemExit):
         parser.parse_args(["--max-context-tokens", "lots"])
+
+
+def test_the_prefill_chunk_default_follows_the_device():
+    """None resolves to 32768 on a GPU (the chunk the GPU accuracy results ran with) and 4096 on the CPU; a value given
+    is kept wherever it runs, and a non-positive one is refused."""
+    from infinitehip.config.engine import CPU_PREFILL_CHUNK, GPU_PREFILL_CHUNK
+
+    config = EngineConfig()
+    assert config.prefill_chunk_size is None
+    assert config.prefill_chunk_for(torch.device("cuda")) == GPU_PREFILL_CHUNK == 32768
+    assert config.prefill_chunk_for(torch.device("cpu")) == CPU_PREFILL_CHUNK == 4096
+    assert EngineConfig(prefill_chunk_size=512).prefill_chunk_for(torch.device("cuda")) == 512
+    with pytest.raises(ValueError, match="prefill_chunk_size"):
+        EngineConfig(prefill_chunk_size=0)

@@ -68,7 +68,7 @@ def test_page_is_served_without_the_key_and_server_info_needs_it(engine):
     expected = dataclasses.asdict(infinitehip_preset("3k-fast"))
     assert info["method_config"] == {k: list(v) if isinstance(v, tuple) else v for k, v in expected.items()}
     assert info["prefix_caching"] is (engine.prefix is not None)
-    assert info["prefill_chunk_size"] == engine.config.prefill_chunk_size
+    assert info["prefill_chunk_size"] == engine.resolved.prefill_chunk_size
     # no generation_config.json defaults here: SamplingParams' own
     assert info["sampling_defaults"] == {"temperature": 1.0, "top_p": 1.0, "top_k": None, "min_p": 0.0,
                                          "repetition_penalty": 1.0}

@@ -37,7 +37,7 @@ def run_worker(parallel: ParallelState, config: EngineConfig, weights: RankWeigh
         parallel.broadcast_object()  # rank 0 closes the engine (None)
         return
     prefix = prefix_policy(config.enable_prefix_caching, parts.method, parts.sliding is not None, config.page_size,
-                           config.prefill_chunk_size)
+                           config.prefill_chunk_for(parallel.device))
     parts.runner.prefix = prefix
     mirror = StepMirror(parts.runner, parts.method, prefix)
     with torch.inference_mode():

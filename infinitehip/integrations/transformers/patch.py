@@ -21,6 +21,7 @@ import torch
 
 from infinitehip.attention.capabilities import TokenizerBinding, supports
 from infinitehip.attention.registry import create_method
+from infinitehip.config.engine import CPU_PREFILL_CHUNK, GPU_PREFILL_CHUNK
 from infinitehip.config.methods import method_spec
 from infinitehip.config.model import ModelConfig
 from infinitehip.integrations.transformers.attention import ATTN_IMPLEMENTATION, identity_rotary
@@ -39,7 +40,7 @@ class PatchSession:
     """The method, its RoPE and limits for one patched model; the patch's state while active."""
 
     def __init__(self, model: torch.nn.Module, method: str, method_config: Any, max_context_tokens: int | None,
-                 prefill_chunk_size: int, page_size: int):
+                 prefill_chunk_size: int | None, page_size: int):
         if method in _REFUSED:
             raise ValueError(f"method {method!r} cannot run inside a transformers model: {_REFUSED[method]}; "
                              f"use infinitehip.LLM(method={method!r}) instead")
@@ -49,6 +50,8 @@ class PatchSession:
         if supports(self.method, TokenizerBinding):
             self.method.bind_tokenizer(None)
         self.max_context_tokens = max_context_tokens or self.method.own_kv_sizing().default_max_context_tokens
+        if prefill_chunk_size is None:  # the engine's default on this device (config/engine.py)
+            prefill_chunk_size = GPU_PREFILL_CHUNK if model.device.type == "cuda" else CPU_PREFILL_CHUNK
         self.prefill_chunk_size, self.page_size = prefill_chunk_size, page_size
         self._full_layers = set(self.model_config.full_layers)
         self.rope = RotaryEmbedding(mc, min(self.max_context_tokens, 1 << 16), model.device)
@@ -112,7 +115,7 @@ class Patch:
 
 
 def patch(model: torch.nn.Module, method: str = "auto", preset: str | None = None,
-          method_config: Any = None, max_context_tokens: int | None = None, prefill_chunk_size: int = 4096,
+          method_config: Any = None, max_context_tokens: int | None = None, prefill_chunk_size: int | None = None,
           page_size: int = 64, **overrides: Any) -> Patch:
     """Apply `method` (infinitehip, tokenselect, streaming, dense) to a transformers causal LM of a supported
     architecture. `preset` and field `overrides` build the method's config (or pass `method_config`);
