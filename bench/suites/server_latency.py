@@ -12,6 +12,12 @@ output tokens (ignore_eos). Prints a markdown table:
 - decode tok/s per stream: (tokens - 1) / (last chunk - first chunk), mean over requests;
 - ITL: mean time between chunks of a stream;
 - aggregate tok/s: all generated tokens / wall time of the whole level.
+
+`--admit-prompt-tokens N` adds the mixed-batch check: `--admit-streams` streams decode, then one request with a prompt
+of ~N tokens arrives; what the running streams wait for while its prefill is admitted (the longest gap between
+their chunks from its arrival to its first token, against their median gap before it) and its TTFT. The scheduler
+gives each step one token budget (`prefill_chunk_size`, shared with the decode tokens), so the bound to compare is
+one step with a full prefill chunk.
 """
 
 from __future__ import annotations
@@ -45,9 +51,20 @@ def prompt_for(client: int, request: int, n_tokens: int) -> str:
 
 
 def one_request(http: httpx.Client, url: str, headers: dict, model: str, prompt: str, max_tokens: int) -> Result:
+    start = time.perf_counter()
+    stamps, tokens = stream_stamps(http, url, headers, model, prompt, max_tokens)
+    decode_time = stamps[-1] - stamps[0]
+    itl = decode_time / (len(stamps) - 1) if len(stamps) > 1 else 0.0
+    decode_tps = (tokens - 1) / decode_time if decode_time > 0 else float("nan")
+    return Result(stamps[0] - start, decode_tps, itl, tokens)
+
+
+def stream_stamps(http: httpx.Client, url: str, headers: dict, model: str, prompt: str, max_tokens: int,
+                  on_chunk=None) -> tuple[list[float], int]:
+    """A streaming completion -> (the arrival time of each text chunk, completion tokens); on_chunk(n) after the
+    n-th chunk."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
     stamps, tokens = [], 0
     with http.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as r:
         if r.status_code != 200:
@@ -60,14 +77,13 @@ def one_request(http: httpx.Client, url: str, headers: dict, model: str, prompt:
                 raise RuntimeError(chunk["error"]["message"])
             if chunk.get("choices"):
                 stamps.append(time.perf_counter())
+                if on_chunk is not None:
+                    on_chunk(len(stamps))
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
     if not stamps:
         raise RuntimeError("no tokens received")
-    decode_time = stamps[-1] - stamps[0]
-    itl = decode_time / (len(stamps) - 1) if len(stamps) > 1 else 0.0
-    decode_tps = (tokens - 1) / decode_time if decode_time > 0 else float("nan")
-    return Result(stamps[0] - start, decode_tps, itl, tokens)
+    return stamps, tokens
 
 
 def run_level(url: str, headers: dict, model: str, clients: int, per_client: int, prompt_tokens: int,
@@ -101,6 +117,52 @@ def run_level(url: str, headers: dict, model: str, clients: int, per_client: int
     return results, wall
 
 
+def run_admission(url: str, headers: dict, model: str, streams: int, stream_tokens: int, prompt_tokens: int,
+                  admit_tokens: int) -> dict:
+    """`streams` streams decode `stream_tokens` tokens each; once every one has sent 4 chunks, a request with a
+    ~admit_tokens-token prompt arrives (one output token). -> the streams' median gap before its arrival, their longest
+    gap overlapping [arrival, its first token] (ms), and its TTFT (s)."""
+    decoding = [threading.Event() for _ in range(streams)]  # set at a stream's 4th chunk (or its failure)
+    stamps: list[list[float]] = [[] for _ in range(streams)]
+    errors: list[Exception] = []
+
+    def stream(c: int) -> None:
+        try:
+            with httpx.Client(timeout=3600) as http:
+                stamps[c] = stream_stamps(http, url, headers, model, prompt_for(200 + c, 0, prompt_tokens),
+                                          stream_tokens, lambda n: n == 4 and decoding[c].set())[0]
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other threads
+            errors.append(exc)
+        finally:
+            decoding[c].set()
+
+    threads = [threading.Thread(target=stream, args=(c,)) for c in range(streams)]
+    for t in threads:
+        t.start()
+    for event in decoding:
+        event.wait()
+    if not errors:
+        arrival = time.perf_counter()
+        with httpx.Client(timeout=3600) as http:
+            first = stream_stamps(http, url, headers, model, prompt_for(300, 0, admit_tokens), 1)[0][0]
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    before, during = [], []
+    for s in stamps:
+        for a, b in zip(s, s[1:]):
+            if b <= arrival:
+                before.append(b - a)
+            elif a < first:  # the gap overlaps the admission
+                during.append(b - a)
+    if not during:
+        raise RuntimeError("the streams ended before the admitted prompt's first token: raise --admit-stream-tokens")
+    return dict(streams=streams, admit_prompt_tokens=admit_tokens, admit_ttft_s=first - arrival,
+                itl_before_median_ms=1000 * statistics.median(before) if before else None,
+                itl_during_max_ms=1000 * max(during))
+
+
 def start_server(extra_args: list[str]) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -130,6 +192,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--admit-prompt-tokens", type=int, default=0,
+                        help="after the levels: a prompt of ~this many tokens arrives while streams decode (0: off)")
+    parser.add_argument("--admit-streams", type=int, default=4, help="streams decoding while it is admitted")
+    parser.add_argument("--admit-stream-tokens", type=int, default=256, help="tokens each of those streams decodes")
     parser.add_argument("server_args", nargs="*", help="extra `infinitehip serve` flags when starting a server")
 
 
@@ -161,6 +227,10 @@ def run(args, out) -> dict:
                 sum(r.tokens for r in results) / wall,
             ))
             print(f"  {clients} clients done in {wall:.1f} s", file=sys.stderr, flush=True)
+        admission = None
+        if args.admit_prompt_tokens:
+            admission = run_admission(url, headers, model, args.admit_streams, args.admit_stream_tokens,
+                                      args.prompt_tokens, args.admit_prompt_tokens)
     finally:
         if proc is not None:
             proc.terminate()
@@ -172,7 +242,12 @@ def run(args, out) -> dict:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c, n, tm, tp, tx, dps, itl, agg in rows:
         print(f"| {c} | {n} | {tm:.3f} | {tp:.3f} | {tx:.3f} | {dps:.1f} | {itl:.1f} | {agg:.1f} |")
+    if admission:
+        print(f"\n{admission['streams']} streams decoding while a ~{admission['admit_prompt_tokens']}-token prompt is "
+              f"admitted: its TTFT {admission['admit_ttft_s']:.3f} s; the streams' longest gap meanwhile "
+              f"{admission['itl_during_max_ms']:.1f} ms (median gap before it: "
+              f"{admission['itl_before_median_ms'] or float('nan'):.1f} ms)")
     names = ("clients", "requests", "ttft_mean_s", "ttft_p50_s", "ttft_max_s", "decode_tok_s_per_stream",
              "itl_mean_ms", "aggregate_tok_s")
     return dict(model=model, method=card.get("method"), max_model_len=card.get("max_model_len"),
-                rows=[dict(zip(names, r)) for r in rows])
+                rows=[dict(zip(names, r)) for r in rows], admission=admission)

@@ -50,6 +50,7 @@ SLOW = [
     ("memory", "--smoke"),
     ("accuracy", "--smoke"),
     ("server-latency", "--concurrency", "1", "2", "--requests-per-client", "1", "--prompt-tokens", "32",
+     "--admit-prompt-tokens", "600", "--admit-streams", "2", "--admit-stream-tokens", "48",
      "--max-tokens", "4"),
 ]
 
@@ -65,6 +66,9 @@ def test_suite_smoke(tmp_path, argv):
 def test_suite_smoke_slow(tmp_path, argv):
     data = run_suite(tmp_path, *argv)
     assert data.get("ok", True) is not False
+    if argv[0] == "server-latency":  # a prompt admitted mid-stream holds the streams up for its prefill chunk's step
+        admission = data["admission"]
+        assert admission["admit_ttft_s"] > 0 and admission["itl_during_max_ms"] > admission["itl_before_median_ms"]
 
 
 def _commands() -> list[list[str]]:
