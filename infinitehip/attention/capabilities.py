@@ -52,9 +52,14 @@ class GraphDecode(ABC):
         """Host-side key of everything the next decode step of `seq` launches besides device tensors; None: this
         step cannot be replayed from a graph (it runs eagerly)."""
 
+    def graph_batch_class(self, method_key: Hashable) -> Hashable:
+        """Sequences whose method keys share a class decode in one graph keyed by the tuple of their keys (its capture
+        runs each one's own step); the default: only equal keys share one."""
+        return method_key
+
     def graph_batching(self, seqs: list[SequenceSlice], method_key: Hashable) -> GraphBatching:
-        """Several sequences (their slices) decode this step with one graph key: one graph of them all (the default:
-        the batch reads the weights once) or each one's own graph in turn."""
+        """Several sequences (their slices) of one batch class (`graph_batch_class`) decode this step: one graph of
+        them all (the default: the batch reads the weights once) or each one's own graph in turn."""
         return GraphBatching.ONE_GRAPH
 
     def decode_rope_positions(self, capacity: int) -> int:

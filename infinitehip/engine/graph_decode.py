@@ -52,10 +52,14 @@ class GraphDecoder:
 
     def __init__(self, model: Decoder, cache: PagedKVCache, rope: RotaryEmbedding, method: AttentionMethod,
                  max_context_tokens: int, min_bucket: int = 4096, recorder: type = CudaGraphRecorder,
-                 attention: Callable | None = None, max_num_seqs: int = 1, max_batch_compositions: int | None = None):
+                 attention: Callable | None = None, max_num_seqs: int = 1, max_batch_compositions: int | None = None,
+                 max_graphs_per_composition: int = 128):
         """attention: the decoder's layer callable (`attention/common/hybrid.LayerRouter`); default: the method itself.
         max_batch_compositions: sets of several sequences whose graphs are kept (the least recently used set's go);
-        default 4 x max_num_seqs: the groups of a step's keys follow the sequences' refresh phases, which cycle."""
+        default 4 x max_num_seqs: the groups of a step's keys follow the sequences' refresh phases, which cycle.
+        max_graphs_per_composition: graphs kept for one composition (the least recently replayed goes): a batch's
+        key is the tuple of its sequences' refresh patterns, at most one per step of their common cycle (96 for
+        infinitehip's default intervals)."""
         self.model, self.cache, self.rope, self.method = model, cache, rope, method
         self.attention = attention or method
         self.max_bucket = max(min_bucket, -(-max_context_tokens // cache.page_size) * cache.page_size)
@@ -68,6 +72,7 @@ class GraphDecoder:
                                       device=device)
         self.recorder = recorder
         self.max_batch_compositions = max_batch_compositions or 4 * max_num_seqs
+        self.max_graphs_per_composition = max_graphs_per_composition
         # Per composition (the step's sequence ids, in batch order: a graph holds pointers to each one's state and
         # its batch row): its graphs and their memory pool (a pool dies with its last graph, so it is not reused).
         self._graphs: OrderedDict[tuple[int, ...], dict[tuple, _CapturedStep]] = OrderedDict()
@@ -85,11 +90,12 @@ class GraphDecoder:
         return capacity_bucket(seq.context_len, self.min_bucket, self.max_bucket), method_key
 
     def batch_key(self, keys: list[tuple]) -> tuple:
-        """The graph key of several sequences decoding together with one method key (their keys from `key`): the
-        largest bucket (every shape is sized for it) and that method key."""
-        if len({k[1] for k in keys}) != 1:
-            raise ValueError(f"sequences of one graph share its method key, not {sorted({repr(k[1]) for k in keys})}")
-        return max(k[0] for k in keys), keys[0][1]
+        """The graph key of several sequences decoding together (their keys from `key`, one batch class): the largest
+        bucket (every shape is sized for it) and the tuple of their method keys, in batch order."""
+        classes = {self.method.graph_batch_class(k[1]) for k in keys}
+        if len(classes) != 1:
+            raise ValueError(f"sequences of one graph share a batch class, not {sorted(map(repr, classes))}")
+        return max(k[0] for k in keys), tuple(k[1] for k in keys)
 
     def reserve_rope(self, context_len: int) -> None:
         """Grow the RoPE tables now to what decoding a `context_len`-token sequence reads (its capacity bucket): run
@@ -164,15 +170,16 @@ class GraphDecoder:
         ids = tuple(s.seq_id for s in seqs)
         graphs = self._graphs.setdefault(ids, {})
         self._graphs.move_to_end(ids)
-        captured = graphs.get(key)
+        captured = graphs.pop(key, None)
         if captured is not None:
+            graphs[key] = captured  # the most recently replayed last
             now = self._counters(seqs)
             self._set_counters(seqs, captured.counters)
             with graph_replay(key, self.cache.device):
                 logits = captured.recorder.replay()
             self._set_counters(seqs, now)
-            for s in seqs:
-                self.method.advance_host_counters(s.state, method_key)
+            for s, own in zip(seqs, (method_key,) if n == 1 else method_key):  # a batch's key: one per sequence
+                self.method.advance_host_counters(s.state, own)
             self.replays += 1
             self.batch_replays += n > 1
             return logits
@@ -192,6 +199,8 @@ class GraphDecoder:
         recorder.capture(lambda: self._forward(self._batch(seqs, bucket)))
         self._set_counters(seqs, after)
         graphs[key] = _CapturedStep(recorder, before)
+        while len(graphs) > self.max_graphs_per_composition:  # the least recently replayed first (insertion order)
+            del graphs[next(iter(graphs))]
         for old in [k for k in graphs if k[0] < bucket]:  # sequences only grow: smaller buckets never return
             del graphs[old]
         batches = [c for c in self._graphs if len(c) > 1]

@@ -139,9 +139,9 @@ class ModelRunner:
 
     def _graph_steps(self, decode: list[Sequence]) -> torch.Tensor | None:
         """A decode-only step from CUDA graphs -> logits [N, vocab], or None (eager: nothing ran). The sequences are
-        grouped by method key (a pruned method's key says which stages refresh, so the sequences refreshing nothing
-        share one group); each group replays one graph of them all, or each one's in turn, as the method says
-        (`GraphDecode.graph_batching`)."""
+        grouped by the batch class of their method keys (`GraphDecode.graph_batch_class`: infinitehip's pruned steps
+        share one whatever stages each refreshes); each group replays one graph of them all, or each one's in turn,
+        as the method says (`GraphDecode.graph_batching`)."""
         if any(seq.probe is not None for seq in decode):  # a probe records on the host: eager steps only
             return None
         alone = [self._slice(seq, 0, 1, is_prefill=False) for seq in decode]
@@ -154,10 +154,10 @@ class ModelRunner:
         else:
             groups: dict = {}
             for i, key in enumerate(keys):
-                groups.setdefault(key[1], []).append(i)
+                groups.setdefault(self.method.graph_batch_class(key[1]), []).append(i)
             rows, parts = [], []  # each graph's output stays valid until its next replay: the step's end
-            for method_key, members in groups.items():
-                if len(members) == 1 or self.method.graph_batching([alone[i] for i in members], method_key) \
+            for members in groups.values():
+                if len(members) == 1 or self.method.graph_batching([alone[i] for i in members], keys[members[0]][1]) \
                         is GraphBatching.EACH_GRAPH:
                     parts += [self.graph_decoder.step([alone[i]], [tokens[i]], keys[i]) for i in members]
                 else:

@@ -71,11 +71,11 @@ def test_a_batch_decodes_from_one_graph_the_tokens_of_each_sequence_alone(tiny_l
     assert not decoder._graphs and not decoder._pools
 
 
-def test_sequences_in_different_refresh_phases_decode_in_one_graph_per_method_key(tiny_llama_dir):
-    """Infinitehip's method key says which stages refresh: a step's sequences are grouped by it, so those refreshing
-    nothing share a graph while one refreshing its stages replays another; the groups follow the phases, which cycle
-    with the refresh intervals, so graphs replay more often than they are captured; every sequence's tokens are
-    those it decodes alone."""
+def test_sequences_in_different_refresh_phases_decode_in_one_graph(tiny_llama_dir):
+    """Infinitehip's method key says which stages a step refreshes; sequences in different phases still decode in one
+    graph (its capture runs each one's own refreshes), keyed by the tuple of their keys, which cycles with the refresh
+    intervals, so graphs replay more often than they are captured; every sequence's tokens are those it decodes
+    alone."""
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
     requests = [(random_ids(700, seed=31), 24, 0), (random_ids(600, seed=32), 24, 1), (random_ids(650, seed=34), 24, 2)]
 
@@ -87,10 +87,11 @@ def test_sequences_in_different_refresh_phases_decode_in_one_graph_per_method_ke
     decoder = closure_graph_decoder(e)
     calls = _record_graph_steps(decoder)
     assert _decode(e, requests) == alone
-    batched = [(ids, key) for ids, key in calls if len(ids) > 1]
-    # grouped by key: the sequences refreshing nothing together, a refreshing one through its own graph
-    assert batched and all(not any(key[0]) for _, key in batched) and any(len(ids) < 3 for ids, _ in batched)
-    assert any(len(ids) == 1 and any(key[0]) for ids, key in calls)
+    batched = [(ids, keys) for ids, keys in calls if len(ids) > 1]
+    # one graph of every sequence, some refreshing and some not in the same step
+    assert any(len(ids) == 3 for ids, _ in batched)
+    mixed = [keys for _, keys in batched if len({key[0] for key in keys}) > 1]
+    assert mixed and all(any(any(key[0]) for key in keys) for keys in mixed)
     assert decoder.batch_replays > 0 and decoder.replays > decoder.captures
 
 
@@ -103,3 +104,24 @@ def test_a_batch_replayed_from_real_cuda_graphs_decodes_each_sequences_tokens(ti
     engine = _engine(tiny_llama_dir, method, True, device="cuda")
     assert _decode(engine, REQUESTS) == alone
     assert engine.runner.graph_decoder.batch_replays >= 3
+
+
+def test_a_composition_keeps_at_most_its_graph_limit_least_recently_replayed_out(tiny_llama_dir):
+    """With room for two graphs a composition, the third capture drops the one replayed longest ago; the tokens stay
+    those of each sequence alone."""
+    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
+    requests = [(random_ids(700, seed=31), 16, 0), (random_ids(600, seed=32), 16, 1)]
+
+    def engine():
+        return engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", **ROOMY)
+
+    alone = [_decode(engine(), [(p, n, 0)])[0] for p, n, _ in requests]
+    e = engine()
+    decoder = closure_graph_decoder(e)
+    decoder.max_graphs_per_composition = 2
+    sizes = []
+    step = decoder.step
+    decoder.step = lambda seqs, tokens, key: (step(seqs, tokens, key),
+                                              sizes.append(len(decoder._graphs[tuple(s.seq_id for s in seqs)])))[0]
+    assert _decode(e, requests) == alone
+    assert sizes and max(sizes) == 2 and decoder.captures > 2

@@ -37,6 +37,12 @@ class InfiniteHiPGraphHooks(GraphDecode):
         masks = isinstance(state.mask_rows, MaskRows) and state.mask_rows.reusable(pattern, state.decode_steps[0])
         return pattern, self.group(seq.context_len), kept, masks
 
+    def graph_batch_class(self, method_key: tuple) -> tuple:
+        """Exact steps together; pruned steps of one context group together whatever stages each refreshes: a
+        batch's graph runs every sequence's own refreshes (one replay reads the weights once), keyed by the tuple of
+        their patterns, which cycle with the refresh intervals."""
+        return method_key if method_key == EXACT_STEP else ("pruned", method_key[1])
+
     def graph_batching(self, seqs: list[SequenceSlice], method_key: tuple) -> GraphBatching:
         """A resident cache: one graph. Offloaded, a step alone keeps attention- and mask-bank rows
         (decode_rows.py / mask_rows.py) that a batch does not read: each sequence's graph in turn."""
