@@ -8,6 +8,7 @@ import transformers
 
 import infinitehip
 from infinitehip import LLM, SamplingParams
+from infinitehip.attention.methods.hip.config import HiPConfig
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.methods.streaming.config import StreamingConfig
 from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
@@ -22,6 +23,8 @@ SMALL = {
     "tokenselect": TokenSelectConfig(select_tokens=64, sink_tokens=16, local_tokens=64, query_block_size=64,
                                      question_select_tokens=32),
     "streaming": StreamingConfig(sink_tokens=4, window_tokens=60, eviction_batch_tokens=64),
+    "hip": HiPConfig(top_k_tokens=32, key_block_size=2, sink_tokens=4, window_tokens=32, query_block_size=32,
+                     refresh_interval=4, dense_layers=1),
 }
 
 
@@ -44,7 +47,7 @@ def _engine_tokens(path, method, config, ids, n, chunk):
     return out.token_ids
 
 
-@pytest.mark.parametrize("method", ["infinitehip", "tokenselect", "streaming", "dense"])
+@pytest.mark.parametrize("method", ["infinitehip", "tokenselect", "streaming", "hip", "dense"])
 def test_patched_transformers_greedy_equals_engine(tiny_llama, method):
     model, path = tiny_llama
     ids = torch.randint(0, 512, (700,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -98,6 +101,8 @@ def test_patch_refuses_what_it_cannot_do(tiny_llama):
     model, _ = tiny_llama
     with pytest.raises(ValueError, match="infinipot.*ChunkHooks|ChunkHooks.*infinipot"):
         infinitehip.patch(model, method="infinipot")
+    with pytest.raises(ValueError, match="cascade.*prefill chunks"):  # the engine sizes its chunks to the room left
+        infinitehip.patch(model, method="cascade")
     ids = torch.randint(0, 512, (1, 300))
     with infinitehip.patch(model, method="dense"):  # dense stops at the model's 256 positions, loudly
         with pytest.raises(ContextLengthError, match="nothing was truncated"):

@@ -33,6 +33,8 @@ _REFUSED = {
     "infinipot": "it compacts the KV after each prefill chunk by running its catalyst prompt through the model and "
                  "scoring every token's novelty (engine ChunkHooks), which transformers' forward has no place for",
     "truncate": "it drops prompt tokens before the model reads them (select_prompt), which the engine reports",
+    "cascade": "its prefill chunks must end where its cache fills (the engine's scheduler sizes each chunk to the "
+               "slots left before the next push), which transformers' fixed prefill chunks cannot do",
 }
 
 
@@ -117,7 +119,7 @@ class Patch:
 def patch(model: torch.nn.Module, method: str = "auto", preset: str | None = None,
           method_config: Any = None, max_context_tokens: int | None = None, prefill_chunk_size: int | None = None,
           page_size: int = 64, **overrides: Any) -> Patch:
-    """Apply `method` (infinitehip, tokenselect, streaming, dense) to a transformers causal LM of a supported
+    """Apply `method` (auto, infinitehip, tokenselect, streaming, hip, dense) to a transformers causal LM of a supported
     architecture. `preset` and field `overrides` build the method's config (or pass `method_config`);
     max_context_tokens defaults to the method's own limit (128K for infinitehip)."""
     if method_config is None:
