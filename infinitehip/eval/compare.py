@@ -29,7 +29,8 @@ from infinitehip.model.loading import LoadedModel
 
 @dataclass(frozen=True)
 class CompareConfig:
-    methods: tuple[str, ...] = ("dense", "infinitehip", "tokenselect", "infinipot", "streaming", "truncate")  # registered names, or name:preset
+    # registered names, or name:preset
+    methods: tuple[str, ...] = ("dense", "infinitehip", "tokenselect", "infinipot", "streaming", "truncate", "cascade", "hip")
     tasks: tuple[str, ...] = ("passkey", "niah")  # passkey (repeated filler) and/or niah (real essays)
     lengths: tuple[int, ...] = (2048, 8192, 32768)  # prompt lengths in tokens of the model's tokenizer
     depths: tuple[float, ...] = (0.1, 0.5, 0.9)  # needle depths, 0..1

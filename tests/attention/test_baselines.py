@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
+from infinitehip.attention.methods.cascade.config import CascadeConfig
 from infinitehip.attention.methods.streaming.config import StreamingConfig
 from infinitehip.attention.methods.truncate.config import TruncateConfig
 from infinitehip.attention.methods.truncate.method import head_and_tail
@@ -231,8 +232,9 @@ def test_compare_writes_consistent_table_json_and_plot(embedded, tmp_path):
     from infinitehip.eval.compare_report import write_reports
 
     stream = StreamingConfig(sink_tokens=4, window_tokens=100, eviction_batch_tokens=64)
+    cascade = CascadeConfig(sink_tokens=4, cache_tokens=100, num_subcaches=3, stride_tokens=48)
     runs = [MethodRun("dense", "dense", None), MethodRun("streaming", "streaming", stream),
-            MethodRun("truncate", "truncate", TruncateConfig(window_tokens=150))]
+            MethodRun("truncate", "truncate", TruncateConfig(window_tokens=150)), MethodRun("cascade", "cascade", cascade)]
     config = CompareConfig(methods=tuple(r.label for r in runs), tasks=("passkey",), lengths=(200, 400), depths=(0.5,))
     # Every method's context limited to 320 tokens: the 400-token prompts exceed it except for truncate.
     engine_config = EngineConfig(device="cpu", dtype="float32", show_progress=False, max_context_tokens=320, page_size=16)
@@ -241,10 +243,10 @@ def test_compare_writes_consistent_table_json_and_plot(embedded, tmp_path):
 
     data = json.loads(paths["json"].read_text())
     samples = data["samples"]
-    assert len(samples) == len(records) == 3 * 2
+    assert len(samples) == len(records) == 4 * 2
     bytes_per_token = 2 * embedded.config.num_layers * embedded.config.num_kv_heads * embedded.config.head_dim * 4
     for s in samples:
-        exceeded = s["method"] in ("dense", "streaming") and s["length"] == 400
+        exceeded = s["method"] in ("dense", "streaming", "cascade") and s["length"] == 400
         assert (s["status"] == "exceeds_context") == exceeded, s
         if exceeded:
             assert s["prefill_seconds"] is None and s["peak_kv_pages"] == 0 and "maximum context" in s["error"]
@@ -253,7 +255,8 @@ def test_compare_writes_consistent_table_json_and_plot(embedded, tmp_path):
         assert s["read_tokens"] + s["dropped_tokens"] == s["prompt_tokens"]
         assert s["dropped_tokens"] == (s["prompt_tokens"] - 150 if s["method"] == "truncate" else 0)
         assert s["peak_kv_bytes"] == s["peak_kv_pages"] * 16 * bytes_per_token
-        cache_tokens = stream.cache_tokens if s["method"] == "streaming" else s["read_tokens"] + 12
+        cache_tokens = {"streaming": stream.cache_tokens, "cascade": cascade.limit_tokens}.get(s["method"],
+                                                                                            s["read_tokens"] + 12)
         assert 0 < s["peak_kv_pages"] <= -(-cache_tokens // 16)
     cells = {(c["method"], c["length"]): c for c in data["cells"]}
     table = paths["markdown"].read_text()
