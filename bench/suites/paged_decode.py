@@ -127,12 +127,10 @@ def run(args, out) -> dict:
         bandwidth = hbm_bandwidth()
         log(f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s")
     timer = Timer(device, warmup=3, min_reps=10, max_reps=200, budget_s=0.5 if device.type == "cuda" else 0.0)
-    rows = []
+    body = dict(bandwidth_bytes_s=bandwidth, rows=[],
+                shape=dict(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, page_size=PAGE))
     for T in args.contexts:
         for B in args.batch_sizes:
-            rows += run_cell(B, T, args, device, dtype, bandwidth, timer)
-            out.write(dict(bandwidth_bytes_s=bandwidth, shape=dict(heads=args.heads, kv_heads=args.kv_heads,
-                                                                    head_dim=args.head_dim, page_size=PAGE),
-                           rows=rows))
-    return dict(bandwidth_bytes_s=bandwidth, shape=dict(heads=args.heads, kv_heads=args.kv_heads,
-                                                         head_dim=args.head_dim, page_size=PAGE), rows=rows)
+            body["rows"] += run_cell(B, T, args, device, dtype, bandwidth, timer)
+            out.write(body)  # rewritten after every cell
+    return body

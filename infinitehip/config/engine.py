@@ -23,6 +23,11 @@ GPU_PREFILL_CHUNK = 32768  # prefill_chunk_size None on a GPU (see the field)
 CPU_PREFILL_CHUNK = 4096
 
 
+def default_prefill_chunk(device: torch.device) -> int:
+    """The prefill chunk when none is given: the engine's and the transformers patch's, by device."""
+    return GPU_PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     # HF dir, Hub id (org/name: the local HF cache first), .gguf file or built-in name (gemma3-270m); None: the
@@ -106,9 +111,7 @@ class EngineConfig:
 
     def prefill_chunk_for(self, device: torch.device) -> int:
         """The prefill chunk an engine on `device` runs with (prefill_chunk_size, or its default there)."""
-        if self.prefill_chunk_size is not None:
-            return self.prefill_chunk_size
-        return GPU_PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
+        return self.prefill_chunk_size if self.prefill_chunk_size is not None else default_prefill_chunk(device)
 
     def torch_device(self) -> torch.device:
         """The device to build on; a CUDA device this machine does not have is a ValueError naming what is there."""

@@ -21,7 +21,7 @@ import torch
 
 from infinitehip.attention.capabilities import TokenizerBinding, supports
 from infinitehip.attention.registry import create_method
-from infinitehip.config.engine import CPU_PREFILL_CHUNK, GPU_PREFILL_CHUNK
+from infinitehip.config.engine import default_prefill_chunk
 from infinitehip.config.methods import method_spec
 from infinitehip.config.model import ModelConfig
 from infinitehip.integrations.transformers.attention import ATTN_IMPLEMENTATION, identity_rotary
@@ -52,9 +52,10 @@ class PatchSession:
         if supports(self.method, TokenizerBinding):
             self.method.bind_tokenizer(None)
         self.max_context_tokens = max_context_tokens or self.method.own_kv_sizing().default_max_context_tokens
-        if prefill_chunk_size is None:  # the engine's default on this device (config/engine.py)
-            prefill_chunk_size = GPU_PREFILL_CHUNK if model.device.type == "cuda" else CPU_PREFILL_CHUNK
-        self.prefill_chunk_size, self.page_size = prefill_chunk_size, page_size
+        if prefill_chunk_size is None:  # the engine's default on this device
+            prefill_chunk_size = default_prefill_chunk(model.device)
+        self.prefill_chunk_size = prefill_chunk_size
+        self.page_size = page_size
         self._full_layers = set(self.model_config.full_layers)
         self.rope = RotaryEmbedding(mc, min(self.max_context_tokens, 1 << 16), model.device)
         self.active_cache: MethodCache | None = None
