@@ -17,6 +17,7 @@ the device-to-device copy bandwidth measured in the same run on CUDA, none on CP
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -114,6 +115,7 @@ def run_cell(loaded: LoadedModel, spec: str, mode: str, context: int, num_seqs: 
                batch_replays=graphs.batch_replays if graphs else 0,
                peak_gb=torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else 0.0)
     del engine, seqs
+    gc.collect()  # the engine's objects hold each other (runner, graphs, scheduler): freed only by a collection
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

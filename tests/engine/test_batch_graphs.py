@@ -103,7 +103,11 @@ def test_a_batch_replayed_from_real_cuda_graphs_decodes_each_sequences_tokens(ti
     alone = [ids[0] for ids in _alone(tiny_llama_dir, method, REQUESTS, device="cuda")]
     engine = _engine(tiny_llama_dir, method, True, device="cuda")
     assert _decode(engine, REQUESTS) == alone
-    assert engine.runner.graph_decoder.batch_replays >= 3
+    decoder = engine.runner.graph_decoder
+    # dense: one key a composition, so every decode-only step of two or three sequences after the first replays;
+    # infinitehip: each step's tuple of refresh patterns is new within these few steps (they cycle every 96), so
+    # its steps capture and at least one replays
+    assert decoder.batch_replays >= (3 if method == "dense" else 1)
 
 
 def test_a_composition_keeps_at_most_its_graph_limit_least_recently_replayed_out(tiny_llama_dir):
