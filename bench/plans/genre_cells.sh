@@ -8,9 +8,11 @@ CORPORA=${CORPORA:-.corpora}
 METHOD=${METHOD:-infinitehip}
 GENRES=${GENRES:-code licenses pydoc}
 LENGTHS=${LENGTHS:-1048576 131072}
+FLAGS=${FLAGS:-}  # e.g. "--oracle true --trace true" (a diagnosis: selection vs reading), named by TAG
+TAG=${TAG:-}
 wait_file $MODEL_DIR/gemma_ready
 for HAYSTACK in $GENRES; do
   for LENGTH in $LENGTHS; do
-    run cell_${METHOD}_${HAYSTACK}_$LENGTH python3 -m bench ruler --model $MODEL_DIR/gemma.gguf --model-cache-dir $MODEL_DIR/cache --plots false --haystack-dir $CORPORA --tasks niah_single_word --method $METHOD --haystacks $HAYSTACK --lengths $LENGTH --seeds 0 1 2 --samples-per-depth 2 --output $OUT_DIR/cell_${METHOD}_${HAYSTACK}_$LENGTH.json
+    run cell_${METHOD}${TAG}_${HAYSTACK}_$LENGTH python3 -m bench ruler --model $MODEL_DIR/gemma.gguf --model-cache-dir $MODEL_DIR/cache --plots false --haystack-dir $CORPORA --tasks niah_single_word --method $METHOD --haystacks $HAYSTACK --lengths $LENGTH --seeds 0 1 2 --samples-per-depth 2 $FLAGS --output $OUT_DIR/cell_${METHOD}${TAG}_${HAYSTACK}_$LENGTH.json
   done
 done

@@ -8,11 +8,15 @@ import pytest
 import torch
 
 from infinitehip import SamplingParams
+from infinitehip.attention.methods.hip.config import HiPConfig
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from tests.attention.test_infinitehip_method import SMALL
 from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids
 
-CONFIGS = {"dense": None, "infinitehip": InfiniteHiPConfig(**SMALL)}
+# hip: every sequence here selects (from position 51); refreshes every 4 steps, so the sequences' phases differ
+CONFIGS = {"dense": None, "infinitehip": InfiniteHiPConfig(**SMALL),
+           "hip": HiPConfig(top_k_tokens=16, key_block_size=2, query_block_size=8, sink_tokens=4, window_tokens=16,
+                            refresh_interval=4, dense_layers=1)}
 # KV room for every sequence at once (a preempted sequence's recomputed prefill would end its chunks elsewhere)
 ROOMY = dict(max_context_tokens=2048, kv_cache_tokens=4 * 2048, prefill_chunk_size=2048, max_num_seqs=4)
 

@@ -14,7 +14,10 @@ takes it (HiP selects per head). Ties keep the lower segment.
 
 Two implementations with one signature: `select_blocks_reference`, the eager oracle (per row, every candidate
 scored once, the hierarchy walked in Python), and `select_blocks`, the batched torch formulation (every row of a
-level in a few GEMMs: CPU and GPU).
+level in a few GEMMs: CPU and GPU). Given `rounds` (`hierarchy_rounds` of the largest end the rows may have),
+`select_blocks` runs that many score passes and reads nothing back to the host (decode, CUDA graphs): once a row's
+kept segments are single blocks, a further pass keeps the same K blocks (their halves are themselves and empty
+segments), so extra passes change nothing.
 """
 
 from __future__ import annotations
@@ -29,9 +32,19 @@ from infinitehip.model.rope import apply_rotary
 SCORE_ELEMENTS = 1 << 26  # scores [rows, Hkv, b * g, 2K] materialised per pass of `select_blocks`
 
 
+def _slots(page_table: torch.Tensor, tokens: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Cache slots of tokens [r, ...]: one page table [P] for every row, or one per row [r, P]."""
+    if page_table.dim() == 1:
+        return token_slots(page_table, tokens, page_size)
+    tokens = tokens.long()
+    pages = page_table.long().gather(1, (tokens // page_size).flatten(1)).view_as(tokens)
+    return pages * page_size + tokens % page_size
+
+
 def _rotated_keys(k_flat, page_table, page_size, tokens, cos, sin) -> torch.Tensor:
-    """Keys of token positions `tokens` (any shape) read through the page table, rotated there -> [..., Hkv, d] fp32."""
-    k = k_flat[token_slots(page_table, tokens, page_size)].float()
+    """Keys of token positions `tokens` (any shape; [r, ...] with tables [r, P]) read through the page table,
+    rotated there -> [..., Hkv, d] fp32."""
+    k = k_flat[_slots(page_table, tokens, page_size)].float()
     return apply_rotary(k, cos[tokens].unsqueeze(-2), sin[tokens].unsqueeze(-2))
 
 
@@ -46,12 +59,22 @@ def num_blocks(ends: torch.Tensor, sink: int, block_size: int) -> torch.Tensor:
     return (ends - sink + block_size - 1) // block_size
 
 
+def hierarchy_rounds(max_end: int, sink: int, top_k_blocks: int, block_size: int) -> int:
+    """Score passes that bring every row with candidates up to `max_end` down to single blocks: the first pass
+    scores segments of at most ceil(N / 2K) blocks, each later one halves them (rounding up)."""
+    n = max(2 * top_k_blocks, -(-(max_end - sink) // block_size))
+    return 1 + (-(-n // (2 * top_k_blocks)) - 1).bit_length()
+
+
 def select_blocks(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int,
                   cos: torch.Tensor, sin: torch.Tensor, ends: torch.Tensor, sink: int, top_k_blocks: int,
-                  block_size: int, reduce: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  block_size: int, reduce: Callable | None = None,
+                  rounds: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q_rot [M, b, H, d] rotated queries of M query blocks (a short block padded with copies of its queries: the
-    max ignores them); ends [M] int64, each at least sink + 2 * top_k_blocks * block_size; reduce: combines the
-    [M, 2K] scores over tensor-parallel ranks ("max"), None single-process.
+    max ignores them); page_table [P], or [M, P] one per row; ends [M] int64, each at least
+    sink + 2 * top_k_blocks * block_size; reduce: combines the [M, 2K] scores over tensor-parallel ranks ("max"),
+    None single-process; rounds: score passes (`hierarchy_rounds`; None: until every kept segment is one block,
+    read back each pass).
 
     -> (starts [M, K] int64 first token of each selected block, ascending; lens [M, K] tokens of each)
     """
@@ -65,12 +88,14 @@ def select_blocks(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.T
     lo, hi = bounds[:, :-1], bounds[:, 1:]  # [M, 2K]
     q = q_rot.float().view(M, b, Hkv, H // Hkv, d).permute(0, 2, 1, 3, 4).reshape(M, Hkv, -1, d)
     rows = max(1, SCORE_ELEMENTS // max(1, H * b * 2 * K))
+    passes = 0
     while True:
         centers = _centers(lo, hi, sink, block_size, ends[:, None])
         scores = torch.empty(M, 2 * K, device=device)
         for a in range(0, M, rows):
             z = min(a + rows, M)
-            k = _rotated_keys(k_flat, page_table, page_size, centers[a:z].clamp(min=0), cos, sin)  # [r, 2K, Hkv, d]
+            table = page_table if page_table.dim() == 1 else page_table[a:z]
+            k = _rotated_keys(k_flat, table, page_size, centers[a:z].clamp(min=0), cos, sin)  # [r, 2K, Hkv, d]
             s = torch.matmul(q[a:z], k.permute(0, 2, 3, 1))  # [r, Hkv, b * g, 2K]
             scores[a:z] = s.amax(dim=(1, 2))
         if reduce is not None:
@@ -79,7 +104,8 @@ def select_blocks(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.T
         # topk of (score, -index): ties keep the lower segment whatever the backend's topk order
         order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :K]
         lo, hi = lo.gather(1, order), hi.gather(1, order)
-        if bool(((hi - lo) <= 1).all()):
+        passes += 1
+        if (passes == rounds) if rounds is not None else bool(((hi - lo) <= 1).all()):
             break
         mid = (lo + hi) // 2
         lo, hi = torch.cat([lo, mid], 1), torch.cat([mid, hi], 1)
@@ -91,9 +117,10 @@ def select_blocks(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.T
 
 def select_blocks_reference(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int,
                             cos: torch.Tensor, sin: torch.Tensor, ends: torch.Tensor, sink: int, top_k_blocks: int,
-                            block_size: int, reduce: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The oracle of `select_blocks` (same arguments and result): per row, every candidate's score, then the
-    hierarchy over Python lists."""
+                            block_size: int, reduce: Callable | None = None,
+                            rounds: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle of `select_blocks` (same arguments and result; rounds is not needed: it reads ends on the host):
+    per row, every candidate's score, then the hierarchy over Python lists."""
     M, b, H, d = q_rot.shape
     Hkv, K = k_flat.shape[1], top_k_blocks
     g = H // Hkv
@@ -101,7 +128,8 @@ def select_blocks_reference(q_rot: torch.Tensor, k_flat: torch.Tensor, page_tabl
     for m in range(M):
         end = int(ends[m])
         tokens = torch.arange(sink, end, device=q_rot.device)
-        k = _rotated_keys(k_flat, page_table, page_size, tokens, cos, sin).repeat_interleave(g, dim=1)  # [T, H, d]
+        table = page_table if page_table.dim() == 1 else page_table[m]
+        k = _rotated_keys(k_flat, table, page_size, tokens, cos, sin).repeat_interleave(g, dim=1)  # [T, H, d]
         token_score = torch.einsum("bhd,thd->tbh", q_rot[m].float(), k).amax(dim=(1, 2))  # [T]
         if reduce is not None:
             token_score = reduce(token_score, "max")
