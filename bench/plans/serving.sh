@@ -3,7 +3,9 @@
 # length runs infinitehip) and the mixed-batch check: 4 streams decoding while a ~128K-token prompt is admitted (their
 # longest gap against one step with a full prefill chunk). The server needs fastapi, starlette, pydantic(-core),
 # annotated-types, typing-inspection and uvicorn, which the GPU image lacks: they travel in .whl (bench/README.md,
-# "Detached on the GPU machine"). Prompts are ~N words, so up to ~2N Gemma 3 tokens: the context limits leave room.
+# "Detached on the GPU machine"), with opentelemetry-api, annotated-doc, anyio, click, h11 and idna (`pip download
+# fastapi uvicorn` fetches them all). Prompts of ~N tokens: the suite counts words per token through the server's
+# /tokenize.
 # MODEL_DIR holds gemma.gguf (bench/device_models.py).
 MODEL_DIR=${MODEL_DIR:-/root}
 wait_file $MODEL_DIR/gemma_ready

@@ -175,3 +175,30 @@ def method_latency(table: Table, rows: list[Row], manifest: Manifest) -> tuple[l
                                 e2e]))
     return ["context", "method", "prefill chunk ms", "x dense prefill", "decode us (fresh state: a refresh)",
             "decode us (mean of 16 eager steps)"], lines, {}
+
+
+def server_latency(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    """`bench server-latency`: one line per concurrency level, and one for the mixed-batch check where the run made
+    it (streams decoding while a long prompt is admitted: its TTFT, their longest gap against their median one)."""
+    lines = []
+    for row in rows:
+        runs = {}
+        for data, r in entries(manifest, row, "rows"):
+            runs[id(data)] = data
+            asked = field(row, data, "meta", "args", "prompt_tokens")
+            counted = (data.get("prompt_tokens") or {}).get(str(asked))  # None: a run before prompts were counted
+            prompt = f"{counted:,}" if counted else f"{asked:,} words"
+            lines.append((row, [f"{data['method']}", prompt, str(r["clients"]), str(r["requests"]),
+                                f"{r['ttft_p50_s']:.3f} / {r['ttft_max_s']:.3f}", f"{r['itl_mean_ms']:.1f}",
+                                f"{r['decode_tok_s_per_stream']:.1f}", f"{r['aggregate_tok_s']:.1f}"]))
+        for data in runs.values():
+            a = data.get("admission")
+            if a:
+                asked = a["admit_prompt_tokens"]
+                counted = (data.get("prompt_tokens") or {}).get(str(asked))
+                lines.append((row, [f"{data['method']}", f"{counted or asked:,}{'' if counted else ' words'} admitted",
+                                    f"{a['streams']} decoding", "1", f"{a['admit_ttft_s']:.3f} (the admitted)",
+                                    f"longest {a['itl_during_max_ms']:.1f} (median before "
+                                    f"{a['itl_before_median_ms']:.1f})", "-", "-"]))
+    return ["method", "prompt tokens", "clients", "requests", "TTFT p50 / max s", "ITL mean ms",
+            "decode tokens/s a stream", "aggregate tokens/s"], lines, {}

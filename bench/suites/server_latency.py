@@ -45,9 +45,24 @@ class Result:
     tokens: int
 
 
-def prompt_for(client: int, request: int, n_tokens: int) -> str:
-    words = [WORDS[(client * 7 + request * 3 + i) % len(WORDS)] for i in range(max(n_tokens - 8, 1))]
+def prompt_for(client: int, request: int, n_tokens: int, words_per_token: float = 1.0) -> str:
+    """~n_tokens tokens of words (each 1-2 tokens, by tokenizer: `words_per_token` from `calibrate`)."""
+    n_words = max(round((n_tokens - 8) * words_per_token), 1)
+    words = [WORDS[(client * 7 + request * 3 + i) % len(WORDS)] for i in range(n_words)]
     return f"Client {client} request {request}: " + " ".join(words)
+
+
+def count_tokens(http: httpx.Client, url: str, headers: dict, model: str, prompt: str) -> int | None:
+    """The server's token count of `prompt` (POST /tokenize, vLLM's route); None where the server has none."""
+    r = http.post(f"{url}/tokenize", json={"model": model, "prompt": prompt}, headers=headers)
+    return r.json()["count"] if r.status_code == 200 else None
+
+
+def calibrate(http: httpx.Client, url: str, headers: dict, model: str) -> float:
+    """Words per token of the server's tokenizer, so that a prompt asked for N tokens has ~N; 1.0 where the server
+    cannot tokenize (prompts are then N words)."""
+    count = count_tokens(http, url, headers, model, prompt_for(0, 0, 4096))
+    return 1.0 if count is None else (4096 - 8) / count
 
 
 def one_request(http: httpx.Client, url: str, headers: dict, model: str, prompt: str, max_tokens: int) -> Result:
@@ -87,7 +102,7 @@ def stream_stamps(http: httpx.Client, url: str, headers: dict, model: str, promp
 
 
 def run_level(url: str, headers: dict, model: str, clients: int, per_client: int, prompt_tokens: int,
-              max_tokens: int) -> tuple[list[Result], float]:
+              max_tokens: int, words_per_token: float = 1.0) -> tuple[list[Result], float]:
     results: list[Result] = []
     errors: list[Exception] = []
     barrier = threading.Barrier(clients)
@@ -98,7 +113,8 @@ def run_level(url: str, headers: dict, model: str, clients: int, per_client: int
             barrier.wait()
             for i in range(per_client):
                 try:
-                    res = one_request(http, url, headers, model, prompt_for(c, i, prompt_tokens), max_tokens)
+                    res = one_request(http, url, headers, model, prompt_for(c, i, prompt_tokens, words_per_token),
+                                      max_tokens)
                 except Exception as exc:
                     errors.append(exc)
                     return
@@ -118,7 +134,7 @@ def run_level(url: str, headers: dict, model: str, clients: int, per_client: int
 
 
 def run_admission(url: str, headers: dict, model: str, streams: int, stream_tokens: int, prompt_tokens: int,
-                  admit_tokens: int) -> dict:
+                  admit_tokens: int, words_per_token: float = 1.0) -> dict:
     """`streams` streams decode `stream_tokens` tokens each; once every one has sent 4 chunks, a request with a
     ~admit_tokens-token prompt arrives (one output token). -> the streams' median gap before its arrival, their longest
     gap overlapping [arrival, its first token] (ms), and its TTFT (s)."""
@@ -129,7 +145,7 @@ def run_admission(url: str, headers: dict, model: str, streams: int, stream_toke
     def stream(c: int) -> None:
         try:
             with httpx.Client(timeout=3600) as http:
-                stamps[c] = stream_stamps(http, url, headers, model, prompt_for(200 + c, 0, prompt_tokens),
+                stamps[c] = stream_stamps(http, url, headers, model, prompt_for(200 + c, 0, prompt_tokens, words_per_token),
                                           stream_tokens, lambda n: n == 4 and decoding[c].set())[0]
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other threads
             errors.append(exc)
@@ -144,7 +160,7 @@ def run_admission(url: str, headers: dict, model: str, streams: int, stream_toke
     if not errors:
         arrival = time.perf_counter()
         with httpx.Client(timeout=3600) as http:
-            first = stream_stamps(http, url, headers, model, prompt_for(300, 0, admit_tokens), 1)[0][0]
+            first = stream_stamps(http, url, headers, model, prompt_for(300, 0, admit_tokens, words_per_token), 1)[0][0]
     for t in threads:
         t.join()
     if errors:
@@ -215,11 +231,14 @@ def run(args, out) -> dict:
         card = httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]
         model = card["id"]
         with httpx.Client(timeout=600) as http:  # warm-up (allocations, first-call overheads)
-            one_request(http, url, headers, model, prompt_for(99, 0, args.prompt_tokens), 4)
+            wpt = calibrate(http, url, headers, model)
+            measured = {n: count_tokens(http, url, headers, model, prompt_for(0, 0, n, wpt))
+                        for n in filter(None, (args.prompt_tokens, args.admit_prompt_tokens))}
+            one_request(http, url, headers, model, prompt_for(99, 0, args.prompt_tokens, wpt), 4)
         rows = []
         for clients in args.concurrency:
             results, wall = run_level(url, headers, model, clients, args.requests_per_client, args.prompt_tokens,
-                                      args.max_tokens)
+                                      args.max_tokens, wpt)
             ttfts = [r.ttft for r in results]
             rows.append((
                 clients, len(results), statistics.mean(ttfts), statistics.median(ttfts), max(ttfts),
@@ -230,13 +249,13 @@ def run(args, out) -> dict:
         admission = None
         if args.admit_prompt_tokens:
             admission = run_admission(url, headers, model, args.admit_streams, args.admit_stream_tokens,
-                                      args.prompt_tokens, args.admit_prompt_tokens)
+                                      args.prompt_tokens, args.admit_prompt_tokens, wpt)
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(30)
     print(f"\nmodel `{model}` (method {card.get('method')}, max_model_len {card.get('max_model_len')}), "
-          f"~{args.prompt_tokens} prompt tokens, {args.max_tokens} output tokens, "
+          f"{measured.get(args.prompt_tokens) or f'~{args.prompt_tokens}'} prompt tokens, {args.max_tokens} output tokens, "
           f"{args.requests_per_client} requests per client\n")
     print("| clients | requests | TTFT mean (s) | TTFT p50 (s) | TTFT max (s) | decode tok/s per stream | ITL mean (ms) | aggregate tok/s |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -249,5 +268,7 @@ def run(args, out) -> dict:
               f"{admission['itl_before_median_ms'] or float('nan'):.1f} ms)")
     names = ("clients", "requests", "ttft_mean_s", "ttft_p50_s", "ttft_max_s", "decode_tok_s_per_stream",
              "itl_mean_ms", "aggregate_tok_s")
+    # the prompts' token counts as the server tokenized them (None: a server without /tokenize, prompts of N words)
     return dict(model=model, method=card.get("method"), max_model_len=card.get("max_model_len"),
+                words_per_token=wpt, prompt_tokens={str(n): c for n, c in measured.items()},
                 rows=[dict(zip(names, r)) for r in rows], admission=admission)

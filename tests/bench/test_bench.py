@@ -69,6 +69,8 @@ def test_suite_smoke_slow(tmp_path, argv):
     if argv[0] == "server-latency":  # a prompt admitted mid-stream holds the streams up for its prefill chunk's step
         admission = data["admission"]
         assert admission["admit_ttft_s"] > 0 and admission["itl_during_max_ms"] > admission["itl_before_median_ms"]
+        # prompts asked for in tokens have about that many as the server tokenizes them (its /tokenize)
+        assert abs(data["prompt_tokens"]["600"] - 600) <= 60 and abs(data["prompt_tokens"]["32"] - 32) <= 8
 
 
 def _commands() -> list[list[str]]:
@@ -80,8 +82,13 @@ def _commands() -> list[list[str]]:
                 texts.append(line.split("-m bench ", 1)[1].rstrip().rstrip("\""))  # G="python3 -m bench ..."
     fill = {"OUT_DIR": "/tmp/x", "MODEL_DIR": "/root", "m": "dense", "h": "essays", "S": "", "W": "", "EXTRA": "",
             "METHOD": "tokenselect", "HAYSTACK": "sotu", "haystack": "sotu", "LENGTH": "1048576", "SEEDS": "0 1", "seed": "0", "name": "x",
-            "json": "{}"}
-    return [shlex.split(re.sub(r"\$\{?(\w+)\}?", lambda m: fill.get(m.group(1), "x"), t)) for t in set(texts)]
+            "json": "{}", "FLAGS": "", "TAG": ""}
+
+    def filled(t: str) -> str:  # ${NAME:-default}: the default unless filled; then $NAME / ${NAME}
+        t = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: fill.get(m.group(1), m.group(2)), t)
+        return re.sub(r"\$\{?(\w+)\}?", lambda m: fill.get(m.group(1), "x"), t)
+
+    return [shlex.split(filled(t)) for t in set(texts)]
 
 
 def test_documented_commands_parse():
