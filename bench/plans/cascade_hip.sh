@@ -12,6 +12,10 @@ run mem_cascade python3 -m bench memory --tokenizer-model $MODEL_DIR/smol.gguf -
 run mem_streaming python3 -m bench memory --tokenizer-model $MODEL_DIR/smol.gguf --model-cache-dir $MODEL_DIR/cache --method streaming --window-tokens 16316 --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_streaming.json
 run mem_infinipot python3 -m bench memory --tokenizer-model $MODEL_DIR/smol.gguf --model-cache-dir $MODEL_DIR/cache --method infinipot --lengths 32768 131072 1048576 --model random8b --prefill-chunk-size 1024 --output $OUT_DIR/memory_infinipot.json
 run decode python3 -m bench decode --contexts 131072 1048576 --methods dense cascade:paper streaming --output $OUT_DIR/decode_cascade.json
+# The whole 8B-shaped model: HiP v1's decode from CUDA graphs (one sequence at 127K, within the trained length it
+# keeps; eight at 32K in one graph) beside dense and infinitehip's default.
+run decode_hip python3 -m bench decode --contexts 130048 --methods dense hip infinitehip --output $OUT_DIR/decode_hip.json
+run batch_hip python3 -m bench batch-decode --model random8b --contexts 32768 --batch-sizes 1 8 --methods hip --warmup-steps 16 --output $OUT_DIR/batch_decode_hip.json
 # One layer: HiP v1 vs infinitehip's default vs dense SDPA-flash (prefill chunk, decode).
 run hip_latency python3 -m bench method-latency --contexts 131072 1048576 --methods hip infinitehip:default --output $OUT_DIR/method_latency_hip.json
 # Accuracy: passkey on the embedded model, cascade (a 64K cache) vs streaming at the same size; hip at 32K-128K.

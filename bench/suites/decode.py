@@ -8,7 +8,7 @@ Bandwidth is measured in the same run (device-to-device copy, bytes read + writt
     python -m bench decode --smoke                       # CPU, tiny random model, no bandwidth bound
 
 Decode steps of infinitehip replay CUDA graphs of the whole model (engine/graph_decode.py) unless --no-graphs adds
-the eager rows; dense decode is always eager. The mean over the timed steps includes the mask refreshes.
+the eager rows; dense's and hip's decode replay graphs too. The mean over the timed steps includes the mask refreshes.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=int, default=64, help="timed decode steps (mean over them: refresh steps included)")
     parser.add_argument("--warmup-steps", type=int, default=40, help="decode steps before timing (graph captures)")
     parser.add_argument("--methods", nargs="+", default=["dense"],
-                        help="dense, infinitehip:PRESET (e.g. infinitehip:3k-fast), cascade[:PRESET], streaming")
+                        help="dense, infinitehip:PRESET (e.g. infinitehip:3k-fast), hip, cascade[:PRESET], streaming")
     parser.add_argument("--no-graphs", action="store_true", help="also run every infinitehip method without CUDA graphs")
     parser.add_argument("--chunk", type=parse_int, default=32768, help="prefill chunk")
     add_smoke_flag(parser, "tiny random model, 300 tokens, dense and infinitehip")
