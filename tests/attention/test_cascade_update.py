@@ -159,3 +159,45 @@ def test_reference_equals_oracle_and_triton_equals_reference(seed, L, Hkv, d, si
     cases = {c: sum(o.cases[c] for row in oracles for o in row) for c in (1, 2, 3, 4)}
     if subcaches > 1:
         assert all(cases.values()), cases
+
+
+def _kept_tokens(scores_of_token: torch.Tensor, sinks: int, subcaches: int, width: int, total: int, stride: int):
+    """Push tokens 0..total-1 (after `sinks` sinks) through the reference update with k = token id and the given
+    per-token scores -> (schedule, k [kept] token id in each kept slot)."""
+    schedule = CascadeSchedule(sinks, subcaches, width)
+    kept = schedule.kept
+    limit = kept + stride
+    k = torch.full((1, limit, 1, 1), -1.0, dtype=torch.float64)
+    scores = torch.zeros(1, 1, limit)
+    flat = torch.arange(limit)
+    token = 0
+    while token < total:
+        first = kept if schedule.pushed else sinks
+        n = min(limit - first, total - token)
+        k[0, first : first + n, 0, 0] = torch.arange(token, token + n, dtype=torch.float64)
+        scores[0, 0, first : first + n] = scores_of_token[token : token + n]
+        ops, slots = schedule.plan_pushes(n)
+        cascade_update(k, k.clone(), scores, flat, ops, slots, first, impl="reference")
+        token += n
+    return schedule, k[0, :kept, 0, 0].long()
+
+
+def test_scores_choose_which_token_of_each_block_a_subcache_keeps_never_how_many():
+    """Past the filling, sub-cache i holds one token of each block of 2^i consecutive tokens (its newest: of the
+    block arriving so far): the compares keep the block's highest score (ties: the newer). So a run of adjacent
+    tokens (a 5-digit pass key tokenized digit by digit) is never kept whole past sub-cache 0, whatever the
+    scores: with random scores the kept tokens are the argmax of the blocks whose newest equal scores keep."""
+    sinks, subcaches, width, total, stride = 2, 4, 6, 700, 10
+    g = torch.Generator().manual_seed(0)
+    _, newest = _kept_tokens(torch.zeros(total), sinks, subcaches, width, total, stride)
+    table = torch.rand(total, generator=g)
+    _, best = _kept_tokens(table, sinks, subcaches, width, total, stride)
+    for i in range(1, subcaches):
+        block = 1 << i
+        part = slice(sinks + i * width, sinks + (i + 1) * width)
+        ends = sorted(newest[part].tolist())
+        gaps = [b - a for a, b in zip(ends, ends[1:])]
+        assert gaps[:-1] == [block] * (width - 2) and 0 < gaps[-1] <= block, (i, ends)
+        starts = [ends[0] - block + 1] + [a + 1 for a in ends[:-1]]
+        for start, end, tok in zip(starts, ends, sorted(best[part].tolist())):
+            assert tok == start + int(table[start : end + 1].argmax()), (i, start, end, tok)  # its highest score
