@@ -16,7 +16,8 @@ RENDERERS = {"accuracy": accuracy.accuracy, "kv-memory": accuracy.kv_memory, "la
              "decode": speed.decode, "hip-attn": speed.hip_attn, "ttft": speed.ttft,
              "prefix-ttft": speed.prefix_ttft, "tensor-parallel": speed.tensor_parallel,
              "batch-decode": speed.batch_decode, "paged-decode": speed.paged_decode,
-             "method-latency": speed.method_latency, "server-latency": speed.server_latency}
+             "method-latency": speed.method_latency, "server-latency": speed.server_latency,
+             "resident-decode": speed.resident_decode}
 NUMERIC = {"accuracy": ":-:", "kv-memory": "---:"}
 
 

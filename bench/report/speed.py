@@ -61,6 +61,23 @@ def decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str]
             "speedup"], lines, {}
 
 
+def resident_decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    """`bench decode` with the KV resident: one line per (method, context), its speed beside the same run's dense
+    step at that context and the weight-read bound (every weight read once a step)."""
+    lines = []
+    for row in rows:
+        for data, r in entries(manifest, row, "rows"):
+            median = field(row, r, "step_ms_median")
+            dense = [d["step_ms_median"] for d in data["rows"]
+                     if d.get("method") == "dense" and d.get("context") == r["context"]]
+            lines.append((row, [r["method"], f"{r['context']:,}", f"{median:.2f} / {field(row, r, 'step_ms_mean'):.2f}",
+                                f"{1e3 / median:.1f}", f"{dense[0] / median:.2f}x" if dense else "-",
+                                f"{data['bound_step_s'] * 1e3:.2f}", f"{r['captures']} / {r['replays']}",
+                                f"{r['prefill_s']:.1f}"]))
+    return ["method", "context", "decode ms/step (median / mean)", "tokens/s (median)", "x dense (median)",
+            "weight-read bound ms", "graphs captured / replays", "prefill s"], lines, {}
+
+
 def hip_attn(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
     def patterns(d: dict) -> str:
         return " / ".join(f"{v['ms'] * 1e3:.0f}" for v in sorted(d.values(), key=lambda v: v["ms"]))
