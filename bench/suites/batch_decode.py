@@ -25,6 +25,7 @@ import torch
 
 from bench.common import models
 from bench.common.cli import add_smoke_flag
+from bench.common.gpu_profile import print_report, profile_region
 from bench.common.meta import record_engine
 from bench.common.timing import sync
 from bench.suites.decode import hbm_bandwidth
@@ -72,7 +73,7 @@ def run_cell(loaded: LoadedModel, spec: str, mode: str, context: int, num_seqs: 
     # Sequences whose prefill ends first decode while the others prefill: room for those tokens on top of the timed
     # ones (at most one a prefill step); the timed steps stop at warmup + steps and the rest is aborted.
     prefill_steps = -(-num_seqs * context // args.chunk) + num_seqs
-    extra = prefill_steps + args.warmup_steps + args.steps + 8
+    extra = prefill_steps + args.warmup_steps + args.steps + args.profile_steps + 8
     page = 64
     per_seq = -(-(context + extra) // page) * page + page
     offload = offload_for(method, config, context + extra, loaded.config.num_heads, num_seqs) \
@@ -100,6 +101,11 @@ def run_cell(loaded: LoadedModel, spec: str, mode: str, context: int, num_seqs: 
         t = time.perf_counter()
         engine.step()  # sampling reads the tokens back: the step is done when it returns
         step_s.append(time.perf_counter() - t)
+    if args.profile_steps:  # after the timed steps: the profiler slows the steps it watches, so they are not timed
+        with profile_region(device, args.profile_rows, syncs=False) as report:
+            for _ in range(args.profile_steps):
+                engine.step()
+        print_report(report, f"profile of {args.profile_steps} decode steps ({spec}, {mode}, {context}, N={num_seqs})")
     if any(s.is_finished for s in seqs):
         raise RuntimeError(f"a sequence finished within the timed steps (N={num_seqs}): its tokens were not enough")
     for s in seqs:
@@ -148,6 +154,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--bandwidth-gbs", type=float, default=None,
                         help="memory bandwidth of the bound, GB/s (default: measured device copy on CUDA)")
     parser.add_argument("--no-graphs", action="store_true", help="CUDA graphs off (a single sequence's decode)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="after the timed steps, profile this many more (kernel and host-op tables, printed): "
+                             "where a batch's step goes")
+    parser.add_argument("--profile-rows", type=int, default=30, help="rows of each profile table")
     add_smoke_flag(parser, "tiny random model, 200 tokens, N = 1 and 2, dense and infinitehip, resident and offloaded")
 
 
