@@ -60,7 +60,8 @@ def _oracle_slots(schedule: CascadeSchedule, oracle: OracleCascade) -> dict[int,
                                                                 (3, 4, 3, (14, 1, 2, 40))])
 def test_plan_follows_the_four_cases_and_orders_positions_by_age(sinks, subcaches, width, strides):
     """With every score taken from a fixed random table, the plan applied to token ids equals the oracle, every
-    case occurs, and positions rank the kept tokens by age (sinks first)."""
+    case occurs, the held slots are those holding a token (a filling sub-cache's others hold none), and positions
+    rank the kept tokens by age (sinks first)."""
     g = torch.Generator().manual_seed(sinks + width)
     schedule = CascadeSchedule(sinks, subcaches, width)
     oracle = OracleCascade(subcaches, width)
@@ -86,6 +87,9 @@ def test_plan_follows_the_four_cases_and_orders_positions_by_age(sinks, subcache
                 break
         token += n
         assert slots_token == _oracle_slots(schedule, oracle)
+        held = schedule.held_slots()  # the slots holding a token: the sinks' and the oracle's
+        want = list(range(sinks)) + sorted(slots_token)
+        assert (list(range(schedule.kept)) if held is None else held.tolist()) == want
     if subcaches > 1:
         assert all(oracle.cases.values()), oracle.cases
     pos = schedule.positions()
@@ -109,7 +113,7 @@ def _paged(L, Hkv, d, pages, page_size, g):
 def test_reference_equals_oracle_and_triton_equals_reference(seed, L, Hkv, d, sinks, subcaches, width, strides):
     """Random k/v and scores per layer and KV head (each decides its own COMPAREs) in a paged cache whose pages are
     shuffled: the reference's kept k/v and scores equal the oracle's per (layer, head), and the Triton kernel's
-    equal the reference's exactly."""
+    and the batched CPU update's equal the reference's exactly."""
     g = torch.Generator().manual_seed(seed)
     page_size = 4
     kept = sinks + subcaches * width
@@ -120,8 +124,12 @@ def test_reference_equals_oracle_and_triton_equals_reference(seed, L, Hkv, d, si
     tri = PagedKVCache(L, pages, page_size, Hkv, d, torch.float32, DEVICE)
     tri.k.copy_(ref.k)
     tri.v.copy_(ref.v)
+    bat = PagedKVCache(L, pages, page_size, Hkv, d, torch.float32, "cpu")
+    bat.k.copy_(ref.k)
+    bat.v.copy_(ref.v)
     scores_ref = torch.rand(L, Hkv, limit, generator=g)
     scores_tri = scores_ref.clone().to(DEVICE)
+    scores_bat = scores_ref.clone()
     schedule = CascadeSchedule(sinks, subcaches, width)
     oracles = [[OracleCascade(subcaches, width) for _ in range(Hkv)] for _ in range(L)]
     flat = ref.slots(page_table, 0, limit)
@@ -132,10 +140,12 @@ def test_reference_equals_oracle_and_triton_equals_reference(seed, L, Hkv, d, si
         fresh = torch.rand(L, Hkv, n, generator=g)
         scores_ref[..., first:end] = fresh
         scores_tri[..., first:end] = fresh.to(DEVICE)
+        scores_bat[..., first:end] = fresh
         for slot in range(first, end):  # new tokens' k/v (as a forward step writes them)
             row = torch.randn(L, Hkv, d, generator=g)
             ref.k.view(L, -1, Hkv, d)[:, flat[slot]] = row
             tri.k.view(L, -1, Hkv, d)[:, flat[slot]] = row.to(DEVICE)
+            bat.k.view(L, -1, Hkv, d)[:, flat[slot]] = row
         for l in range(L):
             for h in range(Hkv):
                 for j in range(n):
@@ -147,9 +157,12 @@ def test_reference_equals_oracle_and_triton_equals_reference(seed, L, Hkv, d, si
         v4 = lambda c: c.v.view(L, -1, Hkv, d)
         cascade_update(k4(ref), v4(ref), scores_ref, flat, ops, slots, first, impl="reference")
         cascade_update(k4(tri), v4(tri), scores_tri, flat.to(DEVICE), ops, slots, first, impl="triton")
-        torch.testing.assert_close(tri.k.cpu(), ref.k, rtol=0, atol=0)
-        torch.testing.assert_close(tri.v.cpu(), ref.v, rtol=0, atol=0)
+        cascade_update(k4(bat), v4(bat), scores_bat, flat, ops, slots, first, impl="cpu")
+        for c in (tri, bat):
+            torch.testing.assert_close(c.k.cpu(), ref.k, rtol=0, atol=0)
+            torch.testing.assert_close(c.v.cpu(), ref.v, rtol=0, atol=0)
         torch.testing.assert_close(scores_tri.cpu()[..., :kept], scores_ref[..., :kept], rtol=0, atol=0)
+        torch.testing.assert_close(scores_bat[..., :kept], scores_ref[..., :kept], rtol=0, atol=0)
         for l in range(L):
             for h in range(Hkv):
                 want = _oracle_slots(schedule, oracles[l][h])

@@ -33,7 +33,9 @@ class CascadeConfig:
     # Weight of a key's past score per query that attends it: score <- decay * score + (1 - decay) * attention.
     score_decay: float = 0.999
     head_reduction: str = "max"  # over the query heads of a KV group: "max" (the paper's default) or "mean"
-    impl: str = "auto"  # the cache update: "auto" (Triton on CUDA, the reference elsewhere), "reference", "triton"
+    # The attention with scores and the cache update: "auto" (Triton on CUDA, the CPU formulations elsewhere),
+    # "reference" (the eager oracles), "triton"
+    impl: str = "auto"
 
     STUDY_FIELDS: ClassVar[tuple[str, ...]] = ("score_decay", "head_reduction", "impl")
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"head_reduction": HEAD_REDUCTIONS, "impl": IMPLS}

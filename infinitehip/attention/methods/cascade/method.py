@@ -11,8 +11,11 @@ runs once per stride).
 
 Keys are cached without RoPE and rotated at their position in the cache (schedule.positions: their rank by age), the
 queries at their slot; the largest position is kept + stride - 1, inside the trained range (checked). Every
-attention call also updates the keys' scores (scores.py); sub-caches decide per layer and KV head, so each holds its
-own tokens (the cache is [pages, page_size, Hkv, d] and a slot's position is the same for every head).
+attention call also updates the keys' scores (scores/); sub-caches decide per layer and KV head, so each holds its
+own tokens (the cache is [pages, page_size, Hkv, d] and a slot's position is the same for every head). Until every
+sub-cache is full (schedule.py: longer than the first push) a sub-cache's slots past its count hold no token of it
+and are not attended. The keys' slots and positions are computed once per step for every layer; nothing in a step
+reads a device value back.
 """
 
 from __future__ import annotations
@@ -26,23 +29,27 @@ from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch
 from infinitehip.attention.capabilities import CacheCompaction
 from infinitehip.attention.methods.cascade.config import PRESETS, CascadeConfig
 from infinitehip.attention.methods.cascade.schedule import CascadeSchedule
-from infinitehip.attention.methods.cascade.scores import attention_with_scores
+from infinitehip.attention.methods.cascade.scores.op import attention_with_scores
 from infinitehip.attention.methods.cascade.update.op import cascade_update
 from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
-from infinitehip.model.rope import apply_rotary
+from infinitehip.host_values import host_to_device
+from infinitehip.model.rotary.op import rotate_at
 from infinitehip.profiling import phase
 
 
 @dataclass
 class CascadeState:
     """Per sequence: the schedule (shared by layers and heads), the keys' scores [L, Hkv, limit] fp32 by slot
-    (allocated on the first step), and the positions of the step's keys (computed once per step)."""
+    (allocated on the first step), and the rotation of the step's keys (computed once per step)."""
 
     schedule: CascadeSchedule
     scores: torch.Tensor | None = None
-    positions: torch.Tensor | None = None
-    positions_for: tuple[int, int] | None = None  # (pushed, context_len) the positions were computed for
+    # The step's keys: their sequence slots [K] int64 on the device (None: every slot [0, context_len)) and their
+    # positions [K] int64 on the device
+    key_slots: torch.Tensor | None = None
+    key_positions: torch.Tensor | None = None
+    keys_for: tuple[int, int] | None = None  # (pushed, context_len) they were computed for
 
 
 def sized_config(model_config: ModelConfig, config: CascadeConfig | None) -> CascadeConfig:
@@ -78,15 +85,23 @@ class CascadeAttention(AttentionMethod, CacheCompaction):
         c = self.config
         return CascadeState(CascadeSchedule(c.sink_tokens, c.num_subcaches, c.subcache_tokens))
 
-    def _positions(self, state: CascadeState, context_len: int, device: torch.device) -> torch.Tensor:
-        """[context_len] position of each slot: the kept slots' ranks, then the stride at its slots."""
+    def _keys(self, state: CascadeState, context_len: int, device: torch.device) -> None:
+        """The step's keys (once per step, for every layer): the kept slots holding a token (schedule.held_slots:
+        all of them once the cache is full) then the stride, and their positions (the kept slots' ranks, the
+        stride at its slots). Host values, copied without a sync."""
         key = (state.schedule.pushed, context_len)
-        if state.positions_for != key:
-            kept = state.schedule.positions() if state.schedule.pushed else torch.zeros(0, dtype=torch.long)
-            stride = torch.arange(kept.numel(), context_len, dtype=torch.long)
-            state.positions = torch.cat([kept[:context_len], stride]).to(device)
-            state.positions_for = key
-        return state.positions
+        if state.keys_for == key:
+            return
+        schedule = state.schedule
+        kept = schedule.positions() if schedule.pushed else torch.zeros(0, dtype=torch.long)
+        positions = torch.cat([kept[:context_len], torch.arange(kept.numel(), context_len, dtype=torch.long)])
+        held = schedule.held_slots()
+        state.key_slots = None
+        if held is not None:  # filling: skip the slots of a sub-cache past its count
+            slots = torch.cat([held, torch.arange(schedule.kept, context_len, dtype=torch.long)])
+            positions, state.key_slots = positions[slots], host_to_device(slots, device)
+        state.key_positions = host_to_device(positions, device)
+        state.keys_for = key
 
     def prefill(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
         state: CascadeState = seq.state
@@ -94,15 +109,21 @@ class CascadeAttention(AttentionMethod, CacheCompaction):
         if state.scores is None:
             shape = (self.model_config.num_layers, self.model_config.num_kv_heads, c.limit_tokens)
             state.scores = torch.zeros(shape, dtype=torch.float32, device=q.device)
-        k_pos = self._positions(state, end, q.device)
+        self._keys(state, end, q.device)
+        slots = seq.context_slots if state.key_slots is None else seq.context_slots[state.key_slots]
+        k, v = seq.cache.read(layer, slots)
         batch.rope.ensure(end)
-        k, v = seq.cache.read(layer, seq.context_slots)
-        k = apply_rotary(k, batch.rope.cos[k_pos].unsqueeze(1), batch.rope.sin[k_pos].unsqueeze(1))
+        k = rotate_at(k, state.key_positions, batch.rope.cos, batch.rope.sin)  # one kernel on CUDA
         q = batch.rope.apply_range(q, seq.start_pos)  # the stride's slots are its positions
         scores = state.scores[layer, :, :end]
         scores[:, seq.start_pos :] = 0.0  # the chunk's own keys start with no score
-        return attention_with_scores(q, k, v, k_pos[seq.start_pos :], k_pos, scores, self.sm_scale,
-                                     c.score_decay, c.head_reduction)
+        attended = scores if state.key_slots is None else scores.index_select(1, state.key_slots)
+        # Key order: query i (the i-th of the last n keys) sees the keys up to its own (kept keys rank below)
+        out = attention_with_scores(q, k, v, attended, self.sm_scale, c.score_decay, c.head_reduction,
+                                    impl=resolve_impl(c.impl, q.device))
+        if state.key_slots is not None:
+            scores.index_copy_(1, state.key_slots, attended)
+        return out
 
     def after_forward(self, seq: SequenceSlice, hooks: ChunkHooks) -> int | None:
         if seq.context_len < self.config.limit_tokens:

@@ -19,6 +19,11 @@ applies (COMPARE) is decided per layer and KV head by the update (update/).
 Positions: tokens stay in the order they arrived (a sub-cache holds older tokens than the one before it, and a
 circular buffer is ordered from its oldest slot), so a key's position is its rank in the cache: sinks 0..S-1, the
 oldest sub-cache's tokens next, sub-cache 0's newest last, then the stride at its slots.
+
+Filling: sub-cache i fills only once i - 1 is full and then takes every 2^(i-1)-th push, so the cache is full
+after W (1 + 1 + 2 + ... + 2^(C-2)) pushes, longer than the first push (C W + stride). Until then a sub-cache's
+slots past its count hold no token of it (what a prompt chunk wrote there before the first push): `held_slots`
+lists the slots that hold one, the only ones attended.
 """
 
 from __future__ import annotations
@@ -49,23 +54,27 @@ class CascadeSchedule:
 
     @property
     def full(self) -> bool:
-        return all(c == self.width for c in self.counts)
+        return self.counts[-1] == self.width  # sub-caches fill in order: the last one fills last
 
     def plan_pushes(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Push n tokens (advancing the schedule) -> ops [n, C] int32 and slots [n, C] int32 (sequence slots)."""
-        C, W, S = self.subcaches, self.width, self.sinks
+        C = self.subcaches
         ops = torch.zeros(n, C, dtype=torch.int32)
         slots = torch.zeros(n, C, dtype=torch.int32)
-        k = 0
-        while k < n and not self.full:  # filling: at most C * W pushes in a sequence's life
-            self._plan_one(ops[k], slots[k])
-            k += 1
-        if k < n:
-            self._plan_full(ops[k:], slots[k:])
+        rows: list[tuple[list[int], list[int]]] = []  # filling: at most C * W pushes in a sequence's life
+        while len(rows) < n and not self.full:
+            rows.append(self._plan_one())
+        if rows:
+            ops[: len(rows)] = torch.tensor([r[0] for r in rows], dtype=torch.int32)
+            slots[: len(rows)] = torch.tensor([r[1] for r in rows], dtype=torch.int32)
+        if len(rows) < n:
+            self._plan_full(ops[len(rows) :], slots[len(rows) :])
         return ops, slots
 
-    def _plan_one(self, ops: torch.Tensor, slots: torch.Tensor) -> None:
+    def _plan_one(self) -> tuple[list[int], list[int]]:
+        """One push while some sub-cache is not full -> its (ops [C], slots [C])."""
         t, W = self.pushed, self.width
+        ops, slots = [NONE] * self.subcaches, [0] * self.subcaches
         for i in range(self.subcaches):
             base = self.sinks + i * W
             if self.counts[i] < W:
@@ -79,6 +88,7 @@ class CascadeSchedule:
             ops[i], slots[i] = COMPARE, base + (self.heads[i] - 1) % W
             break
         self.pushed += 1
+        return ops, slots
 
     def _plan_full(self, ops: torch.Tensor, slots: torch.Tensor) -> None:
         """Every sub-cache full: push t passes on through sub-caches 0..z (2^i divides t for i <= z) and compares
@@ -101,8 +111,19 @@ class CascadeSchedule:
         self.heads = [int(h) for h in (heads + total) % W]
         self.pushed += n
 
+    def held_slots(self) -> torch.Tensor | None:
+        """[held] int64, ascending: the kept slots holding a token (sinks, each sub-cache's first counts[i]); None
+        when every kept slot does (the cache is full, or nothing was pushed: the slots are the prompt's tokens)."""
+        if self.pushed == 0 or self.full:
+            return None
+        S, W = self.sinks, self.width
+        parts = [torch.arange(S, dtype=torch.long)]
+        parts += [torch.arange(S + i * W, S + i * W + c, dtype=torch.long) for i, c in enumerate(self.counts)]
+        return torch.cat(parts)
+
     def positions(self) -> torch.Tensor:
-        """[kept] int64: the position of each kept slot (sinks, then the sub-caches by age, each oldest first)."""
+        """[kept] int64: the position of each kept slot (sinks, then the sub-caches by age, each oldest first); a
+        slot that holds no token (`held_slots`) gets a position too, never attended."""
         S, W = self.sinks, self.width
         pos = torch.arange(self.kept, dtype=torch.long)
         if self.pushed == 0:

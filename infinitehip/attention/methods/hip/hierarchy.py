@@ -18,6 +18,9 @@ level in a few GEMMs: CPU and GPU). Given `rounds` (`hierarchy_rounds` of the la
 `select_blocks` runs that many score passes and reads nothing back to the host (decode, CUDA graphs): once a row's
 kept segments are single blocks, a further pass keeps the same K blocks (their halves are themselves and empty
 segments), so extra passes change nothing.
+
+Oracle diagnostics (attention/common/needle_probe.py): `forced` tokens lift every segment holding one of them above
+the others, so the hierarchy keeps their blocks (when they fit in K) whatever the center tokens score.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Callable
 
 import torch
 
+from infinitehip.attention.common.needle_probe import FORCE_BONUS
 from infinitehip.kv.paged_cache import token_slots
 from infinitehip.model.rope import apply_rotary
 
@@ -54,6 +58,20 @@ def _centers(lo: torch.Tensor, hi: torch.Tensor, sink: int, block_size: int, end
     return torch.minimum((s + e) // 2, e - 1)
 
 
+def _forced_rows(forced: torch.Tensor, M: int) -> torch.Tensor:
+    """Forced tokens [n] (every row) or [M, n] (padding -1: never inside a segment) -> [M, n] sorted int64."""
+    forced = forced.long()
+    return (forced.expand(M, -1) if forced.dim() == 1 else forced).sort(dim=1).values.contiguous()
+
+
+def _holds(forced: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, sink: int, block_size: int,
+           end: torch.Tensor) -> torch.Tensor:
+    """Whether segments lo/hi [M, S] (blocks) hold any of the rows' sorted forced tokens [M, n] -> [M, S] bool."""
+    s = sink + lo * block_size
+    e = torch.minimum(sink + hi * block_size, end)
+    return torch.searchsorted(forced, e) > torch.searchsorted(forced, s)  # tokens in [s, e)
+
+
 def num_blocks(ends: torch.Tensor, sink: int, block_size: int) -> torch.Tensor:
     """Candidate key blocks of each row: ceil((end - sink) / block_size)."""
     return (ends - sink + block_size - 1) // block_size
@@ -68,13 +86,13 @@ def hierarchy_rounds(max_end: int, sink: int, top_k_blocks: int, block_size: int
 
 def select_blocks(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int,
                   cos: torch.Tensor, sin: torch.Tensor, ends: torch.Tensor, sink: int, top_k_blocks: int,
-                  block_size: int, reduce: Callable | None = None,
-                  rounds: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  block_size: int, reduce: Callable | None = None, rounds: int | None = None,
+                  forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q_rot [M, b, H, d] rotated queries of M query blocks (a short block padded with copies of its queries: the
     max ignores them); page_table [P], or [M, P] one per row; ends [M] int64, each at least
     sink + 2 * top_k_blocks * block_size; reduce: combines the [M, 2K] scores over tensor-parallel ranks ("max"),
     None single-process; rounds: score passes (`hierarchy_rounds`; None: until every kept segment is one block,
-    read back each pass).
+    read back each pass); forced: oracle tokens [n] (every row) or [M, n] (padding -1), None normally.
 
     -> (starts [M, K] int64 first token of each selected block, ascending; lens [M, K] tokens of each)
     """
@@ -88,6 +106,7 @@ def select_blocks(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.T
     lo, hi = bounds[:, :-1], bounds[:, 1:]  # [M, 2K]
     q = q_rot.float().view(M, b, Hkv, H // Hkv, d).permute(0, 2, 1, 3, 4).reshape(M, Hkv, -1, d)
     rows = max(1, SCORE_ELEMENTS // max(1, H * b * 2 * K))
+    forced = None if forced is None else _forced_rows(forced.to(device), M)
     passes = 0
     while True:
         centers = _centers(lo, hi, sink, block_size, ends[:, None])
@@ -100,6 +119,8 @@ def select_blocks(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.T
             scores[a:z] = s.amax(dim=(1, 2))
         if reduce is not None:
             scores = reduce(scores, "max")
+        if forced is not None:
+            scores = scores.masked_fill(_holds(forced, lo, hi, sink, block_size, ends[:, None]), FORCE_BONUS)
         scores = scores.masked_fill(hi <= lo, float("-inf"))
         # topk of (score, -index): ties keep the lower segment whatever the backend's topk order
         order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :K]
@@ -117,13 +138,14 @@ def select_blocks(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.T
 
 def select_blocks_reference(q_rot: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Tensor, page_size: int,
                             cos: torch.Tensor, sin: torch.Tensor, ends: torch.Tensor, sink: int, top_k_blocks: int,
-                            block_size: int, reduce: Callable | None = None,
-                            rounds: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                            block_size: int, reduce: Callable | None = None, rounds: int | None = None,
+                            forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The oracle of `select_blocks` (same arguments and result; rounds is not needed: it reads ends on the host):
     per row, every candidate's score, then the hierarchy over Python lists."""
     M, b, H, d = q_rot.shape
     Hkv, K = k_flat.shape[1], top_k_blocks
     g = H // Hkv
+    forced_rows = None if forced is None else _forced_rows(forced, M).tolist()
     starts, lens = [], []
     for m in range(M):
         end = int(ends[m])
@@ -138,6 +160,8 @@ def select_blocks_reference(q_rot: torch.Tensor, k_flat: torch.Tensor, page_tabl
             if hi <= lo:
                 return float("-inf")
             s, e = sink + lo * block_size, min(sink + hi * block_size, end)
+            if forced_rows is not None and any(s <= t < e for t in forced_rows[m]):
+                return FORCE_BONUS
             return float(token_score[min((s + e) // 2, e - 1) - sink])
 
         n = (end - sink + block_size - 1) // block_size

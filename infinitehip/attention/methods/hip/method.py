@@ -13,6 +13,9 @@ The first `dense_layers` layers attend every key. Positions: original ones every
 their own positions, in the scores and in the attention), as HiP v1 does within the trained length; the method
 keeps the model's trained length as its default context limit.
 The attention reads the key lists through the project's sparse attention op (Triton on CUDA).
+A needle probe (attention/common/needle_probe.py) records the share of its tokens among the keys attended by the
+prompt's last query block ("attended", per layer) and by each decode step (1.0 where every key is attended); an
+oracle probe forces its tokens into every selection (`hierarchy.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, SequenceSlice
 from infinitehip.attention.capabilities import TensorParallelHeads
+from infinitehip.attention.common.needle_probe import NeedleProbe
 from infinitehip.attention.methods.dense.method import causal_sdpa, resident_decode
 from infinitehip.attention.methods.hip.config import HiPConfig, candidate_end
 from infinitehip.attention.methods.hip.graph_hooks import HiPGraphHooks
@@ -47,12 +51,20 @@ class HiPAttention(AttentionMethod, HiPGraphHooks, TensorParallelHeads):
     def _impl(self, x: torch.Tensor) -> str:
         return resolve_impl(self.config.impl, x.device)
 
-    def _select(self, q_rot, seq_cache, layer, page_table, rope, ends, rounds=None):
+    def _select(self, q_rot, seq_cache, layer, page_table, rope, ends, rounds=None, forced=None):
         c = self.config
         op = select_blocks_reference if self._impl(q_rot) == "reference" else select_blocks
         return op(q_rot, seq_cache.flat_k(layer), page_table, seq_cache.page_size, rope.cos, rope.sin, ends,
                   c.sink_tokens, c.top_k_blocks, c.key_block_size,
-                  reduce=None if self.parallel is None else self.reduce_heads, rounds=rounds)
+                  reduce=None if self.parallel is None else self.reduce_heads, rounds=rounds, forced=forced)
+
+    def _record_prefill(self, probe: NeedleProbe | None, layer: int, seq: SequenceSlice,
+                        key_tokens: torch.Tensor | None = None, count: int = 0) -> None:
+        """The share of the probe's tokens among the keys of the prompt's last query block: key_tokens [>= count]
+        (None: every key attended)."""
+        if probe is not None and probe.is_last_prefill(seq.context_len):
+            share = 1.0 if key_tokens is None else probe.share_of_tokens(key_tokens[:count])
+            probe.record_prefill("attended", layer, self.model_config.num_layers, share)
 
     # ---- prefill ----------------------------------------------------------------------------------------
     def _dense(self, layer: int, q: torch.Tensor, seq: SequenceSlice, batch: ForwardBatch) -> torch.Tensor:
@@ -64,6 +76,7 @@ class HiPAttention(AttentionMethod, HiPGraphHooks, TensorParallelHeads):
         c = self.config
         n, b = q.shape[0], c.query_block_size
         if layer < c.dense_layers or not c.selects(seq.context_len - 1 - (n - 1) % b):
+            self._record_prefill(seq.probe, layer, seq)
             return self._dense(layer, q, seq, batch)  # no block selects (the last block's first query decides)
         device = q.device
         batch.rope.ensure(seq.context_len)
@@ -77,7 +90,9 @@ class HiPAttention(AttentionMethod, HiPGraphHooks, TensorParallelHeads):
         rows = selecting.nonzero().flatten()
         padded = torch.clamp(torch.arange(M * b, device=device), max=n - 1)  # a short last block repeats its queries
         q_blocks = q_rot[padded].view(M, b, *q.shape[1:])[rows]
-        sel_starts, sel_lens = self._select(q_blocks, seq.cache, layer, seq.page_table, batch.rope, ends[rows])
+        forced = seq.probe.on(device) if seq.probe is not None and seq.probe.oracle else None
+        sel_starts, sel_lens = self._select(q_blocks, seq.cache, layer, seq.page_table, batch.rope, ends[rows],
+                                            forced=forced)
         starts = torch.zeros(M, c.top_k_blocks, dtype=torch.long, device=device)
         lens = torch.zeros_like(starts)
         starts[rows], lens[rows] = sel_starts, sel_lens
@@ -85,6 +100,7 @@ class HiPAttention(AttentionMethod, HiPGraphHooks, TensorParallelHeads):
         key_tokens, key_counts = key_list(starts, lens, ends, last, c.sink_tokens, c.key_block_size,
                                           c.window_tokens + b - 1, span)
         key_tokens = key_tokens[:, : int(key_counts.max())]  # prefill reads back (eager): the op's lists no wider
+        self._record_prefill(seq.probe, layer, seq, key_tokens[-1], int(key_counts[-1]))
         key_tokens, key_counts, qpos = key_tokens.int(), key_counts.int(), query_pos.int()
         return sparse_attention_prefill(q, seq.cache.flat_k(layer), seq.cache.flat_v(layer), seq.page_table,
                                         seq.cache.page_size, key_tokens, key_counts, key_tokens, qpos, qpos, b,
@@ -100,6 +116,7 @@ class HiPAttention(AttentionMethod, HiPGraphHooks, TensorParallelHeads):
         only (the graph key's), the device work reads batch.decode_positions / decode_page_tables."""
         c = self.config
         if layer < c.dense_layers:
+            self._record_decode(seqs, layer)
             return resident_decode(layer, q, batch)
         capacity = batch.decode_capacity
         batch.rope.ensure(capacity)
@@ -117,6 +134,7 @@ class HiPAttention(AttentionMethod, HiPGraphHooks, TensorParallelHeads):
             self._refresh(layer, q, seqs, refreshing, batch)
         sparse = [state.sparse[layer] for state in states]
         if not any(sparse):  # every sequence attends every key
+            self._record_decode(seqs, layer)
             return resident_decode(layer, q, batch)
         if len(states) == 1:
             rows = slice(layer, layer + 1)
@@ -131,11 +149,35 @@ class HiPAttention(AttentionMethod, HiPGraphHooks, TensorParallelHeads):
         last = batch.decode_positions  # [B] int64
         key_tokens, key_counts = key_list(starts, lens, ends, last, c.sink_tokens, c.key_block_size, width,
                                           0 if all(sparse) else capacity)
+        self._record_decode(seqs, layer, key_tokens, key_counts)
         key_tokens = key_tokens.int()
         cache = seqs[0].cache
         return sparse_attention_decode(q, cache.flat_k(layer), cache.flat_v(layer), batch.decode_page_tables,
                                        cache.page_size, key_tokens, key_counts.int(), key_tokens, last.int(),
                                        batch.rope.cos, batch.rope.sin, self.sm_scale, impl=self._impl(q))
+
+    @staticmethod
+    def _record_decode(seqs: list[SequenceSlice], layer: int, key_tokens: torch.Tensor | None = None,
+                       key_counts: torch.Tensor | None = None) -> None:
+        """Each probed sequence's share of its tokens among the keys its step attends: row i of key_tokens [B, W]
+        up to key_counts [B] (None: every key). A probed step runs eagerly (engine/runner.py): host reads are fine."""
+        for i, s in enumerate(seqs):
+            if s.probe is not None:
+                share = 1.0 if key_tokens is None else s.probe.share_of_tokens(key_tokens[i, : int(key_counts[i])])
+                s.probe.record_decode(layer, share)
+
+    @staticmethod
+    def _forced(seqs: list[SequenceSlice], device: torch.device) -> torch.Tensor | None:
+        """Oracle probes' tokens per decode row -> [B, n] (padding -1: forces nothing), None when none forces."""
+        rows = [s.probe.on(device) if s.probe is not None and s.probe.oracle else None for s in seqs]
+        if all(r is None for r in rows):
+            return None
+        n = max(r.numel() for r in rows if r is not None)
+        pad = torch.full((len(rows), n), -1, dtype=torch.long, device=device)
+        for i, r in enumerate(rows):
+            if r is not None:
+                pad[i, : r.numel()] = r
+        return pad
 
     def _refresh(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], rows: list[int],
                  batch: ForwardBatch) -> None:
@@ -157,7 +199,7 @@ class HiPAttention(AttentionMethod, HiPGraphHooks, TensorParallelHeads):
         rounds = hierarchy_rounds(candidate_end(batch.decode_capacity - 1, c), c.sink_tokens, c.top_k_blocks,
                                   c.key_block_size)
         starts, lens = self._select(q_rot[:, None], seqs[0].cache, layer, batch.decode_page_tables, batch.rope,
-                                    ends, rounds)  # [B, K] each
+                                    ends, rounds, self._forced(seqs, q.device))  # [B, K] each
         for i in picked:
             state: HiPState = seqs[i].state
             state.starts[layer].copy_(starts[i])

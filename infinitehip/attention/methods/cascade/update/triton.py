@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from infinitehip.host_values import host_to_device
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 fix_interpreter_if_active()
@@ -64,8 +65,9 @@ def cascade_update_triton(k: torch.Tensor, v: torch.Tensor, scores: torch.Tensor
     if k.stride() != v.stride() or k.stride(-1) != 1 or scores.stride(-1) != 1:
         raise ValueError("cascade update: k and v must share a layout with contiguous rows, scores contiguous slots")
     device = k.device
-    ops = ops.to(device=device, dtype=torch.int32).contiguous()
-    slots = slots.to(device=device, dtype=torch.int32).contiguous()
+    # The plan is host-made: staged in pinned memory, so the copy does not wait for the step's queued kernels
+    ops = host_to_device(ops.to(torch.int32).contiguous(), device)
+    slots = host_to_device(slots.to(torch.int32).contiguous(), device)
     flat = flat_slots.to(device=device, dtype=torch.int64).contiguous()
     _cascade_update_kernel[(L, Hkv)](
         k, v, scores, flat, ops, slots, first, n, C, D,

@@ -1,5 +1,5 @@
-"""Attention over sinks + sub-caches + stride that also accumulates each key's score (the EMA of the attention it
-receives), reduced over the query heads of its KV group.
+"""Attention over sinks + sub-caches + stride that also accumulates each key's score, in eager PyTorch: the oracle
+of `cpu.py` and `triton.py` (any key positions; the fast paths take the method's slot order).
 
 The EMA runs query by query, as in decode: every query that sees key j updates s_j <- decay * s_j + (1 - decay) *
 a_qj. Over a chunk of n queries this is s_j <- decay^(m_j) * s_j + sum_q (1 - decay) * decay^(n - 1 - q) * a_qj,
@@ -15,8 +15,9 @@ import torch
 ELEMENTS_PER_PASS = 1 << 26  # fp32 scores of one pass (256 MiB)
 
 
-def attention_with_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-                          scores: torch.Tensor, scale: float, decay: float, reduction: str) -> torch.Tensor:
+def attention_with_scores_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
+                                    k_pos: torch.Tensor, scores: torch.Tensor, scale: float, decay: float,
+                                    reduction: str) -> torch.Tensor:
     """q [n, H, d] at positions q_pos [n] (ascending), k/v [K, Hkv, d] (RoPE applied) at k_pos [K]; query q sees
     the keys at positions <= its own. scores [Hkv, K] fp32 (the keys' scores, zero for new keys) updated in place
     -> out [n, H, d]."""
