@@ -40,16 +40,21 @@ def _cache(n_tokens: int, seed: int):
     return k_flat, torch.arange(n_tokens // 16, dtype=torch.int32)  # page size 16, pages in order
 
 
-def test_question_chunks_keep_the_best_window_and_the_forced_tokens():
+def _rope():
     from infinitehip.config.model import ModelConfig
     from infinitehip.model.rope import RotaryEmbedding
 
-    k_flat, table = _cache(512, 0)
-    q = torch.randn(4, 4, 16, generator=torch.Generator().manual_seed(1))
     mc = ModelConfig(model_type="llama", vocab_size=16, hidden_size=64, intermediate_size=64, num_layers=1,
                      num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
                      max_position_embeddings=512)
-    rope = RotaryEmbedding(mc, 64)
+    return RotaryEmbedding(mc, 64)
+
+
+def test_question_chunks_keep_the_best_window_and_the_forced_tokens():
+
+    k_flat, table = _cache(512, 0)
+    q = torch.randn(4, 4, 16, generator=torch.Generator().manual_seed(1))
+    rope = _rope()
     args = (q, k_flat, table, 16, 8, 400)
     scores = qs.question_scores(*args, 3, 32, rope, "reference")
     starts, lens = qs.question_chunks(*args, 4, 8, 3, 32, rope, "reference")
@@ -61,6 +66,26 @@ def test_question_chunks_keep_the_best_window_and_the_forced_tokens():
     assert 296 in f_starts.tolist()  # the grid chunk [296, 304) holds the forced tokens
     few_s, few_l = qs.question_chunks(q, k_flat, table, 16, 8, 30, 4, 8, 3, 32, rope, "reference")
     assert few_s[:3].tolist() == [8, 16, 24] and few_l.tolist() == [8, 8, 6, 0]  # everything fits: all, padded
+
+
+def test_chunk_rank_is_the_budget_that_would_keep_the_watched_tokens():
+    scores = torch.tensor([0.1, 0.9, 0.2, 0.3, 0.5, 0.4, 0.8, 0.0, 0.7, 0.6])  # candidates [8, 18), chunks of 4
+    repeated = torch.zeros(10, dtype=torch.bool)
+    repeated[8:] = True  # the last (short) chunk repeats earlier text: never kept, never ranked above
+    best = qs.chunk_scores(scores, 4, repeated)
+    assert best.tolist()[:2] == pytest.approx([0.9, 0.8]) and best[2] == float("-inf")
+    assert qs.chunk_rank(best, torch.tensor([9]), 8, 4) == 0  # chunk 0 holds the best token
+    assert qs.chunk_rank(best, torch.tensor([13, 14]), 8, 4) == 1  # chunk 1: one chunk scores above it
+    assert qs.chunk_rank(best, torch.tensor([3, 40]), 8, 4) is None  # in the sink / past the candidates
+    k_flat, table = _cache(512, 0)  # the same grid as question_chunks: a budget of rank + 1 chunks keeps the token
+    q = torch.randn(4, 4, 16, generator=torch.Generator().manual_seed(2))
+    rope = _rope()
+    args = (q, k_flat, table, 16, 8, 400)
+    rank = qs.chunk_rank(qs.chunk_scores(qs.question_scores(*args, 3, 32, rope, "reference"), 8), torch.tensor([203]),
+                         8, 8)
+    for budget, kept in ((rank, False), (rank + 1, True)):
+        starts, lens = qs.question_chunks(*args, max(budget, 1), 8, 3, 32, rope, "reference")
+        assert any(s <= 203 < s + n for s, n in zip(starts.tolist(), lens.tolist())) == kept or budget == 0
 
 
 def test_tokenselect_union_below_keeps_sorted_unique_tokens_under_the_window():
@@ -206,3 +231,26 @@ def test_oracle_answers_a_real_prompt_the_method_misses(embedded_llm):
     assert len(oracle.needle_trace["prefill"]["attended"]) == layers
     with pytest.raises(ValueError, match="needle_tokens"):
         llm.chat(sample.messages, params, oracle=True)
+
+
+def test_probe_ranks_the_needle_in_the_question_vote():
+    """The trace's question_rank is the budget (in chunks) that would keep the needle: the question's selection
+    holds the needle exactly in the layers where its rank is below the budget."""
+    from infinitehip.model.builtin import embedded_model_path
+
+    try:
+        embedded_model_path()
+    except Exception:
+        pytest.skip("embedded model not installed")
+    config = InfiniteHiPConfig(sink_tokens=16, stream_tokens=64, query_block_sizes=(32, 32, 32),
+                               chunk_sizes=(64, 32, 16), keep_tokens=(512, 256, 64), early_last_keep_tokens=64,
+                               question_keep_tokens=64, landmark_window=64)
+    llm = LLM(method="infinitehip", method_config=config, max_context_tokens=2200, show_progress=False, device="cpu")
+    sample = make_niah_sample(llm.tokenizer, 1500, 0.5, 1)
+    positions = needle_token_positions(llm.tokenizer, sample.messages, (needle_for_seed(1).needle,))
+    (out,) = llm.chat(sample.messages, SamplingParams(temperature=0.0, max_tokens=4), needle_tokens=positions)
+    ranks, shares = out.needle_trace["prefill"]["question_rank"], out.needle_trace["prefill"]["question"]
+    assert len(ranks) == llm.engine.model_config.num_layers and all(isinstance(r, int) for r in ranks)
+    budget = config.question_keep_tokens // config.chunk_sizes[-1]
+    assert [r < budget for r in ranks] == [s > 0 for s in shares], (ranks, shares)
+    assert len(set(ranks)) > 1  # layers differ: a rank, not a constant

@@ -123,6 +123,27 @@ def question_tokens(q: torch.Tensor, k_flat: torch.Tensor, page_table: torch.Ten
     return torch.topk(scores, budget).indices.sort().values + sink
 
 
+def chunk_scores(scores: torch.Tensor, chunk_size: int, repeated: torch.Tensor | None = None) -> torch.Tensor:
+    """Window scores [N] of candidates [sink, limit) -> [ceil(N / chunk_size)]: each grid chunk's best token; a chunk
+    whose every token repeats earlier text (repeated [N]) -inf, so it is never kept."""
+    total = -(-scores.numel() // chunk_size)
+    tail = total * chunk_size - scores.numel()  # the last chunk's missing tokens
+    best = F.pad(scores, (0, tail), value=float("-inf")).view(total, chunk_size).amax(1)
+    if repeated is not None:
+        best = best.masked_fill(F.pad(repeated, (0, tail), value=True).view(total, chunk_size).all(1), float("-inf"))
+    return best
+
+
+def chunk_rank(best: torch.Tensor, tokens: torch.Tensor, sink: int, chunk_size: int) -> int | None:
+    """Diagnostics (needle_probe.py): the 0-based rank among chunk scores best [C] of the best chunk holding any
+    of tokens [n] (positions), i.e. the smallest question budget in chunks that would have kept it; None when no
+    watched token is a candidate."""
+    idx = (tokens[(tokens >= sink) & (tokens < sink + chunk_size * best.numel())] - sink) // chunk_size
+    if idx.numel() == 0:
+        return None
+    return int((best > best[idx].max()).sum())
+
+
 def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: torch.Tensor, page_size: int, sink: int,
                     limit: int, num_chunks: int, chunk_size: int, window: int, distance: int, rope, impl: str,
                     forced: torch.Tensor | None = None,
@@ -145,10 +166,7 @@ def question_chunks(q: torch.Tensor, k_flat: torch.Tensor | None, page_table: to
         scores = question_scores(q, k_flat, page_table, page_size, sink, limit, window, distance, rope, impl,
                                  read_keys, reduce, repeated, valid_limit)
         scores = force_scores(scores, forced, sink, limit)
-        tail = total * chunk_size - scores.numel()  # the last chunk's missing tokens
-        best = F.pad(scores, (0, tail), value=float("-inf")).view(total, chunk_size).amax(1)  # [total]
-        if repeated is not None:
-            best = best.masked_fill(F.pad(repeated, (0, tail), value=True).view(total, chunk_size).all(1), float("-inf"))
+        best = chunk_scores(scores, chunk_size, repeated)
         top = torch.topk(best, num_chunks)
         # kept chunks in position order, left-out ones (-inf: repeated) after them
         order = torch.where(top.values > float("-inf"), top.indices, total).argsort()

@@ -42,7 +42,7 @@ from infinitehip.attention.methods.infinitehip.prefix_hooks import InfiniteHiPPr
 from infinitehip.attention.methods.infinitehip.state import InfiniteHiPState
 from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
 from infinitehip.attention.methods.infinitehip.short_chunk_graphs import ShortChunkGraphs, prefill_short_chunk
-from infinitehip.attention.common.question_selection import question_chunks
+from infinitehip.attention.common.question_selection import chunk_rank, chunk_scores, question_chunks, question_scores
 from infinitehip.attention.common.repeated_text import repeated_candidates
 from infinitehip.attention.ops.sparse.op import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.config.impl import resolve_impl
@@ -206,15 +206,21 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
         else:  # offloaded without staging: scans the host store
             read_keys = question_key_reader(seq.cache, layer, seq.page_table)
             k_flat, page_table = seq.cache.flat_k(layer) if read_keys is None else None, seq.page_table
+        repeated = repeated_candidates(seq.text, c.repeat_span, c.sink_tokens, limit, q.device)
         chunks = question_chunks(recent, k_flat, page_table, seq.cache.page_size, c.sink_tokens, limit,
                                  c.question_keep_tokens // cs, cs, c.question_window, c.stream_tokens, batch.rope,
                                  resolve_impl("auto", q.device), _forced(seq.probe, q.device), read_keys,
-                                 reduce=self._reduce,
-                                 repeated=repeated_candidates(seq.text, c.repeat_span, c.sink_tokens, limit, q.device))
+                                 reduce=self._reduce, repeated=repeated)
         state.question[layer] = chunks
         if seq.probe is not None:
             seq.probe.record_prefill("question", layer, self.model_config.num_layers,
                                      seq.probe.share_of_chunks(*chunks, c.sink_tokens, limit))
+            if not seq.probe.oracle and limit > c.sink_tokens:  # how far the needle ranks: would a wider budget keep it
+                scores = question_scores(recent, k_flat, page_table, seq.cache.page_size, c.sink_tokens, limit,
+                                         c.question_window, c.stream_tokens, batch.rope, resolve_impl("auto", q.device),
+                                         read_keys, self._reduce, repeated)
+                rank = chunk_rank(chunk_scores(scores, cs, repeated), seq.probe.on(q.device), c.sink_tokens, cs)
+                seq.probe.record_prefill("question_rank", layer, self.model_config.num_layers, rank)
         return first, chunks
 
     @phase("block-sparse attention")
