@@ -11,7 +11,8 @@ from pathlib import Path
 from bench.report.store import MANIFEST, STORE, ResultsError, read_json
 
 KINDS = ("accuracy", "kv-memory", "layer-decode", "decode", "hip-attn", "ttft", "prefix-ttft", "tensor-parallel", "batch-decode",
-         "paged-decode", "method-latency", "server-latency", "resident-decode")
+         "paged-decode", "method-latency", "server-latency", "resident-decode",
+         "bounded-memory")
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 

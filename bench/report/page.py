@@ -17,7 +17,7 @@ RENDERERS = {"accuracy": accuracy.accuracy, "kv-memory": accuracy.kv_memory, "la
              "prefix-ttft": speed.prefix_ttft, "tensor-parallel": speed.tensor_parallel,
              "batch-decode": speed.batch_decode, "paged-decode": speed.paged_decode,
              "method-latency": speed.method_latency, "server-latency": speed.server_latency,
-             "resident-decode": speed.resident_decode}
+             "resident-decode": speed.resident_decode, "bounded-memory": speed.bounded_memory}
 NUMERIC = {"accuracy": ":-:", "kv-memory": "---:"}
 
 

@@ -78,6 +78,18 @@ def resident_decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[
             "weight-read bound ms", "graphs captured / replays", "prefill s"], lines, {}
 
 
+def bounded_memory(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    """`bench memory`: a bounded-memory method's KV allocation, prefill and decode speed per input length (one line
+    per length), so a constant KV column shows the bound holds."""
+    lines = []
+    for row in rows:
+        for data, r in entries(manifest, row, "rows"):
+            lines.append((row, [data.get("method", "-"), length_label(field(row, r, "length")),
+                                f"{field(row, r, 'kv_cache_mib'):,.0f}", f"{field(row, r, 'peak_mem_gib'):.1f}",
+                                f"{field(row, r, 'ttft_s'):.2f}", f"{field(row, r, 'decode_tok_s'):.1f}"]))
+    return ["method", "input", "KV cache MiB", "peak GPU GiB", "time to first token s", "decode tokens/s"], lines, {}
+
+
 def hip_attn(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
     def patterns(d: dict) -> str:
         return " / ".join(f"{v['ms'] * 1e3:.0f}" for v in sorted(d.values(), key=lambda v: v["ms"]))
