@@ -1,6 +1,7 @@
 """The cascade's cache update (attention/methods/cascade): the schedule's plan against a token-by-token oracle of the paper's
 four cases, the eager reference against that oracle (every layer and KV head deciding by its own scores), and the
-Triton kernel (interpreted on CPU) against the reference, on random streams through a paged cache."""
+Triton kernel (interpreted on CPU) against the reference, on random streams through a paged cache; while the sub-caches
+fill, the held slots (the only ones the method attends) against the slots the paper's rule writes, push by push."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from infinitehip.attention.methods.cascade.schedule import COMPARE, FILL, PASS, CascadeSchedule
 from infinitehip.attention.methods.cascade.update.op import cascade_update
 from infinitehip.kv.paged_cache import PagedKVCache
+from tests.cascade_helpers import slots_receiving_a_token
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -214,3 +216,43 @@ def test_scores_choose_which_token_of_each_block_a_subcache_keeps_never_how_many
         starts = [ends[0] - block + 1] + [a + 1 for a in ends[:-1]]
         for start, end, tok in zip(starts, ends, sorted(best[part].tolist())):
             assert tok == start + int(table[start : end + 1].argmax()), (i, start, end, tok)  # its highest score
+
+
+@pytest.mark.parametrize("sinks, subcaches, width", [(2, 3, 4), (0, 4, 3), (3, 1, 5), (1, 5, 2), (4, 4, 8)])
+@pytest.mark.parametrize("chunks", ["one token a push", "strides"])
+def test_held_slots_are_the_slots_that_received_a_token_at_every_push(sinks, subcaches, width, chunks):
+    """Pushes one at a time (and in strides of varying size, checked after each) from the first one until past the
+    point the last sub-cache fills: `held_slots` is the sinks and exactly the slots a token was written to, as the
+    paper's rule derives them on plain lists (the partly filled sub-caches' other slots hold none) -- None, every
+    kept slot, only before the first push and once every slot holds one -- and the held slots' positions are
+    0..held-1 in the order of their tokens' age, sinks first."""
+    total = 2 ** subcaches * width  # past the filling: every sub-cache full after at most 2^(C-1) W pushes
+    expected = slots_receiving_a_token(sinks, subcaches, width, total)
+    fill = next(p + 1 for p, held in enumerate(expected) if len(held) == sinks + subcaches * width)
+    # sub-cache 1 fills after 2W pushes; sub-cache i > 1 takes its first at the next multiple of 2^(i-1), then
+    # one every 2^(i-1) pushes: the cache is full after 2^(C-1) W - 2^(C-2) + 1 pushes (schedule.py's docstring)
+    assert fill == (width if subcaches == 1 else 2 ** (subcaches - 1) * width - 2 ** (subcaches - 2) + 1)
+    sizes = [1] * total if chunks == "one token a push" else [3, 1, 7, 2, 5, 11, 1] * total
+    schedule = CascadeSchedule(sinks, subcaches, width)
+    assert schedule.held_slots() is None  # nothing pushed: the kept slots hold the prompt's tokens
+    partial = 0
+    for n in sizes:
+        n = min(n, total - schedule.pushed)
+        if n == 0:
+            break
+        schedule.plan_pushes(n)
+        want = expected[schedule.pushed - 1]
+        held = schedule.held_slots()
+        if len(want) == schedule.kept:
+            assert held is None, schedule.pushed
+            held_list = list(range(schedule.kept))
+        else:
+            partial += 1
+            assert held is not None, schedule.pushed
+            held_list = held.tolist()
+            assert held_list == sorted(want), (schedule.pushed, schedule.counts)
+        by_age = sorted(held_list, key=lambda s: (want[s], s))
+        positions = schedule.positions()
+        assert [int(positions[s]) for s in by_age] == list(range(len(held_list))), schedule.pushed
+    assert schedule.pushed == total and schedule.full
+    assert partial == fill - 1 if chunks == "one token a push" else partial >= 1  # the filling phase was checked

@@ -11,9 +11,10 @@ from infinitehip.attention.methods.hip.config import HiPConfig
 from infinitehip.attention.methods.hip.hierarchy import num_blocks, select_blocks, select_blocks_reference
 from infinitehip.attention.methods.hip.method import HiPAttention
 from infinitehip.config.model import ModelConfig
-from infinitehip.kv.paged_cache import PagedKVCache, token_slots
+from infinitehip.kv.paged_cache import token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 from tests.conftest import engine_for_dir, generate_greedy, random_ids
+from tests.paged_helpers import random_paged_cache
 
 H, HKV, D = 4, 2, 16
 
@@ -27,10 +28,7 @@ class Setup:
                               rope_theta=10000.0, max_position_embeddings=4096)
         self.gen = torch.Generator().manual_seed(seed)
         page_size, pages = 8, -(-T // 8) + 2
-        self.cache = PagedKVCache(layers, pages, page_size, HKV, D, torch.float32, "cpu")
-        self.cache.k.copy_(torch.randn(self.cache.k.shape, generator=self.gen))
-        self.cache.v.copy_(torch.randn(self.cache.v.shape, generator=self.gen))
-        self.page_table = torch.randperm(pages, generator=self.gen).int()
+        self.cache, self.page_table = random_paged_cache(layers, pages, page_size, HKV, D, self.gen)
         self.rope = RotaryEmbedding(self.mc, T + 8)
         self.method = HiPAttention(self.mc, config)
         self.state = self.method.new_state()

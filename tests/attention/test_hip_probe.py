@@ -15,8 +15,9 @@ from infinitehip.attention.methods.hip.config import HiPConfig
 from infinitehip.attention.methods.hip.hierarchy import select_blocks, select_blocks_reference
 from infinitehip.attention.methods.hip.method import HiPAttention
 from infinitehip.config.model import ModelConfig
-from infinitehip.kv.paged_cache import PagedKVCache, token_slots
+from infinitehip.kv.paged_cache import token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
+from tests.paged_helpers import random_paged_cache
 
 H, HKV, D, PAGE = 4, 1, 256, 8  # Gemma 3 270M: four query heads on one KV head of 256 dims
 CONFIG = HiPConfig(top_k_tokens=8, key_block_size=2, query_block_size=4, sink_tokens=4, window_tokens=16,
@@ -32,10 +33,7 @@ class Setup:
                               rope_theta=1e6, max_position_embeddings=4096)
         self.gen = torch.Generator().manual_seed(seed)
         pages = -(-T // PAGE) + 2
-        self.cache = PagedKVCache(2, pages, PAGE, HKV, D, torch.float32, "cpu")
-        self.cache.k.copy_(torch.randn(self.cache.k.shape, generator=self.gen))
-        self.cache.v.copy_(torch.randn(self.cache.v.shape, generator=self.gen))
-        self.page_table = torch.randperm(pages, generator=self.gen).int()
+        self.cache, self.page_table = random_paged_cache(2, pages, PAGE, HKV, D, self.gen)
         self.rope = RotaryEmbedding(self.mc, T + 8)
         self.method = HiPAttention(self.mc, config)
         self.state = self.method.new_state()

@@ -18,9 +18,10 @@ from infinitehip.attention.methods.tokenselect.soft_vote.op import soft_vote
 from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
 from infinitehip.attention.methods.tokenselect.method import TokenSelectAttention
 from infinitehip.config.model import ModelConfig
-from infinitehip.kv.paged_cache import PagedKVCache, token_slots
+from infinitehip.kv.paged_cache import token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 from tests.conftest import engine_for_dir
+from tests.paged_helpers import random_paged_cache
 
 pytest.importorskip("triton")
 
@@ -64,10 +65,7 @@ class Setup:
                               max_position_embeddings=64)
         gen = torch.Generator().manual_seed(seed)
         page_size, pages = 8, -(-T // 8) + 2
-        self.cache = PagedKVCache(1, pages, page_size, 2, 16, torch.float32, "cpu")
-        self.cache.k.copy_(torch.randn(self.cache.k.shape, generator=gen))
-        self.cache.v.copy_(torch.randn(self.cache.v.shape, generator=gen))
-        self.page_table = torch.randperm(pages, generator=gen).int()
+        self.cache, self.page_table = random_paged_cache(1, pages, page_size, 2, 16, gen)
         self.rope = RotaryEmbedding(self.mc, 64)
         self.method = TokenSelectAttention(self.mc, config)
         self.state = self.method.new_state()

@@ -20,10 +20,12 @@ Positions: tokens stay in the order they arrived (a sub-cache holds older tokens
 circular buffer is ordered from its oldest slot), so a key's position is its rank in the cache: sinks 0..S-1, the
 oldest sub-cache's tokens next, sub-cache 0's newest last, then the stride at its slots.
 
-Filling: sub-cache i fills only once i - 1 is full and then takes every 2^(i-1)-th push, so the cache is full
-after W (1 + 1 + 2 + ... + 2^(C-2)) pushes, longer than the first push (C W + stride). Until then a sub-cache's
-slots past its count hold no token of it (what a prompt chunk wrote there before the first push): `held_slots`
-lists the slots that hold one, the only ones attended.
+Filling: sub-cache i fills only once i - 1 is full and then takes every 2^(i-1)-th push (its first at the next
+multiple of 2^(i-1)), so the cache is full after 2^(C-1) W - 2^(C-2) + 1 pushes (C > 1; W with one sub-cache),
+mostly longer than the first push (C W + stride): 4 sub-caches of 4,080 and a 1,024 stride fill after 32,637
+pushes, the first push is 17,344 (with 3 sub-caches of 16 and a stride of 24 the first push fills them). Until then
+a sub-cache's slots past its count hold no token of it (what a prompt chunk wrote there before the first push):
+`held_slots` lists the slots that hold one, the only ones attended.
 """
 
 from __future__ import annotations
