@@ -7,7 +7,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from infinitehip.attention.methods.infinitehip.decode_saliency.op import add_decode_logits  # noqa: E402
+from infinitehip.attention.methods.infinitehip.decode_saliency.op import (  # noqa: E402
+    add_decode_logits, add_decode_logits_batched,
+)
 from infinitehip.model.rope import apply_rotary  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -77,3 +79,29 @@ def test_kernel_reads_bf16_keys_and_queries():
     add_decode_logits(*case, 8, impl="triton")
     torch.testing.assert_close(case[-2][:-1], ref[-2][:-1], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(case[-1][:-1], ref[-1][:-1])
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_a_batch_in_one_call_equals_one_call_per_sequence(impl):
+    """Three sequences (one short: its union starts before position 0) whose queues are rows (4, 1, 2) of a pool of 5,
+    their slots disjoint in shared sums: one batched call writes what one call per sequence writes, bit for bit."""
+    P, H, Hkv, d, window, newest = 4, 4, 2, 16, 6, [40, 3, 25]
+    G, Wp = len(newest), window + P - 1
+    cases = [make_case(P, H, Hkv, d, window, n, seed=10 + g) for g, n in enumerate(newest)]
+    S = cases[0][-1].shape[0] - 1  # each case's slots lie in [0, S)
+    cos, sin = cases[0][5], cases[0][6]  # the longest sequence's tables cover every position
+    g = torch.Generator().manual_seed(5)
+    total = torch.randn(G * S + 1, H, generator=g).to(DEVICE)
+    count = torch.randint(0, 5, (G * S + 1,), generator=g).float().to(DEVICE)
+    rows = [4, 1, 2]
+    q_pool = torch.randn(5, P, H, d, generator=g).to(DEVICE)
+    pos_pool = torch.full((5, P), -1, dtype=torch.long, device=DEVICE)
+    want_total, want_count = total.clone(), count.clone()
+    for i, (q, positions, key_pos, slots, keys, *_rest) in enumerate(cases):
+        q_pool[rows[i]], pos_pool[rows[i]] = q, positions
+        add_decode_logits(q, positions, key_pos, slots + i * S, keys, cos, sin, want_total, want_count, window, impl=impl)
+    stack = lambda k: torch.stack([c[k] for c in cases])
+    add_decode_logits_batched(q_pool, pos_pool, torch.tensor(rows, device=DEVICE), stack(2),
+                              stack(3) + torch.arange(G, device=DEVICE)[:, None] * S, stack(4), cos, sin, total, count,
+                              window, impl=impl)
+    assert torch.equal(total[:-1], want_total[:-1]) and torch.equal(count[:-1], want_count[:-1])

@@ -30,7 +30,8 @@ from infinitehip.attention.methods.infinitehip.keylist.op import decode_key_list
 from infinitehip.attention.methods.infinitehip.mask_rows import mask_rows_for, stage_keys
 from infinitehip.attention.methods.infinitehip.offload_access import (StagedLayer, check_offload, prefill_attention_in_groups,
                                                               question_key_reader, scoring_access, stage_prefill_layer)
-from infinitehip.attention.methods.infinitehip.pending.op import queue_query
+from infinitehip.attention.methods.infinitehip.decode_pool import DecodePools
+from infinitehip.attention.methods.infinitehip.deferred_saliency import apply_saliency, apply_saliency_batch
 from infinitehip.attention.methods.infinitehip.positions import attention_extent, attention_positions, group_size
 from infinitehip.attention.methods.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,
                                                       prefill_window_width, run_stage, sparse_limit)
@@ -67,6 +68,7 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
         self.sm_scale = model_config.head_dim ** -0.5
         self.saliency = KeySaliency(self.config.landmark_window) if self.config.representative == "landmark" else None
         self.short_graphs = ShortChunkGraphs()
+        self.pools = DecodePools()  # each decoding sequence's row of the pooled per-sequence decode state
 
     @classmethod
     def kv_sizing(cls, model_config: ModelConfig, config: Any = None, tokenizer: Any = None) -> KVSizing:
@@ -82,6 +84,9 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
     def release(self, state: InfiniteHiPState) -> None:
         for kept in filter(None, (state.decode_rows, state.mask_rows)):
             kept.release()
+        if state.pool_row is not None:
+            self.pools.release(*state.pool_row)
+            state.pool_row = None
 
     def device_bytes_per_slot(self) -> int:
         """Landmark saliency: a sum [H] and a count, fp32, per slot and layer (`saliency.KeySaliency`)."""
@@ -275,25 +280,6 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
             ]
         return state.stage_cache[layer]
 
-    def _apply_saliency(self, layer: int, q: torch.Tensor, position: torch.Tensor, page_table: torch.Tensor,
-                        refresh: bool, state: InfiniteHiPState, batch: ForwardBatch, read_keys=None) -> None:
-        """Queue this decode query q [1, H, d] for the landmark saliency; at a refresh apply every queued one.
-
-        Deferring is exact: a key is a candidate only once it is stream_tokens behind the query, and every query
-        of its landmark window (the next landmark_window <= stream_tokens tokens) is then queued or applied. A
-        refresh happens at least every min(refresh_intervals) steps, so P slots indexed by position % P hold
-        every query in between. A non-refresh step only queues its query (one launch)."""
-        if state.pending_q[layer] is None:
-            P = min(self.config.refresh_intervals)
-            state.pending_q[layer] = torch.zeros(P, *q.shape[1:], dtype=q.dtype, device=q.device)
-            state.pending_pos[layer] = torch.full((P,), -1, dtype=torch.long, device=q.device)
-        pending_q, pending_pos = state.pending_q[layer], state.pending_pos[layer]
-        queue_query(q.contiguous(), position, pending_q, pending_pos, impl=self._impl(q))
-        if refresh:
-            self.saliency.update_decode(layer, pending_q, pending_pos, page_table, batch.cache, batch.rope, read_keys,
-                                        impl=self._impl(q))
-            pending_pos.fill_(-1)
-
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         """Sync-free decode (decode.py): fixed shapes, positions from batch.decode_positions; CUDA-graph capturable.
         With `dense_within_trained`, a sequence whose context fits the trained length is attended exactly (dense's
@@ -323,20 +309,27 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
         group = self.group(max(s.context_len for s in seqs))  # a graph key holds it: a host int is fine
         num_candidates = stage1_candidates(capacity, c.sink_tokens, c.chunk_sizes[0])
         batch.rope.ensure(self.decode_rope_positions(capacity))  # reserved before the prompt's last chunk
+        patterns = [self.refresh_pattern(s.state, layer) for s in seqs]
+        # A batch over a resident cache: the per-sequence ops launched once for the sequences of a pool
+        batched = len(seqs) > 1 and not is_offloaded(batch.cache)
+        P = min(c.refresh_intervals)
+        if batched and self.saliency is not None:
+            apply_saliency_batch(self.saliency, self.pools, layer, q, seqs, [any(p) for p in patterns], batch, P,
+                                 self._impl(q))
         finals = []
         for i, seq in enumerate(seqs):
             state: InfiniteHiPState = seq.state
-            pattern = self.refresh_pattern(state, layer)
+            pattern = patterns[i]
             if state.decode_rows is None:  # False: a resident cache, or no spare rows
                 state.decode_rows = decode_rows_for(seq.cache, self.model_config.num_layers, c.refresh_intervals) or False
                 state.mask_rows = mask_rows_for(seq.cache, self.model_config.num_layers, c.num_stages) or False
             alone = len(seqs) == 1 and not batch.prefill
             kept = state.decode_rows if alone and state.decode_rows else None
             held = kept is not None and kept.kept(layer, state.decode_steps[layer])  # alone: reuse = held, no refresh
-            if self.saliency is not None:
+            if self.saliency is not None and not batched:
                 read_keys = window_reader(kept if held else None, seq.cache, layer, state.stage_cache[layer], c)
-                self._apply_saliency(layer, q[i : i + 1], positions[i : i + 1], page_tables[i], any(pattern), state,
-                                     batch, read_keys)
+                apply_saliency(self.saliency, self.pools, layer, q[i : i + 1], positions[i : i + 1], page_tables[i],
+                               any(pattern), state, batch, P, self._impl(q), read_keys)
             caches = self._stage_caches(state, layer, q.device)
             k_flat, rep_keys = scoring_access(seq.cache, layer, page_tables[i])
             keys = stage_keys(state.mask_rows if alone else None, rep_keys, seq.cache, layer, page_tables[i], pattern,

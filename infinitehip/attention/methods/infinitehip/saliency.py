@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from infinitehip.host_values import host_to_device
-from infinitehip.attention.methods.infinitehip.decode_saliency.op import add_decode_logits
+from infinitehip.attention.methods.infinitehip.decode_saliency.op import add_decode_logits, add_decode_logits_batched
 from infinitehip.attention.methods.infinitehip.representatives.op import salient_tokens
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary, apply_rotary_fused
@@ -116,6 +116,21 @@ class KeySaliency:
         slots = token_slots(page_table, at, cache.page_size)  # [Wp]
         raw = cache.read_k(layer, slots) if read_keys is None else read_keys(slots, at)
         add_decode_logits(q, positions, key_pos, slots, raw, rope.cos, rope.sin, total, count, W, impl=impl)
+
+    def update_decode_batched(self, layer: int, q: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None,
+                              page_tables: torch.Tensor, cache: PagedKVCache, rope: RotaryEmbedding,
+                              impl: str = "reference") -> None:
+        """`update_decode` of G sequences in one call (a resident cache): sequence g's queue is row rows[g] (None: g)
+        of q [R, P, H, d] / positions [R, P] (decode_pool.py), its page table page_tables[g] [Pmax]."""
+        P, H = q.shape[1], q.shape[2]
+        total, count = self._buffers(layer, cache, H)
+        W = self.window
+        mine = positions if rows is None else positions.index_select(0, rows)  # [G, P]
+        key_pos = mine.amax(1, keepdim=True) - (W + P - 2) + torch.arange(W + P - 1, device=q.device)  # [G, Wp]
+        at = key_pos.clamp(min=0)
+        slots = page_tables.long().gather(1, at // cache.page_size) * cache.page_size + at % cache.page_size
+        add_decode_logits_batched(q, positions, rows, key_pos, slots, cache.read_k(layer, slots), rope.cos, rope.sin,
+                                  total, count, W, impl=impl)
 
     def snapshot(self, slots: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's sums [N, H] and counts [N] of slots [N], on the host (prefix caching: the keys just before a

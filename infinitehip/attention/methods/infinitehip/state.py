@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from infinitehip.attention.methods.infinitehip.decode import StageCache
+from infinitehip.attention.methods.infinitehip.decode_pool import Pool
 from infinitehip.attention.methods.infinitehip.decode_rows import DecodeRows
 from infinitehip.attention.methods.infinitehip.mask_rows import MaskRows
 
@@ -18,10 +19,12 @@ class InfiniteHiPState:
 
     stage_cache: list[list[StageCache] | None]
     decode_steps: list[int]
-    # Landmark saliency of decode queries is applied at the next refresh (see decode): per layer, the queries
-    # not applied yet [P, H, d] and their positions [P] (-1: empty), P = min(refresh_intervals).
+    # Landmark saliency of decode queries is applied at the next refresh (deferred_saliency.py): per layer, the queries
+    # not applied yet [P, H, d] and their positions [P] (-1: empty), P = min(refresh_intervals): views of the
+    # sequence's row `pool_row` (pool, row) of pooled queues (decode_pool.py), taken at its first decode step.
     pending_q: list[torch.Tensor | None] = field(default_factory=list)
     pending_pos: list[torch.Tensor | None] = field(default_factory=list)
+    pool_row: tuple[Pool, int] | None = None
     refreshes: list[int] = field(default_factory=list)  # stage recomputations in decode, per stage
     # Question-time selection per layer (question_tokens > 0): final-stage chunks (starts [E], lens [E]) the
     # answer attends, and the last question_tokens pre-RoPE prefill queries [<= question_tokens, H, d].

@@ -35,3 +35,14 @@ def add_decode_logits_reference(q: torch.Tensor, positions: torch.Tensor, key_po
     target = torch.where(hits > 0, slots, scratch)
     total.index_add_(0, target, logits)
     count.index_add_(0, target, hits.float())
+
+
+def add_decode_logits_batched_reference(q: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None,
+                                        key_pos: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor, cos: torch.Tensor,
+                                        sin: torch.Tensor, total: torch.Tensor, count: torch.Tensor, window: int) -> None:
+    """`add_decode_logits_reference` for each sequence g: queues q[rows[g]] [P, H, d], positions[rows[g]] [P]
+    (rows None: row g), keys key_pos[g] / slots[g] [Wp], keys[g] [Wp, Hkv, d]."""
+    if rows is not None:
+        q, positions = q.index_select(0, rows), positions.index_select(0, rows)
+    for g in range(keys.shape[0]):
+        add_decode_logits_reference(q[g], positions[g], key_pos[g], slots[g], keys[g], cos, sin, total, count, window)

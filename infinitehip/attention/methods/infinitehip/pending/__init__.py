@@ -1,2 +1,2 @@
-"""Queue a decode query for the deferred landmark saliency update (method._apply_saliency): one launch per step. The
-dispatch and the full description: `op.py`."""
+"""Queue decode queries for the deferred landmark saliency update (deferred_saliency.py): one launch per step for a
+whole batch. The dispatch and the full description: `op.py`."""

@@ -1,0 +1,84 @@
+"""The landmark saliency of decode queries, deferred to mask refreshes (`KeySaliency.update_decode`): every step queues
+its query, a refresh applies every queued one. For one sequence, or for the sequences of a decode batch at once.
+
+Deferring is exact: a key is a candidate only once it is stream_tokens behind the query, and every query of its
+landmark window (the next landmark_window <= stream_tokens tokens) is then queued or applied. A refresh happens at
+least every min(refresh_intervals) steps, so P slots indexed by position % P hold every query in between.
+
+Each sequence's queue is a row of a pool (decode_pool.py): q [R, P, H, d] and positions [R, P] (-1: empty) per layer,
+so a batch's sequences of one pool queue their queries in one launch and the refreshing ones apply theirs in one more.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infinitehip.attention.base import ForwardBatch, SequenceSlice
+from infinitehip.attention.methods.infinitehip.decode_pool import DecodePools, Pool
+from infinitehip.attention.methods.infinitehip.pending.op import queue_queries
+from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
+from infinitehip.attention.methods.infinitehip.state import InfiniteHiPState
+
+
+def pool_row(pools: DecodePools, state: InfiniteHiPState) -> tuple[Pool, int]:
+    """The sequence's (pool, row), taken at its first decode step."""
+    if state.pool_row is None:
+        state.pool_row = pools.assign()
+    return state.pool_row
+
+
+def queues(pool: Pool, layer: int, q: torch.Tensor, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pool's queues of `layer`: queries [R, P, H, d] (q's dtype) and positions [R, P] int64."""
+    return (pool.tensor("pending_q", layer, (P, *q.shape[1:]), q.dtype, q.device),
+            pool.tensor("pending_pos", layer, (P,), torch.long, q.device, fill=-1))
+
+
+def own_queue(pools: DecodePools, state: InfiniteHiPState, layer: int, q: torch.Tensor, P: int) -> None:
+    """The sequence's queue views (state.pending_q / pending_pos [P, ...]), emptied at its first decode step (a row
+    released by an earlier sequence may hold its positions)."""
+    if state.pending_q[layer] is None:
+        pool, row = pool_row(pools, state)
+        pending_q, pending_pos = queues(pool, layer, q, P)
+        state.pending_q[layer], state.pending_pos[layer] = pending_q[row], pending_pos[row]
+        state.pending_pos[layer].fill_(-1)
+
+
+def apply_saliency(saliency: KeySaliency, pools: DecodePools, layer: int, q: torch.Tensor, position: torch.Tensor,
+                   page_table: torch.Tensor, refresh: bool, state: InfiniteHiPState, batch: ForwardBatch, P: int,
+                   impl: str, read_keys=None) -> None:
+    """One sequence: queue its decode query q [1, H, d] at position [1]; at a refresh apply every queued one (its keys
+    read by read_keys, decode_rows.py, or the cache). A non-refresh step only queues its query (one launch)."""
+    own_queue(pools, state, layer, q, P)
+    pending_q, pending_pos = state.pending_q[layer], state.pending_pos[layer]
+    queue_queries(q.contiguous(), position, pending_q[None], pending_pos[None], impl=impl)
+    if refresh:
+        saliency.update_decode(layer, pending_q, pending_pos, page_table, batch.cache, batch.rope, read_keys, impl=impl)
+        pending_pos.fill_(-1)
+
+
+def apply_saliency_batch(saliency: KeySaliency, pools: DecodePools, layer: int, q: torch.Tensor,
+                         seqs: list[SequenceSlice], refresh: list[bool], batch: ForwardBatch, P: int, impl: str) -> None:
+    """`apply_saliency` of every sequence of a decode batch over a resident cache, q [B, H, d]: per pool, one launch
+    queues the queries of its sequences and, when some refresh, one applies their queues and one empties them."""
+    for state in (s.state for s in seqs):
+        own_queue(pools, state, layer, q, P)
+    groups: dict[int, list[int]] = {}  # pool index -> the batch positions of its sequences
+    for i, s in enumerate(seqs):
+        groups.setdefault(s.state.pool_row[0].index, []).append(i)
+    for members in groups.values():
+        pool = seqs[members[0]].state.pool_row[0]
+        pending_q, pending_pos = queues(pool, layer, q, P)
+        rows = [seqs[i].state.pool_row[1] for i in members]
+        everyone = members == list(range(len(seqs)))
+        take = (lambda t: t) if everyone else (lambda t: t.index_select(0, pools.positions(tuple(members), q.device)))
+        queue_queries(take(q).contiguous(), take(batch.decode_positions), pending_q, pending_pos,
+                      pools.rows(pool, tuple(rows), q.device), impl=impl)
+        mine = tuple(i for i in members if refresh[i])
+        if mine:
+            applied = pools.rows(pool, tuple(seqs[i].state.pool_row[1] for i in mine), q.device)
+            tables = batch.decode_page_tables
+            if mine != tuple(range(len(seqs))):
+                tables = tables.index_select(0, pools.positions(mine, q.device))
+            saliency.update_decode_batched(layer, pending_q, pending_pos, applied, tables, batch.cache, batch.rope,
+                                           impl=impl)
+            pending_pos.index_fill_(0, applied, -1)
