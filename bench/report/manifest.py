@@ -12,7 +12,7 @@ from bench.report.store import MANIFEST, STORE, ResultsError, read_json
 
 KINDS = ("accuracy", "kv-memory", "layer-decode", "decode", "hip-attn", "ttft", "prefix-ttft", "tensor-parallel", "batch-decode",
          "paged-decode", "method-latency", "server-latency", "resident-decode",
-         "bounded-memory")
+         "bounded-memory", "genre-matrix")
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
@@ -34,6 +34,7 @@ class Table:
     task: str | None = None  # accuracy: the rows' task unless a row names its own
     total: bool = False  # accuracy: a column summing the row's cells
     plot: Plot | None = None
+    rows_from: str | None = None  # genre-matrix: the table whose rows it pivots (it has none of its own)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ class Manifest:
     store: Path
 
     def rows_of(self, table: Table) -> list[Row]:
-        return [r for r in self.rows if r.table == table.id]
+        source = table.rows_from or table.id
+        return [r for r in self.rows if r.table == source]
 
     def load(self, row: Row, name: str) -> dict:
         return read_json(self.store / name, row.where)
@@ -90,8 +92,10 @@ def _table(entry: dict, path: Path) -> Table:
             raise ResultsError(f"{where}: `{key}` must be a non-empty string")
     if entry["kind"] not in KINDS:
         raise ResultsError(f"{where}: kind {entry['kind']!r} is none of {', '.join(KINDS)}")
-    if entry["kind"] == "accuracy" and not entry.get("lengths"):
+    if entry["kind"] in ("accuracy", "genre-matrix") and not entry.get("lengths"):
         raise ResultsError(f"{where}: an accuracy table needs `lengths`, its columns")
+    if (entry["kind"] == "genre-matrix") != bool(entry.get("rows_from")):
+        raise ResultsError(f"{where}: `rows_from` names the table a genre-matrix pivots, and only a genre-matrix")
     if "plot" in entry:
         entry["plot"] = Plot(**_fields(entry["plot"], Plot, where + " plot"))
     entry["lengths"] = tuple(entry.get("lengths", ()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.report import accuracy, speed
+from bench.report import accuracy, genre_matrix, speed
 from bench.report.manifest import Manifest, Table
 from bench.report.plots import line_plot
 from bench.report.store import ROOT
@@ -17,8 +17,9 @@ RENDERERS = {"accuracy": accuracy.accuracy, "kv-memory": accuracy.kv_memory, "la
              "prefix-ttft": speed.prefix_ttft, "tensor-parallel": speed.tensor_parallel,
              "batch-decode": speed.batch_decode, "paged-decode": speed.paged_decode,
              "method-latency": speed.method_latency, "server-latency": speed.server_latency,
-             "resident-decode": speed.resident_decode, "bounded-memory": speed.bounded_memory}
-NUMERIC = {"accuracy": ":-:", "kv-memory": "---:"}
+             "resident-decode": speed.resident_decode, "bounded-memory": speed.bounded_memory,
+             "genre-matrix": genre_matrix.genre_matrix}
+NUMERIC = {"accuracy": ":-:", "kv-memory": "---:", "genre-matrix": ":-:"}
 
 
 def _escape(text: str) -> str:

@@ -181,3 +181,27 @@ def test_command_line_checks_and_names_a_missing_run(tmp_path, capsys):
     assert main(["add", str(tmp_path / "nope.json"), "--table", "sotu", "--label", "x", "--command", "c"]) == 1
     assert f"result file {tmp_path / 'nope.json'} does not exist" in capsys.readouterr().err
     assert (STORE / "manifest.toml").read_text() == before  # a failed add changes nothing
+
+
+def test_genre_matrix_shows_each_defaults_largest_run_against_its_target(tmp_path):
+    data = json.loads((STORE / RULER_RUN).read_text())  # sotu, 30 prompts at 64K
+    samples = data["samples"]
+    small = dict(data, samples=[dict(s, correct=True) for s in samples[:10]])
+    oracle = dict(data, samples=[dict(s, correct=True) for s in samples])
+    for name, run in (("full.json", data), ("small.json", small), ("oracle.json", oracle)):
+        (tmp_path / name).write_text(json.dumps(run))
+    row = '[[row]]\ntable = "t"\nlabel = "{}"\nfiles = ["{}"]\ncommand = "c"\ndevice = "NVIDIA H100 80GB HBM3"\n' \
+          'date = "2026-11-27"\n'
+    matrix = ('[[table]]\nid = "m"\nkind = "genre-matrix"\nrows_from = "t"\ntitle = "M"\ntext = "pivot"\n'
+              'lengths = [65536]\ntask = "niah_single_word"\n')
+    rows = (row.format("infinitehip (default)", "small.json") + row.format("infinitehip (default)", "full.json")
+            + row.format("infinitehip (default), oracle", "oracle.json") + row.format("infinitehip `3k`", "oracle.json"))
+    path = _store(tmp_path, matrix + rows)
+    manifest = load_manifest(path)
+    text = table_markdown(manifest, next(t for t in manifest.tables if t.id == "m"), None)
+    correct = sum(bool(s["correct"]) for s in samples)
+    lines = [line for line in text.splitlines() if line.startswith("| sotu")]
+    assert len(lines) == 1 and f"| {correct}/30 |" in lines[0]  # the 30-prompt run, not the oracle's or the preset's
+    assert ("below target at 64K" in lines[0]) == (correct < 27)
+    with pytest.raises(ResultsError, match="rows_from"):
+        load_manifest(_store(tmp_path, matrix.replace('rows_from = "t"\n', "")))
