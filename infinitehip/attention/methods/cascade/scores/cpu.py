@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from infinitehip.attention.methods.cascade.scores.op import ema_factors, visible_counts
+from infinitehip.attention.methods.cascade.scores.ema import ema_factors, visible_counts
 from infinitehip.attention.ops.sparse.two_part_attention import pack_gqa, unpack_gqa
 
 # (out, logsumexp) of scaled-dot-product attention, the kernel F.scaled_dot_product_attention runs on CPU.

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infinitehip.attention.methods.cascade.scores.op import ema_factors
+from infinitehip.attention.methods.cascade.scores.ema import ema_factors
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 _LOG2E = 1.4426950408889634
