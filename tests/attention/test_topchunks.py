@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip.attention.methods.infinitehip.topchunks.op import keep_top_chunks
+from infinitehip.attention.methods.infinitehip.topchunks.op import keep_top_chunks, keep_top_chunks_rows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -48,3 +48,20 @@ def test_reference_keeps_the_best_nonempty_chunks_in_order():
     expect = sorted(best)
     assert out_s.tolist() == [int(starts[i]) for i in expect]
     assert out_l.tolist() == [int(lens[i]) for i in expect]
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_rows_of_a_batch_into_pool_rows_equal_each_row_alone(impl):
+    """Three sequences' candidates [3, N] kept into rows (2, 0, 4) of a pool [5, W] in one call: each row as the
+    single-row op writes it; the other rows untouched."""
+    N, W = 300, 32
+    cases = [_case(40 + g, N, 0.2, ties=g == 1) for g in range(3)]
+    scores, starts, lens = (torch.stack([c[k] for c in cases]) for k in range(3))
+    rows = torch.tensor([2, 0, 4], device=DEVICE)
+    out_s = torch.full((5, W), -7, dtype=torch.long, device=DEVICE)
+    out_l = torch.full((5, W), -7, dtype=torch.long, device=DEVICE)
+    want_s, want_l = out_s.clone(), out_l.clone()
+    keep_top_chunks_rows(scores, starts, lens, out_s, out_l, rows, impl=impl)
+    for g, r in enumerate(rows.tolist()):
+        keep_top_chunks(scores[g], starts[g], lens[g], want_s[r], want_l[r], impl="reference")
+    assert torch.equal(out_s, want_s) and torch.equal(out_l, want_l)

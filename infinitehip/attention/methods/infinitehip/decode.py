@@ -76,22 +76,49 @@ def refresh_stage(
     just before it is scored, so the bank holds one group, not the stage; the scores of all groups [1, N] are
     ranked together, as in one call. None: the keys are read resident (k_flat / page_table / page_size).
     novel [num_candidates] bool (stage 1 only): False leaves the chunk out (repeated text, repeated_chunks.py)."""
+    scores, starts, lens, limit = stage_scores(
+        spec, q[None], position, None if parent is None else parent.as_output(), k_flat, page_table, page_size, sink,
+        stream, rope, num_candidates, group, trained_len, impl, saliency, shared, rep_keys, reduce,
+        None if novel is None else novel[None])
+    if forced_tokens is not None:  # oracle diagnostics (needle_probe.py); eager steps only
+        scores = force_chunks(scores, starts, lens, forced_tokens)
+    # The top chunks (ties: the earlier one), in position order: candidates are already in position order (stage 1
+    # by construction, later stages subdivide an ordered parent); empty chunks are never kept.
+    keep_top_chunks(scores[0], starts[0], lens[0], out.starts, out.lens, impl=impl)
+    out.limit.copy_(limit)
+
+
+def stage_scores(
+    spec: StageSpec, q: torch.Tensor, positions: torch.Tensor, parent: StageOutput | None, k_flat: torch.Tensor,
+    page_table: torch.Tensor, page_size: int, sink: int, stream: int, rope, num_candidates: int, group: int,
+    trained_len: int, impl: str, saliency: tuple[KeySaliency, int] | None, shared: dict | None = None, rep_keys=None,
+    reduce=None, novel: torch.Tensor | None = None, token_offset: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A stage's candidates and scores for G sequences' decode queries q [G, H, d] at positions [G] (each one query
+    block) -> (scores [G, N] fp32, starts [G, N], lens [G, N], limit [G]); parent: the stage before's chunks [G, Cp]
+    (None: stage 1), novel [G or 1, num_candidates] or None; shared and rep_keys as in `refresh_stage`.
+    token_offset [G, 1] (several sequences, decode_batch.py): sequence g's tokens are read as tokens + offset[g]
+    through page_table, its page table laid end to end with the others' (offset g * its width in tokens), so one
+    scoring call reads every sequence's own keys; RoPE positions never depend on a token (no token_pos_group)."""
     shared = {} if shared is None else shared
     if "limit" not in shared:
-        shared["limit"] = sparse_limit(position, sink, stream)  # [1]
+        shared["limit"] = sparse_limit(positions, sink, stream)  # [G]
     limit = shared["limit"]
     c = spec.chunk_size
     if parent is None:
         starts = (sink + c * torch.arange(num_candidates, device=q.device))[None]
         lens = (limit[:, None] - starts).clamp(min=0, max=c)
         if novel is not None:
-            lens = torch.where(novel[None], lens, 0)
+            lens = torch.where(novel, lens, 0)
     else:
-        starts, lens = subdivide(parent.as_output(), c, limit)
+        starts, lens = subdivide(parent, c, limit)
     starts = torch.where(lens > 0, starts, 0)  # empty chunks (past the limit, padding) point at token 0: never out of range
-    blocks = QueryBlocks(q[None, None], torch.ones(1, 1, dtype=torch.bool, device=q.device), position[:, None], 1)
+    G = q.shape[0]
+    blocks = QueryBlocks(q[:, None], torch.ones(G, 1, dtype=torch.bool, device=q.device), positions[:, None], 1)
     # `dynamic` scoring groups positions by ceil(context / trained); the caller passes that group as `group`.
     pos = scoring_positions(spec.rope_style, blocks.positions, lens, stream, group * trained_len, trained_len)
+    if token_offset is not None and pos.token_pos_group is not None:
+        raise ValueError(f"RoPE style {spec.rope_style!r} places keys by their tokens: score one sequence at a time")
     rotate = lambda: rotate_at(blocks.q, pos.query_pos, rope.cos, rope.sin)
     if spec.rope_style == "chunk_indexed":  # the query's position depends on this stage's chunk count
         q_rot = rotate()
@@ -99,14 +126,10 @@ def refresh_stage(
         if ("q_rot", spec.rope_style) not in shared:
             shared["q_rot", spec.rope_style] = rotate()
         q_rot = shared["q_rot", spec.rope_style]
-    scores = score_candidates(spec, blocks, q_rot, pos, starts, lens, k_flat, page_table, page_size, rope, impl,
+    read = starts if token_offset is None else starts + token_offset
+    scores = score_candidates(spec, blocks, q_rot, pos, read, lens, k_flat, page_table, page_size, rope, impl,
                               saliency, rep_keys, static_groups=True, reduce=reduce)
-    if forced_tokens is not None:  # oracle diagnostics (needle_probe.py); eager steps only
-        scores = force_chunks(scores, starts, lens, forced_tokens)
-    # The top chunks (ties: the earlier one), in position order: candidates are already in position order (stage 1
-    # by construction, later stages subdivide an ordered parent); empty chunks are never kept.
-    keep_top_chunks(scores[0], starts[0], lens[0], out.starts, out.lens, impl=impl)
-    out.limit.copy_(limit)
+    return scores, starts, lens, limit
 
 
 def merge_question(question: tuple[torch.Tensor, torch.Tensor], last: StageCache,

@@ -54,6 +54,19 @@ class DecodePools:
         self.pools.append(pool)
         return pool, pool.free.pop()
 
+    def row_of(self, state) -> tuple[Pool, int]:
+        """A sequence's (pool, row) (state.pool_row, InfiniteHiPState), taken at its first decode step."""
+        if state.pool_row is None:
+            state.pool_row = self.assign()
+        return state.pool_row
+
+    def groups(self, states: list) -> list[tuple[Pool, list[int]]]:
+        """The batch positions of the sequences (their states, rows taken) of each pool, pools in first-seen order."""
+        groups: dict[int, tuple[Pool, list[int]]] = {}
+        for i, state in enumerate(states):
+            groups.setdefault(state.pool_row[0].index, (state.pool_row[0], []))[1].append(i)
+        return list(groups.values())
+
     def release(self, pool: Pool, row: int) -> None:
         pool.free.append(row)
         for key in [k for k in self._indices if k[0] == pool.index and row in k[1]]:

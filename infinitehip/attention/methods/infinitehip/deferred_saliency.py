@@ -20,13 +20,6 @@ from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
 from infinitehip.attention.methods.infinitehip.state import InfiniteHiPState
 
 
-def pool_row(pools: DecodePools, state: InfiniteHiPState) -> tuple[Pool, int]:
-    """The sequence's (pool, row), taken at its first decode step."""
-    if state.pool_row is None:
-        state.pool_row = pools.assign()
-    return state.pool_row
-
-
 def queues(pool: Pool, layer: int, q: torch.Tensor, P: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The pool's queues of `layer`: queries [R, P, H, d] (q's dtype) and positions [R, P] int64."""
     return (pool.tensor("pending_q", layer, (P, *q.shape[1:]), q.dtype, q.device),
@@ -37,7 +30,7 @@ def own_queue(pools: DecodePools, state: InfiniteHiPState, layer: int, q: torch.
     """The sequence's queue views (state.pending_q / pending_pos [P, ...]), emptied at its first decode step (a row
     released by an earlier sequence may hold its positions)."""
     if state.pending_q[layer] is None:
-        pool, row = pool_row(pools, state)
+        pool, row = pools.row_of(state)
         pending_q, pending_pos = queues(pool, layer, q, P)
         state.pending_q[layer], state.pending_pos[layer] = pending_q[row], pending_pos[row]
         state.pending_pos[layer].fill_(-1)
@@ -62,11 +55,7 @@ def apply_saliency_batch(saliency: KeySaliency, pools: DecodePools, layer: int, 
     queues the queries of its sequences and, when some refresh, one applies their queues and one empties them."""
     for state in (s.state for s in seqs):
         own_queue(pools, state, layer, q, P)
-    groups: dict[int, list[int]] = {}  # pool index -> the batch positions of its sequences
-    for i, s in enumerate(seqs):
-        groups.setdefault(s.state.pool_row[0].index, []).append(i)
-    for members in groups.values():
-        pool = seqs[members[0]].state.pool_row[0]
+    for pool, members in pools.groups([s.state for s in seqs]):
         pending_q, pending_pos = queues(pool, layer, q, P)
         rows = [seqs[i].state.pool_row[1] for i in members]
         everyone = members == list(range(len(seqs)))

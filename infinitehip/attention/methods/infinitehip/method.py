@@ -31,6 +31,7 @@ from infinitehip.attention.methods.infinitehip.mask_rows import mask_rows_for, s
 from infinitehip.attention.methods.infinitehip.offload_access import (StagedLayer, check_offload, prefill_attention_in_groups,
                                                               question_key_reader, scoring_access, stage_prefill_layer)
 from infinitehip.attention.methods.infinitehip.decode_pool import DecodePools
+from infinitehip.attention.methods.infinitehip.decode_batch import batchable, refresh_batch, stage_caches
 from infinitehip.attention.methods.infinitehip.deferred_saliency import apply_saliency, apply_saliency_batch
 from infinitehip.attention.methods.infinitehip.positions import attention_extent, attention_positions, group_size
 from infinitehip.attention.methods.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,
@@ -270,15 +271,25 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
         uses = "dynamic" in (c.early_pruning_rope, c.late_pruning_rope, c.attention_rope)
         return group_size(context_len, self.trained_len) if uses else 1
 
-    def _stage_caches(self, state: InfiniteHiPState, layer: int, device: torch.device) -> list[StageCache]:
-        if state.stage_cache[layer] is None:
-            c = self.config
-            limits = torch.zeros(c.num_stages, dtype=torch.long, device=device)
-            state.stage_cache[layer] = [
-                StageCache.empty(c.keep_tokens_for(layer, i) // c.chunk_sizes[i], c.chunk_sizes[i], limits, i)
-                for i in range(c.num_stages)
-            ]
-        return state.stage_cache[layer]
+    def _refresh_one(self, layer: int, q: torch.Tensor, position: torch.Tensor, seq: SequenceSlice,
+                     page_table: torch.Tensor, specs: list[StageSpec], pattern: tuple[bool, ...],
+                     caches: list[StageCache], alone: bool, num_candidates: int, group: int, rope) -> None:
+        """One sequence's stage refreshes of this step (its decode query q [H, d] at position [1])."""
+        c, state = self.config, seq.state
+        k_flat, rep_keys = scoring_access(seq.cache, layer, page_table)
+        keys = stage_keys(state.mask_rows if alone else None, rep_keys, seq.cache, layer, page_table, pattern,
+                          state.decode_steps[layer])  # per stage; the last one's may keep its mask-bank rows
+        parent, shared = None, {}
+        novel = decode_novel(state, num_candidates)
+        for s, spec in enumerate(specs):
+            if pattern[s]:
+                refresh_stage(spec, q, position, parent, caches[s], k_flat, page_table, seq.cache.page_size,
+                              c.sink_tokens, c.stream_tokens, rope, num_candidates, group,
+                              self.trained_len, self._impl(q), None if self.saliency is None else (self.saliency, layer),
+                              shared, keys[s], _forced(seq.probe, q.device), reduce=self._reduce,
+                              novel=novel if s == 0 else None)
+                state.refreshes[s] += 1
+            parent = caches[s]
 
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
         """Sync-free decode (decode.py): fixed shapes, positions from batch.decode_positions; CUDA-graph capturable.
@@ -310,16 +321,22 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
         num_candidates = stage1_candidates(capacity, c.sink_tokens, c.chunk_sizes[0])
         batch.rope.ensure(self.decode_rope_positions(capacity))  # reserved before the prompt's last chunk
         patterns = [self.refresh_pattern(s.state, layer) for s in seqs]
+        specs = self._specs(layer, decode=True)
+        saliency = None if self.saliency is None else (self.saliency, layer)
         # A batch over a resident cache: the per-sequence ops launched once for the sequences of a pool
         batched = len(seqs) > 1 and not is_offloaded(batch.cache)
+        refresh_together = batched and batchable(specs) and all(s.probe is None for s in seqs)
         P = min(c.refresh_intervals)
         if batched and self.saliency is not None:
             apply_saliency_batch(self.saliency, self.pools, layer, q, seqs, [any(p) for p in patterns], batch, P,
                                  self._impl(q))
-        finals = []
+        finals = [stage_caches(self.pools, s.state, layer, c, q.device) for s in seqs]
+        if refresh_together:
+            refresh_batch(specs, layer, q, seqs, patterns, batch, self.pools, c, num_candidates, group, self.trained_len,
+                          self._impl(q), saliency, self._reduce)
         for i, seq in enumerate(seqs):
             state: InfiniteHiPState = seq.state
-            pattern = patterns[i]
+            pattern, caches = patterns[i], finals[i]
             if state.decode_rows is None:  # False: a resident cache, or no spare rows
                 state.decode_rows = decode_rows_for(seq.cache, self.model_config.num_layers, c.refresh_intervals) or False
                 state.mask_rows = mask_rows_for(seq.cache, self.model_config.num_layers, c.num_stages) or False
@@ -327,29 +344,16 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
             kept = state.decode_rows if alone and state.decode_rows else None
             held = kept is not None and kept.kept(layer, state.decode_steps[layer])  # alone: reuse = held, no refresh
             if self.saliency is not None and not batched:
-                read_keys = window_reader(kept if held else None, seq.cache, layer, state.stage_cache[layer], c)
+                read_keys = window_reader(kept if held else None, seq.cache, layer, caches, c)
                 apply_saliency(self.saliency, self.pools, layer, q[i : i + 1], positions[i : i + 1], page_tables[i],
                                any(pattern), state, batch, P, self._impl(q), read_keys)
-            caches = self._stage_caches(state, layer, q.device)
-            k_flat, rep_keys = scoring_access(seq.cache, layer, page_tables[i])
-            keys = stage_keys(state.mask_rows if alone else None, rep_keys, seq.cache, layer, page_tables[i], pattern,
-                              state.decode_steps[layer])  # per stage; the last one's may keep its mask-bank rows
-            parent, shared = None, {}
-            novel = decode_novel(state, num_candidates)
-            for s, spec in enumerate(self._specs(layer, decode=True)):
-                if pattern[s]:
-                    refresh_stage(spec, q[i], positions[i : i + 1], parent, caches[s], k_flat,
-                                  page_tables[i], seq.cache.page_size, c.sink_tokens, c.stream_tokens, batch.rope,
-                                  num_candidates, group, self.trained_len, self._impl(q),
-                                  None if self.saliency is None else (self.saliency, layer), shared, keys[s],
-                                  _forced(seq.probe, q.device), reduce=self._reduce, novel=novel if s == 0 else None)
-                    state.refreshes[s] += 1
-                parent = caches[s]
+            if not refresh_together:
+                self._refresh_one(layer, q[i], positions[i : i + 1], seq, page_tables[i], specs, pattern, caches,
+                                  alone, num_candidates, group, batch.rope)
             if state.question[layer] is not None and pattern[-1]:
                 state.question_merged[layer] = merge_question(state.question[layer], caches[-1],
                                                               state.question_merged[layer], self._impl(q))
             state.decode_steps[layer] += 1
-            finals.append(caches)
         # The last stage's chunks per sequence; with question-time selection, joined with the question's chunks
         # (the answer attends them too), padded to one width when only some sequences have them.
         rows = [(f[-1].starts, f[-1].lens) for f in finals]

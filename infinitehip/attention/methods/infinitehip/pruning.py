@@ -143,7 +143,9 @@ def score_candidates(
         )
     else:
         store, layer = saliency
-        reps = store.representatives(layer, starts, lens, page_table, page_size, spec.chunk_size, impl=impl)
+        # decode (static groups): one block per sequence, no chunk shared between blocks
+        reps = store.representatives(layer, starts, lens, page_table, page_size, spec.chunk_size, impl=impl,
+                                     distinct=static_groups)
 
         def score(keys, rows: slice = slice(None), cols: slice = slice(None)):  # blocks `rows`, chunks `cols`
             return representative_scores(q_rot[rows], blocks.valid[rows], *keys, reps[rows, cols], lens[rows, cols],

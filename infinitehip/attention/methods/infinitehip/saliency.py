@@ -145,16 +145,19 @@ class KeySaliency:
             c[slots] = host_to_device(count, c.device)
 
     def representatives(self, layer: int, starts: torch.Tensor, lens: torch.Tensor, page_table: torch.Tensor,
-                        page_size: int, chunk_size: int, impl: str = "reference") -> torch.Tensor:
+                        page_size: int, chunk_size: int, impl: str = "reference", distinct: bool = False) -> torch.Tensor:
         """Most salient token per head of each chunk [start, start + len): starts/lens [M, N] -> [M, N, H] int64.
 
         Query blocks share most of their chunks (stage 1: all of them), so each distinct (start, len) is done
         once (`representatives.salient_tokens`, impl "triton" or "reference") and mapped back to the blocks.
-        Sync-free (CUDA-graph capturable) for a single block with impl "triton"."""
+        distinct (decode: one block per sequence, each its own tokens) or a single block: every chunk as it is, no
+        sort, no host sync (CUDA-graph capturable with impl "triton")."""
         total, count = self._sum[layer], self._count[layer]
         H = total.shape[1]
-        if starts.shape[0] == 1:  # one block (decode): its chunks are distinct; no sort, no host sync
-            return salient_tokens(total, count, page_table, page_size, starts[0], lens[0], chunk_size, impl=impl)[None]
+        if starts.shape[0] == 1 or distinct:
+            reps = salient_tokens(total, count, page_table, page_size, starts.flatten(), lens.flatten(), chunk_size,
+                                  impl=impl)
+            return reps.view(*starts.shape, H)
         key = starts * (chunk_size + 1) + lens
         uniq, inverse = torch.unique(key.flatten(), return_inverse=True)
         u_starts, u_lens = uniq // (chunk_size + 1), uniq % (chunk_size + 1)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from infinitehip.attention.methods.infinitehip.topchunks.reference import keep_top_chunks_reference
+from infinitehip.attention.methods.infinitehip.topchunks.reference import (
+    keep_top_chunks_reference, keep_top_chunks_rows_reference,
+)
 from infinitehip.config.impl import select_impl
 
 
@@ -20,4 +22,12 @@ def keep_top_chunks(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tens
     select_impl(impl, keep_top_chunks_reference, f"infinitehip.attention.methods.infinitehip.topchunks.triton", "keep_top_chunks_triton", "top-chunks")(scores, starts, lens, out_starts, out_lens)
 
 
-__all__ = ["keep_top_chunks"]
+def keep_top_chunks_rows(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, out_starts: torch.Tensor,
+                         out_lens: torch.Tensor, rows: torch.Tensor | None = None, impl: str = "triton") -> None:
+    """keep_top_chunks of each row of scores / starts / lens [G, N] (a batch's sequences) into row rows[g] (None: g)
+    of out_starts / out_lens [R, W] (pooled stage caches, decode_pool.py), in one launch."""
+    select_impl(impl, keep_top_chunks_rows_reference, "infinitehip.attention.methods.infinitehip.topchunks.triton",
+                "keep_top_chunks_rows_triton", "top-chunks")(scores, starts, lens, out_starts, out_lens, rows)
+
+
+__all__ = ["keep_top_chunks", "keep_top_chunks_rows"]

@@ -21,3 +21,11 @@ def keep_top_chunks_reference(
     dest = torch.where(kept, kept.cumsum(0) - 1, W)  # compaction keeps position order
     out_starts.copy_(torch.zeros(W + 1, dtype=torch.long, device=scores.device).scatter_(0, dest, starts)[:W])
     out_lens.copy_(torch.zeros(W + 1, dtype=torch.long, device=scores.device).scatter_(0, dest, lens)[:W])
+
+
+def keep_top_chunks_rows_reference(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
+                                   out_starts: torch.Tensor, out_lens: torch.Tensor, rows: torch.Tensor | None) -> None:
+    """Row g of scores / starts / lens [G, N] kept into row rows[g] (None: g) of out_starts / out_lens [R, W]."""
+    targets = range(scores.shape[0]) if rows is None else rows.tolist()
+    for g, r in enumerate(targets):
+        keep_top_chunks_reference(scores[g], starts[g], lens[g], out_starts[r], out_lens[r])

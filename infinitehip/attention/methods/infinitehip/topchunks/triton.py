@@ -6,7 +6,8 @@ flipped for negatives); 32 bisection steps (each one count over the block) find 
 chunks above it are kept, and of those equal to it the earliest ones (a running count in position order) fill
 the rest; a `tl.cumsum` compacts the kept chunks in position order. No sort: a one-program bitonic sort of the
 packed (score, index) int64 keys cost 126 us over the three stages of an all-refresh step at 1M tokens (H100).
-Replaces torch's topk + mark + scatter chain (~15 launches) by one.
+Replaces torch's topk + mark + scatter chain (~15 launches) by one. `keep_top_chunks_rows_triton`: one program per
+row of a batch (each sequence's candidates), writing into rows of a pooled output (decode_pool.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,19 @@ fix_interpreter_if_active()
 
 
 @triton.jit
-def _keep_top_chunks_kernel(Scores, Starts, Lens, OutStarts, OutLens, N, W, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+def _keep_top_chunks_kernel(Scores, Starts, Lens, OutStarts, OutLens, Rows, N, W, stride_scores, stride_starts,
+                            stride_lens, stride_out,
+                            HAS_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    g = tl.program_id(0).to(tl.int64)  # the input row; it writes output row rows[g] (else g)
+    if HAS_ROWS:
+        row = tl.load(Rows + g).to(tl.int64)
+    else:
+        row = g
+    Scores += g * stride_scores
+    Starts += g * stride_starts
+    Lens += g * stride_lens
+    OutStarts += row * stride_out
+    OutLens += row * stride_out
     offs = tl.arange(0, BLOCK_N)
     inside = offs < N
     length = tl.load(Lens + offs, mask=inside, other=0).to(tl.int64)
@@ -58,16 +71,33 @@ def _keep_top_chunks_kernel(Scores, Starts, Lens, OutStarts, OutLens, N, W, BLOC
 
 def keep_top_chunks_triton(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, out_starts: torch.Tensor,
                            out_lens: torch.Tensor) -> None:
-    N, W = scores.shape[0], out_starts.shape[0]
     for name, t in (("scores", scores), ("starts", starts), ("lens", lens), ("out_starts", out_starts), ("out_lens", out_lens)):
-        if t.dim() != 1 or t.stride(0) != 1:
+        if t.dim() != 1:
             raise ValueError(f"{name} must be a contiguous vector, got shape {tuple(t.shape)}")
+    keep_top_chunks_rows_triton(scores[None], starts[None], lens[None], out_starts[None], out_lens[None], None)
+
+
+def keep_top_chunks_rows_triton(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, out_starts: torch.Tensor,
+                                out_lens: torch.Tensor, rows: torch.Tensor | None) -> None:
+    G, N = scores.shape
+    W = out_starts.shape[1]
+    for name, t in (("scores", scores), ("starts", starts), ("lens", lens), ("out_starts", out_starts), ("out_lens", out_lens)):
+        if t.dim() != 2 or t.stride(1) != 1:
+            raise ValueError(f"{name} must be rows of contiguous vectors, got shape {tuple(t.shape)}")
+    if starts.shape != (G, N) or lens.shape != (G, N) or out_lens.shape != out_starts.shape or \
+            out_lens.stride() != out_starts.stride() or (rows is None and out_starts.shape[0] < G):
+        raise ValueError(f"shapes or strides do not match: scores {tuple(scores.shape)}, starts {tuple(starts.shape)}, "
+                         f"out {tuple(out_starts.shape)}")
     if starts.dtype != torch.int64 or out_starts.dtype != torch.int64 or out_lens.dtype != torch.int64:
         raise ValueError("starts and outputs must be int64")
-    if N == 0 or W == 0:
-        out_starts.zero_()
-        out_lens.zero_()
+    if G == 0 or W == 0:
+        return
+    if N == 0:
+        target = slice(0, G) if rows is None else rows
+        out_starts[target] = 0
+        out_lens[target] = 0
         return
     block_n = triton.next_power_of_2(N)
-    _keep_top_chunks_kernel[(1,)](scores, starts, lens, out_starts, out_lens, N, W, BLOCK_N=block_n,
+    _keep_top_chunks_kernel[(G,)](scores, starts, lens, out_starts, out_lens, starts if rows is None else rows, N, W,
+                                  scores.stride(0), starts.stride(0), lens.stride(0), out_starts.stride(0), HAS_ROWS=rows is not None, BLOCK_N=block_n,
                                   BLOCK_W=min(1024, triton.next_power_of_2(W)), num_warps=8 if block_n >= 2048 else 4)

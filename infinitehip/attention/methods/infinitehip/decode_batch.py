@@ -1,0 +1,105 @@
+"""The stage refreshes of a decode batch's sequences at once (resident cache): per pool and stage, one call for the
+sequences whose refresh pattern refreshes that stage, instead of one per sequence.
+
+Each sequence's stage caches are rows of pooled tensors (decode_pool.py): per layer, stage s's chunks starts / lens
+[R, C_s] and the stage limits [R, S]; a sequence's `StageCache` views its row, so the one-sequence path
+(`decode.refresh_stage`) and the key list read the same memory. A batched refresh scores the stage's candidates of
+its G sequences as G query blocks in one call (`decode.stage_scores`: each sequence's tokens offset into its page
+table, the tables laid end to end), keeps each row's top chunks in one launch (`keep_top_chunks_rows`) and writes the
+limits in one more. Which sequences refresh a stage is host-known (the graph key holds every sequence's pattern), so
+their index tensors are built once and shapes stay static.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infinitehip.attention.base import ForwardBatch, SequenceSlice
+from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.decode import StageCache, stage_scores
+from infinitehip.attention.methods.infinitehip.decode_pool import DecodePools, Pool
+from infinitehip.attention.methods.infinitehip.pruning import StageOutput, StageSpec
+from infinitehip.attention.methods.infinitehip.repeated_chunks import decode_novel
+from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
+from infinitehip.attention.methods.infinitehip.state import InfiniteHiPState
+from infinitehip.attention.methods.infinitehip.topchunks.op import keep_top_chunks_rows
+
+
+def _chunks(pool: Pool, layer: int, config: InfiniteHiPConfig, stage: int, device: torch.device):
+    """The pool's stage `stage` chunks of `layer`: (starts, lens) [R, C_s] int64."""
+    width = config.keep_tokens_for(layer, stage) // config.chunk_sizes[stage]
+    return tuple(pool.tensor(f"{name}{stage}", layer, (width,), torch.long, device) for name in ("starts", "lens"))
+
+
+def _limits(pool: Pool, layer: int, config: InfiniteHiPConfig, device: torch.device) -> torch.Tensor:
+    return pool.tensor("limits", layer, (config.num_stages,), torch.long, device)  # [R, S]
+
+
+def stage_caches(pools: DecodePools, state: InfiniteHiPState, layer: int, config: InfiniteHiPConfig,
+                 device: torch.device) -> list[StageCache]:
+    """The sequence's stage caches of `layer`, views of its pool row, emptied at its first decode step (a row
+    released by an earlier sequence holds that one's chunks)."""
+    if state.stage_cache[layer] is None:
+        pool, row = pools.row_of(state)
+        limits = _limits(pool, layer, config, device)[row]
+        limits.zero_()
+        caches = []
+        for s in range(config.num_stages):
+            starts, lens = (t[row] for t in _chunks(pool, layer, config, s, device))
+            starts.zero_()
+            lens.zero_()
+            caches.append(StageCache(starts, lens, limits, s, config.chunk_sizes[s]))
+        state.stage_cache[layer] = caches
+    return state.stage_cache[layer]
+
+
+def batchable(specs: list[StageSpec]) -> bool:
+    """Whether every stage's scoring positions ignore the key's token (no `dynamic` / `none` pruning RoPE), which
+    reading several sequences through one laid-out page table needs (`decode.stage_scores`)."""
+    return all(spec.rope_style in ("relative", "chunk_indexed", "infllm") for spec in specs)
+
+
+def refresh_batch(specs: list[StageSpec], layer: int, q: torch.Tensor, seqs: list[SequenceSlice],
+                  patterns: list[tuple[bool, ...]], batch: ForwardBatch, pools: DecodePools, config: InfiniteHiPConfig,
+                  num_candidates: int, group: int, trained_len: int, impl: str,
+                  saliency: tuple[KeySaliency, int] | None, reduce=None) -> None:
+    """Every stage refresh of the step's sequences q [B, H, d] (their stage caches made, `stage_caches`): per pool,
+    stage by stage, the sequences refreshing it in one call. Sync-free, static shapes."""
+    cache, device = batch.cache, q.device
+    k_flat, page_size = cache.flat_k(layer), cache.page_size
+    for pool, members in pools.groups([s.state for s in seqs]):
+        limits = _limits(pool, layer, config, device)
+        shared: dict[tuple[int, ...], dict] = {}  # per set of sequences: limit, rotated queries, token offsets
+        for s, spec in enumerate(specs):
+            mine = tuple(i for i in members if patterns[i][s])
+            if not mine:
+                continue
+            rows = pools.rows(pool, tuple(seqs[i].state.pool_row[1] for i in mine), device)
+            if mine == tuple(range(len(seqs))):
+                take = lambda t: t
+            else:
+                at = pools.positions(mine, device)
+                take = lambda t: t.index_select(0, at)
+            tables = take(batch.decode_page_tables).reshape(-1)  # [G * Pmax] the tables laid end to end
+            common = shared.setdefault(mine, {})
+            if "offset" not in common:  # sequence g's tokens at g * (Pmax * page_size) in the laid-out tables
+                common["offset"] = (torch.arange(len(mine), device=device) * (tables.numel() // len(mine) * page_size))[:, None]
+            parent = None
+            if s > 0:
+                p_starts, p_lens = (t.index_select(0, rows) for t in _chunks(pool, layer, config, s - 1, device))
+                parent = StageOutput(p_starts, p_lens, config.chunk_sizes[s - 1], 1, limits[:, s - 1])
+            novel = None
+            if s == 0:
+                masks = [decode_novel(seqs[i].state, num_candidates) for i in mine]
+                if any(m is not None for m in masks):
+                    every = torch.ones(num_candidates, dtype=torch.bool, device=device)
+                    novel = torch.stack([every if m is None else m for m in masks])
+            scores, starts, lens, limit = stage_scores(
+                spec, take(q), take(batch.decode_positions), parent, k_flat, tables, page_size, config.sink_tokens,
+                config.stream_tokens, batch.rope, num_candidates, group, trained_len, impl, saliency, common,
+                reduce=reduce, novel=novel, token_offset=common["offset"])
+            out_starts, out_lens = _chunks(pool, layer, config, s, device)
+            keep_top_chunks_rows(scores, starts, lens, out_starts, out_lens, rows, impl=impl)
+            limits[:, s].index_copy_(0, rows, limit)
+            for i in mine:
+                seqs[i].state.refreshes[s] += 1
