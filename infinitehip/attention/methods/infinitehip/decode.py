@@ -133,12 +133,9 @@ def stage_scores(
 
 
 def merge_question(question: tuple[torch.Tensor, torch.Tensor], last: StageCache,
-                   merged: tuple[torch.Tensor, torch.Tensor] | None, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The refreshed last stage's chunks joined with the question's (starts, lens [E]) -> (starts, lens [C + E]):
-    `merged` updated in place (graphs hold it), or new at the first decode step (which runs eagerly)."""
+                   merged: tuple[torch.Tensor, torch.Tensor], impl: str) -> None:
+    """The refreshed last stage's chunks joined with the question's (starts, lens [E]) into `merged` (starts, lens
+    [C + E]), in place (graphs hold it)."""
     starts, lens = merge_chunks(last.starts[None], last.lens[None], question[0], question[1], impl=impl)
-    if merged is None:
-        return starts[0], lens[0]
     merged[0].copy_(starts[0])
     merged[1].copy_(lens[0])
-    return merged

@@ -6,23 +6,25 @@ Each sequence's stage caches are rows of pooled tensors (decode_pool.py): per la
 (`decode.refresh_stage`) and the key list read the same memory. A batched refresh scores the stage's candidates of
 its G sequences as G query blocks in one call (`decode.stage_scores`: each sequence's tokens offset into its page
 table, the tables laid end to end), keeps each row's top chunks in one launch (`keep_top_chunks_rows`) and writes the
-limits in one more. Which sequences refresh a stage is host-known (the graph key holds every sequence's pattern), so
+limits in one more; the refreshed last stages are joined with their questions' chunks in one call. Which sequences refresh a stage is host-known (the graph key holds every sequence's pattern), so
 their index tensors are built once and shapes stay static.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from infinitehip.attention.base import ForwardBatch, SequenceSlice
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
-from infinitehip.attention.methods.infinitehip.decode import StageCache, stage_scores
+from infinitehip.attention.methods.infinitehip.decode import StageCache, merge_question, stage_scores
 from infinitehip.attention.methods.infinitehip.decode_pool import DecodePools, Pool
 from infinitehip.attention.methods.infinitehip.pruning import StageOutput, StageSpec
 from infinitehip.attention.methods.infinitehip.repeated_chunks import decode_novel
 from infinitehip.attention.methods.infinitehip.saliency import KeySaliency
 from infinitehip.attention.methods.infinitehip.state import InfiniteHiPState
 from infinitehip.attention.methods.infinitehip.topchunks.op import keep_top_chunks_rows
+from infinitehip.attention.ops.chunk_merge.op import merge_chunks
 
 
 def _chunks(pool: Pool, layer: int, config: InfiniteHiPConfig, stage: int, device: torch.device):
@@ -103,3 +105,68 @@ def refresh_batch(specs: list[StageSpec], layer: int, q: torch.Tensor, seqs: lis
             limits[:, s].index_copy_(0, rows, limit)
             for i in mine:
                 seqs[i].state.refreshes[s] += 1
+
+
+def _joined(pool: Pool, layer: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pool's last-stage chunks joined with the question's, of `layer`: (starts, lens) [R, C + E] int64."""
+    return tuple(pool.tensor(name, layer, (width,), torch.long, device) for name in ("joined_starts", "joined_lens"))
+
+
+def join_question(pools: DecodePools, state: InfiniteHiPState, layer: int, last: StageCache, impl: str) -> None:
+    """One sequence's refreshed last stage joined with its question's chunks (`merge_question`) into its pool row,
+    which the key list reads at every step (state.question_merged[layer]: views of the row)."""
+    if state.question_merged[layer] is None:
+        pool, row = pools.row_of(state)
+        width = last.starts.numel() + state.question[layer][0].numel()
+        state.question_merged[layer] = tuple(t[row] for t in _joined(pool, layer, width, last.starts.device))
+    merge_question(state.question[layer], last, state.question_merged[layer], impl)
+
+
+def join_questions(pools: DecodePools, layer: int, seqs: list[SequenceSlice], patterns: list[tuple[bool, ...]],
+                   finals: list[list[StageCache]], config: InfiniteHiPConfig, impl: str) -> None:
+    """`join_question` of every sequence with a question whose last stage refreshed: per pool, one merge for all."""
+    last = config.num_stages - 1
+    for pool, members in pools.groups([s.state for s in seqs]):
+        mine = tuple(i for i in members if seqs[i].state.question[layer] is not None and patterns[i][-1])
+        if len(mine) < 2:
+            for i in mine:
+                join_question(pools, seqs[i].state, layer, finals[i][-1], impl)
+            continue
+        device = finals[mine[0]][-1].starts.device
+        rows = pools.rows(pool, tuple(seqs[i].state.pool_row[1] for i in mine), device)
+        starts, lens = (t.index_select(0, rows) for t in _chunks(pool, layer, config, last, device))  # [G, C]
+        questions = [seqs[i].state.question[layer] for i in mine]
+        joined = merge_chunks(starts, lens, torch.stack([qs for qs, _ in questions]),
+                              torch.stack([ql for _, ql in questions]), impl=impl)  # [G, C + E]
+        targets = _joined(pool, layer, joined[0].shape[1], device)
+        for target, values in zip(targets, joined):
+            target.index_copy_(0, rows, values)
+        for i in mine:
+            row = seqs[i].state.pool_row[1]
+            seqs[i].state.question_merged[layer] = (targets[0][row], targets[1][row])
+
+
+def key_list_chunks(pools: DecodePools, layer: int, seqs: list[SequenceSlice], finals: list[list[StageCache]],
+                    config: InfiniteHiPConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The key list's chunks: each sequence's last stage, joined with its question's chunks where it has them (the
+    answer attends them too; padded to one width when only some sequences have them), and its stage limits (the oldest
+    cached stage bounds what was selectable: the window reaches back to it) -> starts, lens [B, W], limits [B, S].
+    Views of the pool when the batch is consecutive rows of one pool, else stacked."""
+    states = [s.state for s in seqs]
+    merged = [state.question_merged[layer] for state in states]
+    joined = all(m is not None for m in merged)
+    first = states[0].pool_row
+    if all(st.pool_row is not None and st.pool_row[0] is first[0] and st.pool_row[1] == first[1] + i
+           for i, st in enumerate(states)) and (joined or not any(m is not None for m in merged)):
+        pool, rows, device = first[0], slice(first[1], first[1] + len(seqs)), finals[0][-1].starts.device
+        if joined:
+            starts, lens = _joined(pool, layer, merged[0][0].numel(), device)
+        else:
+            starts, lens = _chunks(pool, layer, config, config.num_stages - 1, device)
+        return starts[rows], lens[rows], _limits(pool, layer, config, device)[rows]
+    chunks = [(f[-1].starts, f[-1].lens) for f in finals]
+    if any(m is not None for m in merged):
+        E = config.question_keep_tokens // config.chunk_sizes[-1]
+        chunks = [m if m is not None else (F.pad(r[0], (0, E)), F.pad(r[1], (0, E))) for m, r in zip(merged, chunks)]
+    return (torch.stack([r[0] for r in chunks]), torch.stack([r[1] for r in chunks]),
+            torch.stack([f[-1].limits for f in finals]))

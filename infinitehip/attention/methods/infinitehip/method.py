@@ -16,12 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from infinitehip.attention.base import AttentionMethod, ForwardBatch, KVSizing, SequenceSlice
 from infinitehip.attention.capabilities import KVOffload, TensorParallelHeads
 from infinitehip.attention.methods.dense.method import causal_sdpa, resident_decode
-from infinitehip.attention.methods.infinitehip.decode import (StageCache, merge_question, refresh_stage, stage1_candidates,
+from infinitehip.attention.methods.infinitehip.decode import (StageCache, refresh_stage, stage1_candidates,
                                                      window_width)
 from infinitehip.attention.methods.infinitehip.decode_rows import (
     attention_access, decode_rows_for, window_reader,
@@ -31,7 +30,8 @@ from infinitehip.attention.methods.infinitehip.mask_rows import mask_rows_for, s
 from infinitehip.attention.methods.infinitehip.offload_access import (StagedLayer, check_offload, prefill_attention_in_groups,
                                                               question_key_reader, scoring_access, stage_prefill_layer)
 from infinitehip.attention.methods.infinitehip.decode_pool import DecodePools
-from infinitehip.attention.methods.infinitehip.decode_batch import batchable, refresh_batch, stage_caches
+from infinitehip.attention.methods.infinitehip.decode_batch import (batchable, join_question, join_questions,
+                                                                   key_list_chunks, refresh_batch, stage_caches)
 from infinitehip.attention.methods.infinitehip.deferred_saliency import apply_saliency, apply_saliency_batch
 from infinitehip.attention.methods.infinitehip.positions import attention_extent, attention_positions, group_size
 from infinitehip.attention.methods.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,
@@ -334,6 +334,12 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
         if refresh_together:
             refresh_batch(specs, layer, q, seqs, patterns, batch, self.pools, c, num_candidates, group, self.trained_len,
                           self._impl(q), saliency, self._reduce)
+        elif batched:
+            for i, seq in enumerate(seqs):
+                self._refresh_one(layer, q[i], positions[i : i + 1], seq, page_tables[i], specs, patterns[i], finals[i],
+                                  False, num_candidates, group, batch.rope)
+        if batched:  # after every refresh of the step
+            join_questions(self.pools, layer, seqs, patterns, finals, c, self._impl(q))
         for i, seq in enumerate(seqs):
             state: InfiniteHiPState = seq.state
             pattern, caches = patterns[i], finals[i]
@@ -343,32 +349,17 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
             alone = len(seqs) == 1 and not batch.prefill
             kept = state.decode_rows if alone and state.decode_rows else None
             held = kept is not None and kept.kept(layer, state.decode_steps[layer])  # alone: reuse = held, no refresh
-            if self.saliency is not None and not batched:
-                read_keys = window_reader(kept if held else None, seq.cache, layer, caches, c)
-                apply_saliency(self.saliency, self.pools, layer, q[i : i + 1], positions[i : i + 1], page_tables[i],
-                               any(pattern), state, batch, P, self._impl(q), read_keys)
-            if not refresh_together:
+            if not batched:  # one sequence, or an offloaded cache: each sequence's own ops
+                if self.saliency is not None:
+                    read_keys = window_reader(kept if held else None, seq.cache, layer, caches, c)
+                    apply_saliency(self.saliency, self.pools, layer, q[i : i + 1], positions[i : i + 1],
+                                   page_tables[i], any(pattern), state, batch, P, self._impl(q), read_keys)
                 self._refresh_one(layer, q[i], positions[i : i + 1], seq, page_tables[i], specs, pattern, caches,
                                   alone, num_candidates, group, batch.rope)
-            if state.question[layer] is not None and pattern[-1]:
-                state.question_merged[layer] = merge_question(state.question[layer], caches[-1],
-                                                              state.question_merged[layer], self._impl(q))
+                if state.question[layer] is not None and pattern[-1]:
+                    join_question(self.pools, state, layer, caches[-1], self._impl(q))
             state.decode_steps[layer] += 1
-        # The last stage's chunks per sequence; with question-time selection, joined with the question's chunks
-        # (the answer attends them too), padded to one width when only some sequences have them.
-        rows = [(f[-1].starts, f[-1].lens) for f in finals]
-        merged = [seq.state.question_merged[layer] for seq in seqs]
-        if any(m is not None for m in merged):
-            E = c.question_keep_tokens // c.chunk_sizes[-1]
-            rows = [m if m is not None else (F.pad(r[0], (0, E)), F.pad(r[1], (0, E))) for m, r in zip(merged, rows)]
-        # The oldest cached stage bounds what was selectable: the window reaches back to it (the key list op takes
-        # the minimum of the stage limits).
-        if len(finals) == 1:  # views, no copies
-            starts, lens, limits = rows[0][0][None], rows[0][1][None], finals[0][-1].limits[None]
-        else:
-            starts = torch.stack([r[0] for r in rows])
-            lens = torch.stack([r[1] for r in rows])
-            limits = torch.stack([f[-1].limits for f in finals])
+        starts, lens, limits = key_list_chunks(self.pools, layer, seqs, finals, c)
         key_tokens, key_counts, key_rope, query_rope = decode_key_list(
             starts, lens, c.chunk_sizes[-1], limits, positions, c.sink_tokens,
             window_width(c.stream_tokens, c.refresh_intervals), c.attention_rope, group, impl=self._impl(q))
