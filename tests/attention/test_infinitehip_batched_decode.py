@@ -12,6 +12,7 @@ import torch
 from infinitehip import SamplingParams
 from infinitehip.attention.methods.infinitehip import deferred_saliency
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.decode_pool import DecodePools
 from tests.attention.test_infinitehip_method import SMALL
 from tests.conftest import engine_for_dir, random_ids
 
@@ -19,11 +20,13 @@ from tests.conftest import engine_for_dir, random_ids
 ROOMY = dict(max_context_tokens=2048, kv_cache_tokens=4 * 2048, prefill_chunk_size=2048, max_num_seqs=4)
 
 
-def _decode(path, config, requests):
+def _decode(path, config, requests, first_rows: int = 16):
     """requests: (prompt, tokens, arrival step) decoded in one engine -> (tokens per request,
-    {(request, position, layer): decode attention output [H, d]}, decode batch sizes seen)."""
+    {(request, position, layer): decode attention output [H, d]}, decode batch sizes seen). first_rows: the first
+    pool's rows (decode_pool.py; fewer than the batch: its sequences in several pools)."""
     engine = engine_for_dir(path, None, config, method="infinitehip", **ROOMY)
     method, recorded, sizes, ids = engine.method, {}, [], {}
+    method.pools = DecodePools(first_rows)
     inner = method.decode
 
     def recording(layer, q, seqs, batch):
@@ -54,9 +57,9 @@ def _alone(path, config, requests):
     return tokens, recorded
 
 
-def _check(path, config, requests, rtol, atol):
+def _check(path, config, requests, rtol, atol, first_rows: int = 16):
     alone, rec_alone = _alone(path, config, requests)
-    together, rec, sizes = _decode(path, config, requests)
+    together, rec, sizes = _decode(path, config, requests, first_rows)
     assert together == alone
     assert max(sizes) == len(requests)  # the batch held every sequence at some step
     assert rec.keys() == rec_alone.keys()
@@ -64,15 +67,18 @@ def _check(path, config, requests, rtol, atol):
         torch.testing.assert_close(rec[key], rec_alone[key], rtol=rtol, atol=atol, msg=lambda m: f"{key}: {m}")
 
 
-@pytest.mark.parametrize("overrides", [
-    {},
-    {"refresh_intervals": (8, 4, 2), "question_tokens": 16, "question_keep_tokens": 32},  # the question's chunks joined
-    {"representative": "bisection", "head_aggregation": "zscore"},
+@pytest.mark.parametrize("overrides,first_rows", [
+    ({}, 16),
+    ({}, 1),  # pools of 1, 1, 2 rows: the batch's sequences in several pools, batched per pool
+    ({"refresh_intervals": (8, 4, 2), "question_tokens": 16, "question_keep_tokens": 32}, 16),  # the question's chunks
+    ({"refresh_intervals": (8, 4, 2), "question_tokens": 16, "question_keep_tokens": 32}, 2),
+    ({"representative": "bisection", "head_aggregation": "zscore"}, 16),
+    ({"late_pruning_rope": "dynamic"}, 16),  # scored by token position: refreshes one sequence at a time
 ])
-def test_batched_decode_equals_each_sequence_alone(tiny_llama_dir, overrides):
+def test_batched_decode_equals_each_sequence_alone(tiny_llama_dir, overrides, first_rows):
     config = InfiniteHiPConfig(**{**SMALL, **overrides})
     requests = [(random_ids(700, seed=41), 10, 0), (random_ids(300, seed=42), 8, 0), (random_ids(505, seed=43), 9, 3)]
-    _check(tiny_llama_dir, config, requests, rtol=1e-5, atol=1e-5)
+    _check(tiny_llama_dir, config, requests, rtol=1e-5, atol=1e-5, first_rows=first_rows)
 
 
 def test_batched_decode_through_the_triton_kernels_equals_each_sequence_alone(tiny_llama_dir):

@@ -40,7 +40,7 @@ class Pool:
 class DecodePools:
     """Every pool of one method instance, and the index tensors of the row and batch-position sets its batches use."""
 
-    def __init__(self, first_rows: int = 4):
+    def __init__(self, first_rows: int = 16):  # the engine's default max_num_seqs: one pool for a default batch
         self.first_rows = first_rows
         self.pools: list[Pool] = []
         self._indices: dict[tuple, torch.Tensor] = {}
