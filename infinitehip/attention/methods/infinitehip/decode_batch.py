@@ -76,19 +76,16 @@ def refresh_batch(specs: list[StageSpec], layer: int, q: torch.Tensor, seqs: lis
             mine = tuple(i for i in members if patterns[i][s])
             if not mine:
                 continue
-            rows = pools.rows(pool, tuple(seqs[i].state.pool_row[1] for i in mine), device)
-            if mine == tuple(range(len(seqs))):
-                take = lambda t: t
-            else:
-                at = pools.positions(mine, device)
-                take = lambda t: t.index_select(0, at)
+            row_ids = tuple(seqs[i].state.pool_row[1] for i in mine)
+            rows = pools.rows(pool, row_ids, device)
+            take = lambda t: pools.take(t, mine)  # the step's tensors of these sequences
             tables = take(batch.decode_page_tables).reshape(-1)  # [G * Pmax] the tables laid end to end
             common = shared.setdefault(mine, {})
             if "offset" not in common:  # sequence g's tokens at g * (Pmax * page_size) in the laid-out tables
                 common["offset"] = (torch.arange(len(mine), device=device) * (tables.numel() // len(mine) * page_size))[:, None]
             parent = None
             if s > 0:
-                p_starts, p_lens = (t.index_select(0, rows) for t in _chunks(pool, layer, config, s - 1, device))
+                p_starts, p_lens = (pools.take_rows(t, pool, row_ids) for t in _chunks(pool, layer, config, s - 1, device))
                 parent = StageOutput(p_starts, p_lens, config.chunk_sizes[s - 1], 1, limits[:, s - 1])
             novel = None
             if s == 0:
@@ -133,8 +130,9 @@ def join_questions(pools: DecodePools, layer: int, seqs: list[SequenceSlice], pa
                 join_question(pools, seqs[i].state, layer, finals[i][-1], impl)
             continue
         device = finals[mine[0]][-1].starts.device
-        rows = pools.rows(pool, tuple(seqs[i].state.pool_row[1] for i in mine), device)
-        starts, lens = (t.index_select(0, rows) for t in _chunks(pool, layer, config, last, device))  # [G, C]
+        row_ids = tuple(seqs[i].state.pool_row[1] for i in mine)
+        rows = pools.rows(pool, row_ids, device)
+        starts, lens = (pools.take_rows(t, pool, row_ids) for t in _chunks(pool, layer, config, last, device))  # [G, C]
         questions = [seqs[i].state.question[layer] for i in mine]
         joined = merge_chunks(starts, lens, torch.stack([qs for qs, _ in questions]),
                               torch.stack([ql for _, ql in questions]), impl=impl)  # [G, C + E]

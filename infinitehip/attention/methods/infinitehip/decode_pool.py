@@ -80,8 +80,22 @@ class DecodePools:
         """[B] int64 positions in a decode batch (kept)."""
         return self._index((-1, positions), device)
 
+    def take(self, t: torch.Tensor, positions: tuple[int, ...]) -> torch.Tensor:
+        """Rows `positions` of t (a batch's rows): a view when they are consecutive, else one gather."""
+        return _take(t, positions, lambda: self.positions(positions, t.device))
+
+    def take_rows(self, t: torch.Tensor, pool: Pool, rows: tuple[int, ...]) -> torch.Tensor:
+        """Rows `rows` of a pool's tensor t: a view when they are consecutive, else one gather."""
+        return _take(t, rows, lambda: self.rows(pool, rows, t.device))
+
     def _index(self, key: tuple, device: torch.device) -> torch.Tensor:
         t = self._indices.get(key)
         if t is None:
             t = self._indices[key] = device_tensor(list(key[1]), torch.long, device)
         return t
+
+
+def _take(t: torch.Tensor, values: tuple[int, ...], index) -> torch.Tensor:
+    if all(v == values[0] + i for i, v in enumerate(values)):
+        return t[values[0] : values[0] + len(values)]
+    return t.index_select(0, index())

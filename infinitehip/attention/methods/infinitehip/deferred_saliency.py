@@ -58,16 +58,13 @@ def apply_saliency_batch(saliency: KeySaliency, pools: DecodePools, layer: int, 
     for pool, members in pools.groups([s.state for s in seqs]):
         pending_q, pending_pos = queues(pool, layer, q, P)
         rows = [seqs[i].state.pool_row[1] for i in members]
-        everyone = members == list(range(len(seqs)))
-        take = (lambda t: t) if everyone else (lambda t: t.index_select(0, pools.positions(tuple(members), q.device)))
-        queue_queries(take(q).contiguous(), take(batch.decode_positions), pending_q, pending_pos,
-                      pools.rows(pool, tuple(rows), q.device), impl=impl)
+        members = tuple(members)
+        queue_queries(pools.take(q, members).contiguous(), pools.take(batch.decode_positions, members), pending_q,
+                      pending_pos, pools.rows(pool, tuple(rows), q.device), impl=impl)
         mine = tuple(i for i in members if refresh[i])
         if mine:
             applied = pools.rows(pool, tuple(seqs[i].state.pool_row[1] for i in mine), q.device)
-            tables = batch.decode_page_tables
-            if mine != tuple(range(len(seqs))):
-                tables = tables.index_select(0, pools.positions(mine, q.device))
-            saliency.update_decode_batched(layer, pending_q, pending_pos, applied, tables, batch.cache, batch.rope,
+            saliency.update_decode_batched(layer, pending_q, pending_pos, applied,
+                                           pools.take(batch.decode_page_tables, mine), batch.cache, batch.rope,
                                            impl=impl)
             pending_pos.index_fill_(0, applied, -1)
