@@ -9,6 +9,9 @@ Question-time selection (question_tokens > 0, preset `3k-question`; not in the p
 the last question_tokens queries vote over every candidate once (attention/common/question_selection.py); the chosen
 final-stage chunks join the question's blocks and every decode step's last-stage chunks.
 Offloaded KV: decode steps reuse the bank rows of earlier steps where they are unchanged (decode_rows.py, mask_rows.py).
+A decode batch over a resident cache launches each per-sequence op (query queue, saliency update, a stage's refresh,
+the question join) once for its sequences: their decode state is rows of pooled tensors (decode_pool.py,
+deferred_saliency.py, decode_batch.py).
 """
 
 from __future__ import annotations
