@@ -108,6 +108,9 @@ def run_cell(loaded: LoadedModel, spec: str, mode: str, context: int, num_seqs: 
         print_report(report, f"profile of {args.profile_steps} decode steps ({spec}, {mode}, {context}, N={num_seqs})")
     if any(s.is_finished for s in seqs):
         raise RuntimeError(f"a sequence finished within the timed steps (N={num_seqs}): its tokens were not enough")
+    # TokenSelect's Selection Cache: an eager step whose sequences all reuse skips scoring, a graph scores every step
+    stats = [engine.method.stats(s.method_state) for s in seqs] if hasattr(engine.method, "stats") else []
+    hit_ratios = [st["hit_ratio"] for st in stats if st.get("hit_ratio") is not None]
     for s in seqs:
         engine.abort(s)
     timed = step_s[args.warmup_steps:]
@@ -119,6 +122,7 @@ def run_cell(loaded: LoadedModel, spec: str, mode: str, context: int, num_seqs: 
                tok_s=num_seqs / median, kv_bytes_per_step=int(num_seqs * mean_context * args.kv_bytes_per_token),
                captures=graphs.captures if graphs else 0, replays=graphs.replays if graphs else 0,
                batch_replays=graphs.batch_replays if graphs else 0,
+               selection_hit_ratio=statistics.fmean(hit_ratios) if hit_ratios else None,
                peak_gb=torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else 0.0)
     del engine, seqs
     gc.collect()  # the engine's objects hold each other (runner, graphs, scheduler): freed only by a collection

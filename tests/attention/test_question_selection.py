@@ -120,9 +120,14 @@ def test_question_reads_its_queries_across_a_chunk_boundary(method, config, monk
 
     monkeypatch.setattr(module, name, select)
     joined = []  # per decode step and layer: whether the step's keys hold the question's selection
-    if method == "tokenselect":
-        inner_join = module.union_below
-        monkeypatch.setattr(module, "union_below", lambda a, b, *r: joined.append(b is not None) or inner_join(a, b, *r))
+    if method == "tokenselect":  # decode's union of the step's selection and the question's (decode_lists.py)
+        inner_join = module.decode_union
+
+        def union(selected, num_selected, extra, num_extra, limit):
+            joined.append(bool((num_extra > 0).all()))
+            return inner_join(selected, num_selected, extra, num_extra, limit)
+
+        monkeypatch.setattr(module, "decode_union", union)
     else:  # every chunk of the layer's question selection is in the key list (joined at the last stage's refresh)
         inner_join = module.decode_key_list
 

@@ -29,7 +29,10 @@ to one H * d vector (the paper's cos(Q, C_Q) on the whole multi-head query) and 
 last selection (C_Q is updated on a miss only, as in Alg. 1). Pre-RoPE queries are compared because the
 selection depends on the pre-RoPE query only (its scoring rotation is constant). On a hit the local window
 keeps starting at the selection's window_start, so tokens that left the window since are still attended.
-Hits and misses are counted per layer in the state; `stats(state)` gives the hit ratio.
+The cache lives in fixed device rows (selection_rows.py) and decides on the device: a step scores a new
+selection for every sequence and keeps the old one where the query is similar (an eager step whose sequences all
+hit skips the scoring), its lists in shapes of the capacity (decode_lists.py), so decode replays from CUDA graphs
+(graph_hooks.py). Hits and misses are counted per layer on the device; `stats(state)` gives the hit ratio.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ from infinitehip.attention.common.repeated_text import repeated_candidates
 from infinitehip.attention.ops.sparse.op import sparse_attention_decode, sparse_attention_prefill
 from infinitehip.attention.methods.tokenselect.soft_vote.op import soft_vote
 from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
+from infinitehip.attention.methods.tokenselect.decode_lists import decode_key_list, top_tokens
+from infinitehip.attention.methods.tokenselect.decode_lists import union_below as decode_union
+from infinitehip.attention.methods.tokenselect.graph_hooks import TokenSelectGraphHooks
+from infinitehip.attention.methods.tokenselect.selection_rows import SelectionRows, read_rows, updated_rows, write_rows
 from infinitehip.config.impl import resolve_impl
 from infinitehip.config.model import ModelConfig
 from infinitehip.kv.prefix_reuse import PrefixReuse
@@ -57,28 +64,39 @@ from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 
 @dataclass
 class TokenSelectState:
-    """Per sequence, per layer: the Selection Cache and its hit/miss counts (decode steps)."""
+    """Per sequence: the decode Selection Cache (device rows, allocated at the first decode step) and, per layer,
+    what the prefill leaves for the answer."""
 
-    query: list[torch.Tensor | None]  # [H * d] fp32 pre-RoPE query of the last selection (C_Q)
-    selected: list[torch.Tensor | None]  # [<= k] int64 sorted tokens of the last selection (C_I)
-    window_start: list[int]  # the last selection's candidates were [sink, window_start)
-    hits: list[int]
-    misses: list[int]  # selections made (every decode step when the cache is off)
     question: list[torch.Tensor | None]  # [<= question_select_tokens] sorted question-time selection (attention/common/question_selection.py)
     # The last question_tokens pre-RoPE prefill queries [<= question_tokens, H, d]: the question may start in the
     # chunk before the one that ends the prompt.
     recent_q: list[torch.Tensor | None]
+    rows: SelectionRows | None = None  # selection_rows.py
 
     @classmethod
     def empty(cls, num_layers: int) -> "TokenSelectState":
-        return cls([None] * num_layers, [None] * num_layers, [0] * num_layers, [0] * num_layers, [0] * num_layers,
-                   [None] * num_layers, [None] * num_layers)
+        return cls([None] * num_layers, [None] * num_layers)
+
+    def counts(self) -> tuple[list[int], list[int]]:
+        """Per layer (hits, misses) of the decode steps so far; misses = selections made (a host read)."""
+        if self.rows is None:
+            return [0] * len(self.question), [0] * len(self.question)
+        return self.rows.counts()
+
+    @property
+    def hits(self) -> list[int]:
+        return self.counts()[0]
+
+    @property
+    def misses(self) -> list[int]:  # selections made (every decode step when the cache is off)
+        return self.counts()[1]
 
     @property
     def hit_ratio(self) -> float | None:
         """Share of decode steps (over all layers) that reused a selection; None before the first decode step."""
-        total = sum(self.hits) + sum(self.misses)
-        return sum(self.hits) / total if total else None
+        hits, misses = self.counts()
+        total = sum(hits) + sum(misses)
+        return sum(hits) / total if total else None
 
 
 def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +114,7 @@ def union_below(selected: torch.Tensor, extra: torch.Tensor | None, limit: int) 
     return torch.unique(torch.cat([selected, extra[extra < limit]]), sorted=True)
 
 
-class TokenSelectAttention(AttentionMethod, PrefixCaching, TensorParallelHeads):
+class TokenSelectAttention(AttentionMethod, TokenSelectGraphHooks, PrefixCaching, TensorParallelHeads):
     name = "tokenselect"
 
     def __init__(self, model_config: ModelConfig, config: TokenSelectConfig | None = None):
@@ -120,7 +138,8 @@ class TokenSelectAttention(AttentionMethod, PrefixCaching, TensorParallelHeads):
 
     def stats(self, state: TokenSelectState) -> dict:
         """Selection Cache counts of one sequence (summed over layers) and its hit ratio."""
-        return {"hits": sum(state.hits), "misses": sum(state.misses), "hit_ratio": state.hit_ratio}
+        hits, misses = (sum(n) for n in state.counts())  # one host read of the device counts
+        return {"hits": hits, "misses": misses, "hit_ratio": hits / (hits + misses) if hits + misses else None}
 
     def _impl(self, x: torch.Tensor) -> str:
         """The ops' implementation for x's device (config/impl.py): Triton on CUDA; on CPU ("auto") the eager vote
@@ -146,20 +165,9 @@ class TokenSelectAttention(AttentionMethod, PrefixCaching, TensorParallelHeads):
             if len(need) < len(counts):
                 index = device_tensor(need, torch.int64, q.device)
                 q, page_tables = q[index], page_tables[index]
-            rope.ensure(c.local_tokens + 1)
-            distance = c.local_tokens  # candidates scored as if local_tokens before the query (module doc)
-            q_rot = apply_rotary(q.float(), rope.cos[distance], rope.sin[distance]).contiguous()
             need_counts = [counts[r] for r in need]
-            votes = soft_vote(
-                q_rot, k_flat, page_tables, page_size,
-                torch.full((len(need),), sink, dtype=torch.int64, device=q.device),
-                device_tensor(need_counts, torch.int64, q.device), max(need_counts), self.vote_scale,
-                impl=self._impl(q),
-            )
-            votes = self.reduce_heads(votes, "sum")  # tensor parallelism: every rank's heads vote
-            if c.vote_pool_size > 1:  # spans around the peaks; past a row's count stays -inf (never picked)
-                pooled = F.max_pool1d(votes[:, None], c.vote_pool_size, stride=1, padding=c.vote_pool_size // 2)
-                votes = pooled[:, 0].masked_fill(votes == float("-inf"), float("-inf"))
+            votes = self.votes(q, k_flat, page_tables, page_size, device_tensor(need_counts, torch.int64, q.device),
+                               max(need_counts), rope)
             if forced is not None:
                 for row, r in enumerate(need):
                     if forced[r] is not None:
@@ -168,6 +176,23 @@ class TokenSelectAttention(AttentionMethod, PrefixCaching, TensorParallelHeads):
             top = torch.topk(votes, k, dim=1).indices.sort(dim=1).values + sink  # every row has > k candidates
             picked.update(zip(need, top))
         return [picked[r] for r in range(len(counts))]
+
+    def votes(self, q: torch.Tensor, k_flat: torch.Tensor, page_tables: torch.Tensor, page_size: int,
+              counts: torch.Tensor, width: int, rope: RotaryEmbedding) -> torch.Tensor:
+        """q [R, H, d] pre-RoPE; row r's candidates [sink, sink + counts[r]) (counts [R] int64 on the device)
+        -> votes [R, width] fp32 over all heads (pooled), -inf past each row's count."""
+        c = self.config
+        rope.ensure(c.local_tokens + 1)
+        distance = c.local_tokens  # candidates scored as if local_tokens before the query (module doc)
+        q_rot = apply_rotary(q.float(), rope.cos[distance], rope.sin[distance]).contiguous()
+        starts = torch.full((q.shape[0],), c.sink_tokens, dtype=torch.int64, device=q.device)
+        votes = soft_vote(q_rot, k_flat, page_tables, page_size, starts, counts, width, self.vote_scale,
+                          impl=self._impl(q))
+        votes = self.reduce_heads(votes, "sum")  # tensor parallelism: every rank's heads vote
+        if c.vote_pool_size > 1:  # spans around the peaks; past a row's count stays -inf (never picked)
+            pooled = F.max_pool1d(votes[:, None], c.vote_pool_size, stride=1, padding=c.vote_pool_size // 2)
+            votes = pooled[:, 0].masked_fill(votes == float("-inf"), float("-inf"))
+        return votes
 
     def key_list(self, selected: torch.Tensor, window_start: int, last: int) -> torch.Tensor:
         """Sorted key tokens: sink, selected, local window [window_start, last] (int64)."""
@@ -259,49 +284,59 @@ class TokenSelectAttention(AttentionMethod, PrefixCaching, TensorParallelHeads):
         return parts[0] / (parts[1] * parts[2]).sqrt().clamp(min=1e-8)
 
     def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
+        """q [B, H, d] pre-RoPE, one token per sequence -> [B, H, d]. Sync-free, shapes of batch.decode_capacity:
+        positions and page tables read from the batch's device tensors, the Selection Cache from the sequences'
+        rows (module doc), so the step is capturable (graph_hooks.py)."""
         c = self.config
-        states: list[TokenSelectState] = [s.state for s in seqs]
-        positions = [s.start_pos for s in seqs]  # each query's own token
+        rows = [self.decode_rows(s.state, q) for s in seqs]
+        layout = rows[0].layout
+        ints, last_q = read_rows(rows, layer)  # [B, width], [B, H * d]
+        positions, page_tables, capacity = batch.decode_positions, batch.decode_page_tables, batch.decode_capacity
+        k_flat, page_size = seqs[0].cache.flat_k(layer), seqs[0].cache.page_size
         flat_q = q.flatten(1).float()  # [B, H * d]
-        reuse = [False] * len(seqs)
+        reuse = ints[:, layout.made] > 0  # [B] bool: keep the last selection (never before one, nor with the cache off)
         if c.selection_cache:
-            have = [i for i, st in enumerate(states) if st.query[layer] is not None]
-            if have:
-                cur = flat_q if len(have) == len(seqs) else flat_q[device_tensor(have, torch.int64, q.device)]
-                sim = self._similarity(cur, torch.stack([states[i].query[layer] for i in have]))
-                for i, s in zip(have, sim.tolist()):
-                    reuse[i] = s >= c.selection_cache_threshold
+            reuse &= self._similarity(flat_q, last_q) >= c.selection_cache_threshold
+        limits = (positions + 1 - c.local_tokens).clamp(min=c.sink_tokens)  # [B] a new selection's window start
+        old = ints[:, layout.selected], ints[:, layout.num_selected]
+        new = old if self.eager_all_reuse(reuse) else self._select_rows(q, seqs, k_flat, page_tables, page_size,
+                                                                         limits, capacity, batch.rope)
+        selected = torch.where(reuse[:, None], old[0], new[0])  # [B, k] sorted, then padding
+        num_selected = torch.where(reuse, old[1], new[1])
+        window_start = torch.where(reuse, ints[:, layout.window_start], limits)
+        union, num_union = decode_union(selected, num_selected, ints[:, layout.question], ints[:, layout.num_question],
+                                        window_start)
+        kept = updated_rows(layout, ints, reuse, selected, num_selected, window_start, c.selection_cache)
+        write_rows(rows, layer, kept, torch.where(reuse[:, None], last_q, flat_q))  # in place: a graph's buffers
 
-        P = max(s.page_table.numel() for s in seqs)
-        page_tables = torch.stack([F.pad(s.page_table, (0, P - s.page_table.numel())) for s in seqs])
-        miss = [i for i, r in enumerate(reuse) if not r]
-        if miss:
-            limits = [self.window_start(positions[i]) for i in miss]
-            rows = slice(0, len(seqs)) if len(miss) == len(seqs) else device_tensor(miss, torch.int64, q.device)
-            forced = [seqs[i].probe.on(q.device) if seqs[i].probe is not None and seqs[i].probe.oracle else None
-                      for i in miss]
-            picked = self.select(q[rows], seqs[0].cache.flat_k(layer), page_tables[rows], seqs[0].cache.page_size,
-                                 limits, batch.rope, forced if any(f is not None for f in forced) else None)
-            for i, tokens, limit in zip(miss, picked, limits):
-                st = states[i]
-                st.selected[layer], st.window_start[layer] = tokens, limit
-                st.query[layer] = flat_q[i].clone() if c.selection_cache else None
-                st.misses[layer] += 1
-        for i, r in enumerate(reuse):
-            states[i].hits[layer] += r
-
-        lists = [self.key_list(union_below(st.selected[layer], st.question[layer], st.window_start[layer]),
-                               st.window_start[layer], p) for st, p in zip(states, positions)]
-        for s, keys in zip(seqs, lists):
-            if s.probe is not None:
-                s.probe.record_decode(layer, s.probe.share_of_tokens(keys))
-        key_tokens, key_counts = pad_rows(lists)
-        K = key_tokens.shape[1]
-        key_rope = torch.arange(K, device=q.device, dtype=torch.int32).expand(len(seqs), K).contiguous()
+        key_tokens, key_counts = decode_key_list(union, num_union, window_start, positions, c.sink_tokens, capacity)
+        for i, s in enumerate(seqs):
+            if s.probe is not None:  # eager only (graph_key)
+                s.probe.record_decode(layer, s.probe.share_of_tokens(key_tokens[i, : int(key_counts[i])]))
+        B, K = key_tokens.shape
+        key_rope = torch.arange(K, device=q.device, dtype=torch.int32).expand(B, K).contiguous()
         query_rope = key_counts - 1  # the query's own token is the last key
         batch.rope.ensure(K)
         return sparse_attention_decode(
-            q, seqs[0].cache.flat_k(layer), seqs[0].cache.flat_v(layer), page_tables, seqs[0].cache.page_size,
+            q, k_flat, seqs[0].cache.flat_v(layer), page_tables, page_size,
             key_tokens, key_counts, key_rope, query_rope, batch.rope.cos, batch.rope.sin, self.sm_scale,
             impl=self._impl(q),
         )
+
+    def _select_rows(self, q: torch.Tensor, seqs: list[SequenceSlice], k_flat: torch.Tensor, page_tables: torch.Tensor,
+                     page_size: int, limits: torch.Tensor, capacity: int,
+                     rope: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's new selection of [sink, limits[b]) (limits [B] on the device) -> tokens [B, k] sorted (then
+        padding), counts [B]: `select` in the shapes of the capacity."""
+        c = self.config
+        sink, k = c.sink_tokens, c.select_tokens
+        counts = limits - sink  # [B] candidates
+        width = capacity - c.local_tokens - sink  # most candidates of a row within the capacity
+        if width <= k:  # every row's candidates fit: all selected, nothing scored
+            return torch.arange(sink, sink + k, device=q.device).expand(len(seqs), k), counts
+        votes = self.votes(q, k_flat, page_tables, page_size, counts, width, rope)  # [B, width]
+        for row, s in enumerate(seqs):  # oracle diagnostics (needle_probe.py), eager only
+            if s.probe is not None and s.probe.oracle:
+                f = s.probe.on(q.device)
+                votes[row, f[(f >= sink) & (f < self.window_start(s.start_pos))] - sink] = FORCE_BONUS
+        return top_tokens(votes, counts, k) + sink, counts.clamp(max=k)
