@@ -307,3 +307,18 @@ def record_step_logits(engine) -> list:
 
     engine.runner.run = recording
     return logits
+
+
+def run_staggered(engine, requests) -> list:
+    """requests: (prompt ids, tokens to decode, engine step at which it arrives), greedy -> each one's sequence, once
+    the engine has run them all (a batch whose members join at different steps)."""
+    from infinitehip import SamplingParams
+
+    seqs, step = {}, 0
+    while engine.has_work or len(seqs) < len(requests):
+        for i, (prompt, n, at) in enumerate(requests):
+            if at == step:
+                seqs[i] = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        engine.step()
+        step += 1
+    return [seqs[i] for i in range(len(requests))]

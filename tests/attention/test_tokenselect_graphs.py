@@ -15,7 +15,7 @@ from infinitehip.attention.methods.tokenselect import method as method_module
 from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
 from infinitehip.attention.methods.tokenselect.decode_lists import decode_key_list, top_tokens, union_below
 from infinitehip.attention.methods.tokenselect.graph_hooks import GRAPH_KEY
-from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids, record_step_logits
+from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids, record_step_logits, run_staggered
 
 # Sparse (32 of ~700 candidates), with question-time selection joining every step's. Threshold 0: the tiny random
 # model's successive queries are nearly orthogonal, so about half the steps reuse their layer's selection.
@@ -35,15 +35,8 @@ def _run(path, requests, graphs: bool, config: TokenSelectConfig = CONFIG, devic
     decoder = closure_graph_decoder(engine, min_bucket=256) if graphs and device == "cpu" else \
         engine.runner.graph_decoder
     logits = record_step_logits(engine)
-    seqs, step = {}, 0
-    while engine.has_work or len(seqs) < len(requests):
-        for i, (prompt, n, at) in enumerate(requests):
-            if at == step:
-                seqs[i] = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
-        engine.step()
-        step += 1
-    stats = [engine.method.stats(seqs[i].method_state) for i in range(len(requests))]
-    return [seqs[i].output_ids for i in range(len(requests))], logits, stats, decoder
+    seqs = run_staggered(engine, requests)
+    return [s.output_ids for s in seqs], logits, [engine.method.stats(s.method_state) for s in seqs], decoder
 
 
 def _assert_same(eager, graph):

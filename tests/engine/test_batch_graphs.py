@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infinitehip import SamplingParams
 from infinitehip.attention.methods.hip.config import HiPConfig
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from tests.attention.test_infinitehip_method import SMALL
-from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids
+from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids, run_staggered
 
 # hip: every sequence here selects (from position 51); refreshes every 4 steps, so the sequences' phases differ
 CONFIGS = {"dense": None, "infinitehip": InfiniteHiPConfig(**SMALL),
@@ -33,14 +32,7 @@ def _engine(path, method: str, graphs: bool, device: str = "cpu"):
 
 def _decode(engine, requests: list[tuple[list[int], int, int]]) -> list[list[int]]:
     """requests: (prompt, tokens to decode, engine step at which it arrives) -> each one's greedy tokens."""
-    seqs, step = {}, 0
-    while engine.has_work or len(seqs) < len(requests):
-        for i, (prompt, n, at) in enumerate(requests):
-            if at == step:
-                seqs[i] = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
-        engine.step()
-        step += 1
-    return [seqs[i].output_ids for i in range(len(requests))]
+    return [s.output_ids for s in run_staggered(engine, requests)]
 
 
 def _alone(path, method: str, requests, device: str = "cpu") -> list[list[int]]:
