@@ -95,7 +95,7 @@ class ForwardBatch:
         return torch.cat([s.new_slots for s in self.slices])
 
     # Decode tokens as device tensors, for sync-free (CUDA-graph capturable) decode paths. A graph runner sets
-    # these three (and new_slots) to its static buffers; eager steps build them once per step here.
+    # these (and new_slots) to its static buffers; eager steps build them once per step here.
     @cached_property
     def decode_positions(self) -> torch.Tensor:
         """[B] int64 cache index (= position) of each decode token."""
@@ -106,6 +106,12 @@ class ForwardBatch:
         """[B, P] int32 page tables of the decode sequences, zero-padded to the longest."""
         P = max(s.page_table.numel() for s in self.decode)
         return torch.stack([torch.nn.functional.pad(s.page_table, (0, P - s.page_table.numel())) for s in self.decode])
+
+    @cached_property
+    def decode_flags(self) -> torch.Tensor | None:
+        """[B, F] bool per-sequence flags of a graph's batch (`GraphDecode.graph_row_flags`); None: an eager step
+        (the method reads its host state)."""
+        return None
 
     @cached_property
     def decode_capacity(self) -> int:

@@ -53,9 +53,20 @@ class GraphDecode(ABC):
         step cannot be replayed from a graph (it runs eagerly)."""
 
     def graph_batch_class(self, method_key: Hashable) -> Hashable:
-        """Sequences whose method keys share a class decode in one graph keyed by the tuple of their keys (its capture
-        runs each one's own step); the default: only equal keys share one."""
+        """Sequences whose method keys share a class decode in one graph keyed by `graph_batch_key` of their keys (its
+        capture runs each one's own step); the default: only equal keys share one."""
         return method_key
+
+    def graph_batch_key(self, method_keys: list) -> Hashable:
+        """The method's part of the graph key of sequences of one batch class decoding together (their keys, in
+        batch order); the default: the tuple of their keys. A coarser key is sound when the step reads what differs
+        per sequence from `graph_row_flags`."""
+        return tuple(method_keys)
+
+    def graph_row_flags(self, method_key: Hashable) -> tuple[bool, ...]:
+        """Per-sequence flags of a batch step, written before each replay into a static buffer the step reads
+        (`ForwardBatch.decode_flags` [B, F] bool); the default: none."""
+        return ()
 
     def graph_batching(self, seqs: list[SequenceSlice], method_key: Hashable) -> GraphBatching:
         """Several sequences (their slices) of one batch class (`graph_batch_class`) decode this step: one graph of

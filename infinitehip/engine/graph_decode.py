@@ -6,10 +6,11 @@ position and page table from device tensors (`ForwardBatch.decode_positions` / `
 depend only on `ForwardBatch.decode_capacity`, so a graph captured once replays at any later position. Graphs are kept per
 composition (the step's sequences in batch order), capacity bucket and method key(s): capacity buckets double (a
 graph sized for 2^k tokens serves every context up to it) and the method key tells which of its stages refresh at
-this step (paper Alg. 4). Sequences decoding together with one method key share a graph; a step whose sequences'
-keys differ (each keeps its own refresh phase, so its tokens are those it decodes alone) runs one graph per key
-(engine/runner.py): the sequences that refresh no stage in one, each refreshing group in another. How a method's
-sequences of one key batch: `GraphDecode.graph_batching`.
+this step (paper Alg. 4). Sequences whose method keys share a batch class decode in one graph keyed by
+`GraphDecode.graph_batch_key` of their keys (infinitehip: which stages any of them refreshes); what differs per
+sequence (each keeps its own refresh phase, so its tokens are those it decodes alone) is read from a static buffer
+of per-sequence flags written before the replay (`GraphDecode.graph_row_flags`). How a method's sequences of one
+class batch: `GraphDecode.graph_batching`.
 
 The step whose graph is missing runs eagerly on the same static buffers (its real effects: cache write, stage
 refreshes, saliency), then the graph is captured without executing (host counters restored afterwards), so
@@ -58,8 +59,8 @@ class GraphDecoder:
         max_batch_compositions: sets of several sequences whose graphs are kept (the least recently used set's go);
         default 4 x max_num_seqs: the groups of a step's keys follow the sequences' refresh phases, which cycle.
         max_graphs_per_composition: graphs kept for one composition (the least recently replayed goes): a batch's
-        key is the tuple of its sequences' refresh patterns, at most one per step of their common cycle (96 for
-        infinitehip's default intervals)."""
+        key is its method's `graph_batch_key` (at worst the tuple of its sequences' keys, which cycle with their
+        refresh phases)."""
         self.model, self.cache, self.rope, self.method = model, cache, rope, method
         self.attention = attention or method
         self.max_bucket = max(min_bucket, -(-max_context_tokens // cache.page_size) * cache.page_size)
@@ -70,6 +71,7 @@ class GraphDecoder:
         self.positions = torch.zeros(max_num_seqs, dtype=torch.long, device=device)
         self.page_table = torch.zeros(max_num_seqs, -(-self.max_bucket // cache.page_size), dtype=torch.int32,
                                       device=device)
+        self.flags: torch.Tensor | None = None  # [max_num_seqs, F] bool each row's graph_row_flags (made once)
         self.recorder = recorder
         self.max_batch_compositions = max_batch_compositions or 4 * max_num_seqs
         self.max_graphs_per_composition = max_graphs_per_composition
@@ -91,11 +93,11 @@ class GraphDecoder:
 
     def batch_key(self, keys: list[tuple]) -> tuple:
         """The graph key of several sequences decoding together (their keys from `key`, one batch class): the largest
-        bucket (every shape is sized for it) and the tuple of their method keys, in batch order."""
+        bucket (every shape is sized for it) and the method's key of their method keys (`graph_batch_key`)."""
         classes = {self.method.graph_batch_class(k[1]) for k in keys}
         if len(classes) != 1:
             raise ValueError(f"sequences of one graph share a batch class, not {sorted(map(repr, classes))}")
-        return max(k[0] for k in keys), tuple(k[1] for k in keys)
+        return max(k[0] for k in keys), self.method.graph_batch_key([k[1] for k in keys])
 
     def reserve_rope(self, context_len: int) -> None:
         """Grow the RoPE tables now to what decoding a `context_len`-token sequence reads (its capacity bucket): run
@@ -128,7 +130,7 @@ class GraphDecoder:
         pages = bucket // self.cache.page_size
         # The graph's inputs: static buffers instead of tensors built from host ints (see ForwardBatch).
         batch.__dict__.update(decode_positions=self.positions[:n], decode_page_tables=self.page_table[:n, :pages],
-                              decode_capacity=bucket)
+                              decode_capacity=bucket, decode_flags=None if self.flags is None or n == 1 else self.flags[:n])
         return batch
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -139,6 +141,16 @@ class GraphDecoder:
         hidden = self.model(self.input_ids[:n], lambda layer, q, k, v: self.attention(layer, q, k, v, batch))
         return self.model.compute_logits(hidden)
 
+    def _write_flags(self, own_keys: list) -> None:
+        flags = [tuple(self.method.graph_row_flags(k)) for k in own_keys]
+        if not flags[0]:
+            return
+        if self.flags is None or self.flags.shape[1] != len(flags[0]):  # made once: graphs hold the pointer
+            self._drop_all()
+            self.flags = torch.zeros(self.input_ids.shape[0], len(flags[0]), dtype=torch.bool,
+                                     device=self.input_ids.device)
+        self.flags[: len(flags)].copy_(device_tensor(flags, torch.bool, self.flags.device))  # [N, F]
+
     def _counters(self, seqs: list[SequenceSlice]) -> list:
         return [self.method.host_counters(s.state) for s in seqs]
 
@@ -147,13 +159,17 @@ class GraphDecoder:
             self.method.set_host_counters(s.state, c)
 
     @torch.inference_mode()
-    def step(self, seqs: list[SequenceSlice], token_ids: list[int] | None, key: tuple) -> torch.Tensor:
+    def step(self, seqs: list[SequenceSlice], token_ids: list[int] | None, key: tuple,
+             own_keys: list | None = None) -> torch.Tensor:
         """Run the decode tokens `token_ids` of `seqs` (their slices for this step, in batch order) under the graph
-        key `key` (`key` of one sequence, `batch_key` of several); -> logits [N, vocab], valid until the graph's next
-        replay. token_ids None: the tokens are already in `input_ids` (written on the GPU by the step before,
-        engine/decode_ahead.py)."""
+        key `key` (`key` of one sequence, `batch_key` of several; own_keys: then each one's method key, default the
+        key's tuple); -> logits [N, vocab], valid until the graph's next replay. token_ids None: the tokens are already
+        in `input_ids` (written on the GPU by the step before, engine/decode_ahead.py)."""
         bucket, method_key = key
         n = len(seqs)
+        own_keys = own_keys or ([method_key] if n == 1 else list(method_key))
+        if n > 1:
+            self._write_flags(own_keys)
         if n == 1:  # host ints as kernel arguments: no copy to stage
             if token_ids is not None:
                 self.input_ids[:1].fill_(token_ids[0])
@@ -178,7 +194,7 @@ class GraphDecoder:
             with graph_replay(key, self.cache.device):
                 logits = captured.recorder.replay()
             self._set_counters(seqs, now)
-            for s, own in zip(seqs, (method_key,) if n == 1 else method_key):  # a batch's key: one per sequence
+            for s, own in zip(seqs, own_keys):  # each sequence's own step
                 self.method.advance_host_counters(s.state, own)
             self.replays += 1
             self.batch_replays += n > 1

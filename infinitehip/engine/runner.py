@@ -163,7 +163,8 @@ class ModelRunner:
                 else:
                     batch = [self._slice(decode[i], j, 1, is_prefill=False) for j, i in enumerate(members)]
                     parts.append(self.graph_decoder.step(batch, [tokens[i] for i in members],
-                                                         self.graph_decoder.batch_key([keys[i] for i in members])))
+                                                         self.graph_decoder.batch_key([keys[i] for i in members]),
+                                                         [keys[i][1] for i in members]))
                 rows += members
             logits = parts[0] if len(parts) == 1 else torch.cat(parts)
             if rows != list(range(len(decode))):  # back to the step's order

@@ -46,10 +46,10 @@ REQUESTS = [(random_ids(700, seed=31), 14, 0), (random_ids(300, seed=32), 10, 0)
 
 
 def _record_graph_steps(decoder) -> list[tuple[tuple[int, ...], object]]:
-    """(sequence ids, method key) of every graph step the decoder runs from now on."""
+    """(sequence ids, method key: a batch's, each sequence's) of every graph step the decoder runs from now on."""
     calls, step = [], decoder.step
-    decoder.step = lambda seqs, tokens, key: calls.append((tuple(s.seq_id for s in seqs), key[1])) or \
-        step(seqs, tokens, key)
+    decoder.step = lambda seqs, tokens, key, own=None: calls.append((tuple(s.seq_id for s in seqs), own or key[1])) \
+        or step(seqs, tokens, key, own)
     return calls
 
 
@@ -69,9 +69,8 @@ def test_a_batch_decodes_from_one_graph_the_tokens_of_each_sequence_alone(tiny_l
 
 def test_sequences_in_different_refresh_phases_decode_in_one_graph(tiny_llama_dir):
     """Infinitehip's method key says which stages a step refreshes; sequences in different phases still decode in one
-    graph (its capture runs each one's own refreshes), keyed by the tuple of their keys, which cycles with the refresh
-    intervals, so graphs replay more often than they are captured; every sequence's tokens are those it decodes
-    alone."""
+    graph (each one's refreshes masked by its own pattern), keyed by the union of their patterns, so graphs replay more
+    often than they are captured; every sequence's tokens are those it decodes alone."""
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
     requests = [(random_ids(700, seed=31), 24, 0), (random_ids(600, seed=32), 24, 1), (random_ids(650, seed=34), 24, 2)]
 
@@ -91,6 +90,40 @@ def test_sequences_in_different_refresh_phases_decode_in_one_graph(tiny_llama_di
     assert decoder.batch_replays > 0 and decoder.replays > decoder.captures
 
 
+def test_a_batch_at_different_phases_captures_one_graph_per_union_of_patterns(tiny_llama_dir):
+    """Three sequences at different refresh phases decode together for several of their longest refresh cycles: a
+    composition and bucket captures at most one graph per union of their patterns (with nested intervals: which of
+    the stages refreshes at all), not one per tuple of patterns, and each sequence decodes its tokens alone."""
+    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
+    requests = [(random_ids(700, seed=41), 30, 0), (random_ids(600, seed=42), 30, 1), (random_ids(650, seed=43), 30, 3)]
+
+    def engine():
+        return engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", **ROOMY)
+
+    alone = [_decode(engine(), [(p, n, 0)])[0] for p, n, _ in requests]
+    e = engine()
+    decoder = closure_graph_decoder(e)
+    steps, step = [], decoder.step
+
+    def record(seqs, tokens, key, own=None):
+        before = decoder.captures
+        out = step(seqs, tokens, key, own)
+        steps.append((tuple(s.seq_id for s in seqs), key, own, decoder.captures > before))
+        return out
+
+    decoder.step = record
+    assert _decode(e, requests) == alone
+    batched = [(ids, key[0]) for ids, key, own, _ in steps if len(ids) == 3]
+    assert len(batched) >= 2 * 8
+    for at in set(batched):
+        mine = [(key, own, captured) for ids, key, own, captured in steps if (ids, key[0]) == at]
+        unions = {key[1] for key, _, _ in mine}
+        assert all(k[0] == "union" for k in unions) and len(unions) <= 4
+        assert sum(captured for _, _, captured in mine) <= len(unions)
+        # keyed by the tuple of patterns (as before) the same steps would have captured once per distinct tuple
+        assert len({tuple(k[0] for k in own) for _, own, _ in mine}) > len(unions)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
 @pytest.mark.parametrize("method", sorted(CONFIGS))
 def test_a_batch_replayed_from_real_cuda_graphs_decodes_each_sequences_tokens(tiny_llama_dir, method):
@@ -101,7 +134,7 @@ def test_a_batch_replayed_from_real_cuda_graphs_decodes_each_sequences_tokens(ti
     assert _decode(engine, REQUESTS) == alone
     decoder = engine.runner.graph_decoder
     # dense: one key a composition, so every decode-only step of two or three sequences after the first replays;
-    # infinitehip: each step's tuple of refresh patterns is new within these few steps (they cycle every 96), so
+    # infinitehip: a graph per union of the batch's refresh patterns, few of them seen within these few steps, so
     # its steps capture and at least one replays
     assert decoder.batch_replays >= (3 if method == "dense" else 1)
 
@@ -121,7 +154,7 @@ def test_a_composition_keeps_at_most_its_graph_limit_least_recently_replayed_out
     decoder.max_graphs_per_composition = 2
     sizes = []
     step = decoder.step
-    decoder.step = lambda seqs, tokens, key: (step(seqs, tokens, key),
-                                              sizes.append(len(decoder._graphs[tuple(s.seq_id for s in seqs)])))[0]
+    decoder.step = lambda seqs, tokens, key, own=None: (step(seqs, tokens, key, own),
+                                                        sizes.append(len(decoder._graphs[tuple(s.seq_id for s in seqs)])))[0]
     assert _decode(e, requests) == alone
     assert sizes and max(sizes) == 2 and decoder.captures > 2

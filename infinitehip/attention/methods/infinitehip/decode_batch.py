@@ -6,8 +6,13 @@ Each sequence's stage caches are rows of pooled tensors (decode_pool.py): per la
 (`decode.refresh_stage`) and the key list read the same memory. A batched refresh scores the stage's candidates of
 its G sequences as G query blocks in one call (`decode.stage_scores`: each sequence's tokens offset into its page
 table, the tables laid end to end), keeps each row's top chunks in one launch (`keep_top_chunks_rows`) and writes the
-limits in one more; the refreshed last stages are joined with their questions' chunks in one call. Which sequences refresh a stage is host-known (the graph key holds every sequence's pattern), so
-their index tensors are built once and shapes stay static.
+limits in one more; the refreshed last stages are joined with their questions' chunks in one call.
+
+A stage that any sequence of the batch refreshes runs for all of them (the graph key holds only that union, so a batch
+at different phases replays a few graphs, not one per tuple of patterns); each sequence's own pattern is a device
+mask [B, S] (`refresh_mask`: the graph's static flags), and a sequence that does not refresh the stage keeps its old
+row (torch.where), so its caches are those it has alone. Which stages run and which rows they read are host-known, so
+index tensors are built once and shapes stay static.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from infinitehip.attention.base import ForwardBatch, SequenceSlice
+from infinitehip.host_values import device_tensor
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.methods.infinitehip.decode import StageCache, merge_question, stage_scores
 from infinitehip.attention.methods.infinitehip.decode_pool import DecodePools, Pool
@@ -61,19 +67,32 @@ def batchable(specs: list[StageSpec]) -> bool:
     return all(spec.rope_style in ("relative", "chunk_indexed", "infllm") for spec in specs)
 
 
+def refresh_mask(batch: ForwardBatch, patterns: list[tuple[bool, ...]], device: torch.device) -> torch.Tensor:
+    """Each sequence's refresh pattern on the device, [B, S] bool: a graph's static flags (written before each replay),
+    else (an eager step) made from the host patterns."""
+    return batch.decode_flags if batch.decode_flags is not None else device_tensor(patterns, torch.bool, device)
+
+
+def _keep(out: torch.Tensor, rows: torch.Tensor, old: torch.Tensor, new: torch.Tensor, flag: torch.Tensor) -> None:
+    """Rows `rows` [G] of out become new where flag [G] (a refreshing sequence), else stay old (their rows) [G, ...]."""
+    out.index_copy_(0, rows, torch.where(flag.view(-1, *[1] * (new.dim() - 1)), new, old))
+
+
 def refresh_batch(specs: list[StageSpec], layer: int, q: torch.Tensor, seqs: list[SequenceSlice],
                   patterns: list[tuple[bool, ...]], batch: ForwardBatch, pools: DecodePools, config: InfiniteHiPConfig,
                   num_candidates: int, group: int, trained_len: int, impl: str,
-                  saliency: tuple[KeySaliency, int] | None, reduce=None) -> None:
+                  saliency: tuple[KeySaliency, int] | None, reduce=None, mask: torch.Tensor | None = None) -> None:
     """Every stage refresh of the step's sequences q [B, H, d] (their stage caches made, `stage_caches`): per pool,
-    stage by stage, the sequences refreshing it in one call. Sync-free, static shapes."""
+    stage by stage, in one call: the sequences refreshing it (mask None), or (mask [B, S], `refresh_mask`) all of
+    them when any of the batch does, each row kept unless its mask says. Sync-free, static shapes."""
     cache, device = batch.cache, q.device
+    union = [any(p[s] for p in patterns) for s in range(len(specs))]
     k_flat, page_size = cache.flat_k(layer), cache.page_size
     for pool, members in pools.groups([s.state for s in seqs]):
         limits = _limits(pool, layer, config, device)
         shared: dict[tuple[int, ...], dict] = {}  # per set of sequences: limit, rotated queries, token offsets
         for s, spec in enumerate(specs):
-            mine = tuple(i for i in members if patterns[i][s])
+            mine = tuple(i for i in members if patterns[i][s]) if mask is None else (tuple(members) if union[s] else ())
             if not mine:
                 continue
             row_ids = tuple(seqs[i].state.pool_row[1] for i in mine)
@@ -98,10 +117,19 @@ def refresh_batch(specs: list[StageSpec], layer: int, q: torch.Tensor, seqs: lis
                 config.stream_tokens, batch.rope, num_candidates, group, trained_len, impl, saliency, common,
                 reduce=reduce, novel=novel, token_offset=common["offset"])
             out_starts, out_lens = _chunks(pool, layer, config, s, device)
-            keep_top_chunks_rows(scores, starts, lens, out_starts, out_lens, rows, impl=impl)
-            limits[:, s].index_copy_(0, rows, limit)
+            if mask is None:
+                keep_top_chunks_rows(scores, starts, lens, out_starts, out_lens, rows, impl=impl)
+                limits[:, s].index_copy_(0, rows, limit)
+            else:  # into copies of the rows [G, C_s], then kept where the sequence refreshes
+                old = [pools.take_rows(t, pool, row_ids) for t in (out_starts, out_lens)]
+                new = [t.clone() for t in old]
+                keep_top_chunks_rows(scores, starts, lens, *new, None, impl=impl)
+                flag = take(mask[:, s])  # [G]
+                for out, was, now in zip((out_starts, out_lens), old, new):
+                    _keep(out, rows, was, now, flag)
+                _keep(limits[:, s], rows, limits[:, s].index_select(0, rows), limit, flag)
             for i in mine:
-                seqs[i].state.refreshes[s] += 1
+                seqs[i].state.refreshes[s] += int(patterns[i][s])  # host counters: its own pattern
 
 
 def _joined(pool: Pool, layer: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,12 +148,17 @@ def join_question(pools: DecodePools, state: InfiniteHiPState, layer: int, last:
 
 
 def join_questions(pools: DecodePools, layer: int, seqs: list[SequenceSlice], patterns: list[tuple[bool, ...]],
-                   finals: list[list[StageCache]], config: InfiniteHiPConfig, impl: str) -> None:
-    """`join_question` of every sequence with a question whose last stage refreshed: per pool, one merge for all."""
+                   finals: list[list[StageCache]], config: InfiniteHiPConfig, impl: str,
+                   mask: torch.Tensor | None = None) -> None:
+    """`join_question` of every sequence with a question whose last stage refreshed: per pool, one merge for all
+    (mask [B, S], `refresh_mask`: of all with a question when any of the batch refreshed, each row kept unless its
+    mask says)."""
     last = config.num_stages - 1
+    union = any(p[-1] for p in patterns)
     for pool, members in pools.groups([s.state for s in seqs]):
-        mine = tuple(i for i in members if seqs[i].state.question[layer] is not None and patterns[i][-1])
-        if len(mine) < 2:
+        mine = tuple(i for i in members if seqs[i].state.question[layer] is not None
+                     and (patterns[i][-1] if mask is None else union))
+        if not mine or mask is None and len(mine) < 2:
             for i in mine:
                 join_question(pools, seqs[i].state, layer, finals[i][-1], impl)
             continue
@@ -138,7 +171,10 @@ def join_questions(pools: DecodePools, layer: int, seqs: list[SequenceSlice], pa
                               torch.stack([ql for _, ql in questions]), impl=impl)  # [G, C + E]
         targets = _joined(pool, layer, joined[0].shape[1], device)
         for target, values in zip(targets, joined):
-            target.index_copy_(0, rows, values)
+            if mask is None:
+                target.index_copy_(0, rows, values)
+            else:
+                _keep(target, rows, pools.take_rows(target, pool, row_ids), values, pools.take(mask[:, last], mine))
         for i in mine:
             row = seqs[i].state.pool_row[1]
             seqs[i].state.question_merged[layer] = (targets[0][row], targets[1][row])

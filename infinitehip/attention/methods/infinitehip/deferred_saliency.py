@@ -7,6 +7,8 @@ least every min(refresh_intervals) steps, so P slots indexed by position % P hol
 
 Each sequence's queue is a row of a pool (decode_pool.py): q [R, P, H, d] and positions [R, P] (-1: empty) per layer,
 so a batch's sequences of one pool queue their queries in one launch and the refreshing ones apply theirs in one more.
+With a device mask of who refreshes (decode_batch.refresh_mask), all of them apply theirs when any does: the others'
+queues are read as empty (positions -1: no query, nothing written) and kept.
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ def apply_saliency(saliency: KeySaliency, pools: DecodePools, layer: int, q: tor
 
 
 def apply_saliency_batch(saliency: KeySaliency, pools: DecodePools, layer: int, q: torch.Tensor,
-                         seqs: list[SequenceSlice], refresh: list[bool], batch: ForwardBatch, P: int, impl: str) -> None:
+                         seqs: list[SequenceSlice], refresh: list[bool], batch: ForwardBatch, P: int, impl: str,
+                         mask: torch.Tensor | None = None) -> None:
     """`apply_saliency` of every sequence of a decode batch over a resident cache, q [B, H, d]: per pool, one launch
-    queues the queries of its sequences and, when some refresh, one applies their queues and one empties them."""
+    queues the queries of its sequences and, when some refresh, one applies their queues and one empties them (mask
+    [B, S]: the queues of all, when any of the batch refreshes, as the mask says)."""
     for state in (s.state for s in seqs):
         own_queue(pools, state, layer, q, P)
     for pool, members in pools.groups([s.state for s in seqs]):
@@ -61,6 +65,11 @@ def apply_saliency_batch(saliency: KeySaliency, pools: DecodePools, layer: int, 
         members = tuple(members)
         queue_queries(pools.take(q, members).contiguous(), pools.take(batch.decode_positions, members), pending_q,
                       pending_pos, pools.rows(pool, tuple(rows), q.device), impl=impl)
+        if mask is not None:
+            if any(refresh):
+                _apply_masked(saliency, pools, pool, layer, pending_q, pending_pos, members, tuple(rows), mask.any(1),
+                              batch, impl)
+            continue
         mine = tuple(i for i in members if refresh[i])
         if mine:
             applied = pools.rows(pool, tuple(seqs[i].state.pool_row[1] for i in mine), q.device)
@@ -68,3 +77,17 @@ def apply_saliency_batch(saliency: KeySaliency, pools: DecodePools, layer: int, 
                                            pools.take(batch.decode_page_tables, mine), batch.cache, batch.rope,
                                            impl=impl)
             pending_pos.index_fill_(0, applied, -1)
+
+
+def _apply_masked(saliency: KeySaliency, pools: DecodePools, pool: Pool, layer: int, pending_q: torch.Tensor,
+                  pending_pos: torch.Tensor, members: tuple[int, ...], row_ids: tuple[int, ...], refresh: torch.Tensor,
+                  batch: ForwardBatch, impl: str) -> None:
+    """The queues of the pool's members (batch positions; their rows row_ids) applied where refresh [B] says (the
+    others' positions read as -1: no query) and emptied there."""
+    rows = pools.rows(pool, row_ids, pending_q.device)
+    flag = pools.take(refresh, members)[:, None]  # [G, 1]
+    positions = pools.take_rows(pending_pos, pool, row_ids)  # [G, P]
+    saliency.update_decode_batched(layer, pools.take_rows(pending_q, pool, row_ids), torch.where(flag, positions, -1),
+                                   None, pools.take(batch.decode_page_tables, members), batch.cache, batch.rope,
+                                   impl=impl)
+    pending_pos.index_copy_(0, rows, torch.where(flag, -1, positions))

@@ -1,12 +1,14 @@
 """InfiniteHiP's CUDA-graph decode hooks (attention/capabilities.GraphDecode): which graph a decode step replays,
-and the host counters a replay advances by hand. A mixin of `InfiniteHiPAttention`: the hooks read its config, its
-refresh pattern and the sequence's state (state.py)."""
+and the host counters a replay advances by hand. A mixin of `InfiniteHiPAttention`: the hooks read its config, the
+refresh pattern (which stages a step recomputes) and the sequence's state (state.py). A batch's graph is keyed by
+the union of its sequences' patterns; each one's own pattern is a row of the graph's static flags."""
 
 from __future__ import annotations
 
 from infinitehip.attention.base import SequenceSlice
 from infinitehip.attention.capabilities import GraphBatching, GraphDecode
 from infinitehip.attention.methods.infinitehip.decode import stage1_candidates
+from infinitehip.attention.methods.infinitehip.decode_batch import batchable
 from infinitehip.attention.methods.infinitehip.decode_rows import DecodeRows
 from infinitehip.attention.methods.infinitehip.mask_rows import MaskRows
 from infinitehip.attention.methods.infinitehip.state import InfiniteHiPState
@@ -16,8 +18,13 @@ EXACT_STEP = ("exact",)  # graph key of a decode step attended exactly (dense_wi
 
 
 class InfiniteHiPGraphHooks(GraphDecode):
-    """The GraphDecode hooks of InfiniteHiPAttention (which provides config, model_config, within_trained,
-    refresh_pattern and group)."""
+    """The GraphDecode hooks of InfiniteHiPAttention (which provides config, model_config, within_trained, _specs
+    and group), and the refresh pattern the keys and the method's decode read."""
+
+    def refresh_pattern(self, state: InfiniteHiPState, layer: int) -> tuple[bool, ...]:
+        """Which stages this layer's next decode step recomputes (decided on the host from the step counter)."""
+        step = state.decode_steps[layer]
+        return tuple(state.stage_cache[layer] is None or step % r == 0 for r in self.config.refresh_intervals)
 
     def graph_capturable(self) -> bool:
         """The decode step launches the same kernels for any position (landmark + Triton: no host sync)."""
@@ -39,9 +46,29 @@ class InfiniteHiPGraphHooks(GraphDecode):
 
     def graph_batch_class(self, method_key: tuple) -> tuple:
         """Exact steps together; pruned steps of one context group together whatever stages each refreshes: a
-        batch's graph runs every sequence's own refreshes (one replay reads the weights once), keyed by the tuple of
-        their patterns, which cycle with the refresh intervals."""
+        batch's graph runs every sequence's own refreshes (one replay reads the weights once)."""
         return method_key if method_key == EXACT_STEP else ("pruned", method_key[1])
+
+    def graph_batch_key(self, method_keys: list) -> tuple:
+        """Pruned steps whose refreshes batch (decode_batch.py): the union of their patterns (a stage any of them
+        refreshes runs for all, each keeping its old cache unless its own flag says; nested intervals give few
+        unions); else the tuple of their keys (each one's refreshes as its pattern says)."""
+        if method_keys[0] == EXACT_STEP or not self.refreshes_batch():
+            return tuple(method_keys)
+        union = tuple(any(k[0][s] for k in method_keys) for s in range(self.config.num_stages))
+        return "union", union, method_keys[0][1]
+
+    def graph_row_flags(self, method_key: tuple) -> tuple[bool, ...]:
+        """A pruned step's refresh pattern (what `decode_batch.refresh_mask` reads), [S]."""
+        return () if method_key == EXACT_STEP else tuple(method_key[0])
+
+    def refreshes_batch(self) -> bool:
+        """Whether a resident batch's refreshes run together at every layer (`decode_batch.batchable`), so its graph
+        may be keyed by the union of its patterns."""
+        if not hasattr(self, "_refreshes_batch"):
+            self._refreshes_batch = all(batchable(self._specs(layer, decode=True))
+                                        for layer in range(self.model_config.num_layers))
+        return self._refreshes_batch
 
     def graph_batching(self, seqs: list[SequenceSlice], method_key: tuple) -> GraphBatching:
         """A resident cache: one graph. Offloaded, a step alone keeps attention- and mask-bank rows

@@ -34,7 +34,8 @@ from infinitehip.attention.methods.infinitehip.offload_access import (StagedLaye
                                                               question_key_reader, scoring_access, stage_prefill_layer)
 from infinitehip.attention.methods.infinitehip.decode_pool import DecodePools
 from infinitehip.attention.methods.infinitehip.decode_batch import (batchable, join_question, join_questions,
-                                                                   key_list_chunks, refresh_batch, stage_caches)
+                                                                   key_list_chunks, refresh_batch, refresh_mask,
+                                                                   stage_caches)
 from infinitehip.attention.methods.infinitehip.deferred_saliency import apply_saliency, apply_saliency_batch
 from infinitehip.attention.methods.infinitehip.positions import attention_extent, attention_positions, group_size
 from infinitehip.attention.methods.infinitehip.pruning import (QueryBlocks, StageOutput, StageSpec, assemble_keys, query_blocks,
@@ -263,11 +264,6 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
                                            q.shape[0], attend)
 
     # ---- decode ----------------------------------------------------------------------------------------
-    def refresh_pattern(self, state: InfiniteHiPState, layer: int) -> tuple[bool, ...]:
-        """Which stages this layer's next decode step recomputes (decided on the host from the step counter)."""
-        step = state.decode_steps[layer]
-        return tuple(state.stage_cache[layer] is None or step % r == 0 for r in self.config.refresh_intervals)
-
     def group(self, context_len: int) -> int:
         """The `dynamic` styles' position group at this context (1 unless a style uses it)."""
         c = self.config
@@ -330,19 +326,21 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
         batched = len(seqs) > 1 and not is_offloaded(batch.cache)
         refresh_together = batched and batchable(specs) and all(s.probe is None for s in seqs)
         P = min(c.refresh_intervals)
+        # Refreshing together: a stage any sequence refreshes runs for all, each row kept unless its mask [B, S] says
+        mask = refresh_mask(batch, patterns, q.device) if refresh_together else None
         if batched and self.saliency is not None:
             apply_saliency_batch(self.saliency, self.pools, layer, q, seqs, [any(p) for p in patterns], batch, P,
-                                 self._impl(q))
+                                 self._impl(q), mask)
         finals = [stage_caches(self.pools, s.state, layer, c, q.device) for s in seqs]
         if refresh_together:
             refresh_batch(specs, layer, q, seqs, patterns, batch, self.pools, c, num_candidates, group, self.trained_len,
-                          self._impl(q), saliency, self._reduce)
+                          self._impl(q), saliency, self._reduce, mask)
         elif batched:
             for i, seq in enumerate(seqs):
                 self._refresh_one(layer, q[i], positions[i : i + 1], seq, page_tables[i], specs, patterns[i], finals[i],
                                   False, num_candidates, group, batch.rope)
         if batched:  # after every refresh of the step
-            join_questions(self.pools, layer, seqs, patterns, finals, c, self._impl(q))
+            join_questions(self.pools, layer, seqs, patterns, finals, c, self._impl(q), mask)
         for i, seq in enumerate(seqs):
             state: InfiniteHiPState = seq.state
             pattern, caches = patterns[i], finals[i]
