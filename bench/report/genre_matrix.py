@@ -61,7 +61,7 @@ def genre_matrix(table: Table, rows: list[Row], manifest: Manifest) -> tuple[lis
             dates = sorted(d for r in used for d in r[3].date_range())
             files = tuple(sorted({f for r in used for f in r[3].files}))
             summary = Row(table.id, f"{genre} ({split}), {method}", files,
-                          "python -m bench.report (from the rows of table " + f"'{table.rows_from}')",
+                          f"python -m bench.report (from the rows of table '{table.rows_from}')",
                           used[0][3].device, dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}",
                           "calibration" if method == "dense" else
                           ("below target at " + ", ".join(short)) if short else "meets its target where run")
