@@ -66,12 +66,12 @@ def _decode_saliency_kernel(Q, Positions, Rows, KeyPos, Slots, Keys, Cos, Sin, T
             own += (dist == 0).to(tl.int32)
     if hits > 0:
         slot = tl.load(Slots + w).to(tl.int64)
-        row = Total + slot * stride_total + heads
+        dst = Total + slot * stride_total + heads  # a new name: Triton types a name once per scope (row is int64)
         if own > 0:
-            tl.store(row, acc, mask=hm)
+            tl.store(dst, acc, mask=hm)
             tl.store(Count + slot, hits.to(tl.float32))
         else:
-            tl.store(row, tl.load(row, mask=hm, other=0.0) + acc, mask=hm)
+            tl.store(dst, tl.load(dst, mask=hm, other=0.0) + acc, mask=hm)
             tl.store(Count + slot, tl.load(Count + slot) + hits.to(tl.float32))
 
 
