@@ -158,3 +158,31 @@ def test_a_composition_keeps_at_most_its_graph_limit_least_recently_replayed_out
                                                         sizes.append(len(decoder._graphs[tuple(s.seq_id for s in seqs)])))[0]
     assert _decode(e, requests) == alone
     assert sizes and max(sizes) == 2 and decoder.captures > 2
+
+
+def test_a_union_keyed_stage_scores_only_the_sequences_refreshing_it(tiny_llama_dir, monkeypatch):
+    """A stage in the union runs for every sequence of the graph, but the ones not refreshing it get empty
+    candidates (the scoring kernels read nothing for them); the refreshing ones get the scores an unmasked call
+    gives. Fails if the mask empties the wrong rows or none."""
+    from infinitehip.attention.methods.infinitehip import decode_batch
+
+    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
+    requests = [(random_ids(700, seed=51), 12, 0), (random_ids(600, seed=52), 12, 1), (random_ids(650, seed=53), 12, 3)]
+    inner, seen = decode_batch.stage_scores, []
+
+    def checked(*args, active=None, **kwargs):
+        out = inner(*args, active=active, **kwargs)
+        if active is not None and not bool(active.all()):
+            scores, _, lens, _ = out
+            whole, _, whole_lens, _ = inner(*args, active=None, **kwargs)
+            assert not bool(lens[~active].any())  # the others' candidates emptied
+            torch.testing.assert_close(scores[active], whole[active])
+            assert bool((lens[active] == whole_lens[active]).all())
+            seen.append(int(active.sum()))
+        return out
+
+    monkeypatch.setattr(decode_batch, "stage_scores", checked)
+    e = engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", **ROOMY)
+    closure_graph_decoder(e)
+    _decode(e, requests)
+    assert seen  # some step refreshed a stage for part of the batch only

@@ -93,13 +93,16 @@ def stage_scores(
     page_table: torch.Tensor, page_size: int, sink: int, stream: int, rope, num_candidates: int, group: int,
     trained_len: int, impl: str, saliency: tuple[KeySaliency, int] | None, shared: dict | None = None, rep_keys=None,
     reduce=None, novel: torch.Tensor | None = None, token_offset: torch.Tensor | None = None,
+    active: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A stage's candidates and scores for G sequences' decode queries q [G, H, d] at positions [G] (each one query
     block) -> (scores [G, N] fp32, starts [G, N], lens [G, N], limit [G]); parent: the stage before's chunks [G, Cp]
     (None: stage 1), novel [G or 1, num_candidates] or None; shared and rep_keys as in `refresh_stage`.
     token_offset [G, 1] (several sequences, decode_batch.py): sequence g's tokens are read as tokens + offset[g]
     through page_table, its page table laid end to end with the others' (offset g * its width in tokens), so one
-    scoring call reads every sequence's own keys; RoPE positions never depend on a token (no token_pos_group)."""
+    scoring call reads every sequence's own keys; RoPE positions never depend on a token (no token_pos_group).
+    active [G] bool or None: the sequences whose scores are used; the others' candidates are emptied, so the
+    scoring kernels read nothing for them (a batch graph's stage runs for every sequence, decode_batch.py)."""
     shared = {} if shared is None else shared
     if "limit" not in shared:
         shared["limit"] = sparse_limit(positions, sink, stream)  # [G]
@@ -112,6 +115,8 @@ def stage_scores(
             lens = torch.where(novel, lens, 0)
     else:
         starts, lens = subdivide(parent, c, limit)
+    if active is not None:
+        lens = torch.where(active[:, None], lens, 0)
     starts = torch.where(lens > 0, starts, 0)  # empty chunks (past the limit, padding) point at token 0: never out of range
     G = q.shape[0]
     blocks = QueryBlocks(q[:, None], torch.ones(G, 1, dtype=torch.bool, device=q.device), positions[:, None], 1)

@@ -84,7 +84,8 @@ def refresh_batch(specs: list[StageSpec], layer: int, q: torch.Tensor, seqs: lis
                   saliency: tuple[KeySaliency, int] | None, reduce=None, mask: torch.Tensor | None = None) -> None:
     """Every stage refresh of the step's sequences q [B, H, d] (their stage caches made, `stage_caches`): per pool,
     stage by stage, in one call: the sequences refreshing it (mask None), or (mask [B, S], `refresh_mask`) all of
-    them when any of the batch does, each row kept unless its mask says. Sync-free, static shapes."""
+    them when any of the batch does, each row kept unless its mask says, the others' candidates emptied so the
+    scoring reads nothing for them. Sync-free, static shapes."""
     cache, device = batch.cache, q.device
     union = [any(p[s] for p in patterns) for s in range(len(specs))]
     k_flat, page_size = cache.flat_k(layer), cache.page_size
@@ -112,10 +113,11 @@ def refresh_batch(specs: list[StageSpec], layer: int, q: torch.Tensor, seqs: lis
                 if any(m is not None for m in masks):
                     every = torch.ones(num_candidates, dtype=torch.bool, device=device)
                     novel = torch.stack([every if m is None else m for m in masks])
+            flag = None if mask is None else take(mask[:, s])  # [G]: the sequences refreshing stage s this step
             scores, starts, lens, limit = stage_scores(
                 spec, take(q), take(batch.decode_positions), parent, k_flat, tables, page_size, config.sink_tokens,
                 config.stream_tokens, batch.rope, num_candidates, group, trained_len, impl, saliency, common,
-                reduce=reduce, novel=novel, token_offset=common["offset"])
+                reduce=reduce, novel=novel, token_offset=common["offset"], active=flag)
             out_starts, out_lens = _chunks(pool, layer, config, s, device)
             if mask is None:
                 keep_top_chunks_rows(scores, starts, lens, out_starts, out_lens, rows, impl=impl)
@@ -124,7 +126,6 @@ def refresh_batch(specs: list[StageSpec], layer: int, q: torch.Tensor, seqs: lis
                 old = [pools.take_rows(t, pool, row_ids) for t in (out_starts, out_lens)]
                 new = [t.clone() for t in old]
                 keep_top_chunks_rows(scores, starts, lens, *new, None, impl=impl)
-                flag = take(mask[:, s])  # [G]
                 for out, was, now in zip((out_starts, out_lens), old, new):
                     _keep(out, rows, was, now, flag)
                 _keep(limits[:, s], rows, limits[:, s].index_select(0, rows), limit, flag)
