@@ -34,7 +34,7 @@ class EngineConfig:
     # embedded SmolLM2-135M-Instruct
     model: str | None = None
     model_cache_dir: str | None = None  # where GGUF conversions are cached; None: ~/.cache/infinitehip/models
-    # Attention method: auto (the default: dense within the model's trained length, InfiniteHiP beyond it), dense
+    # Attention method: auto (the default: dense up to half the model's trained length, InfiniteHiP beyond), dense
     # (exact; refuses prompts past the trained length), a sparse method that reads past it (infinitehip, tokenselect,
     # infinipot, streaming, cascade) or truncate (drops the prompt's middle)
     method: str = "auto"

@@ -53,7 +53,7 @@ class RequestOutput:
 class LLM:
     def __init__(self, model: str | None = None, method: str | None = None, config: EngineConfig | None = None,
                  preset: str | None = None, **fields: Any):
-        """`model` and `method` (default: the embedded model, auto: dense within its trained length); `preset`: one of the method's presets;
+        """`model` and `method` (default: the embedded model, auto: dense up to half its trained length); `preset`: one of the method's presets;
         `fields`: any field of EngineConfig, of the method's config or of OffloadConfig, by name (an unknown name,
         or a field of another method, is an error).
         Config objects, for settings kept together: `config` (the whole run: EngineConfig, with its method_config

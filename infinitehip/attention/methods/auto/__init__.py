@@ -1,1 +1,1 @@
-"""`auto`: dense within the model's trained length, InfiniteHiP beyond it (`method.py`, presets in `presets.py`)."""
+"""`auto`: dense up to half the model's trained length, InfiniteHiP beyond (`method.py`, presets in `presets.py`)."""

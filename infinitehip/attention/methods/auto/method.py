@@ -1,8 +1,9 @@
-"""`auto`: what a user who names no method gets. A prompt (and its answer) within the model's trained length is
-read exactly, as `dense` reads it; past the trained length, where dense refuses, InfiniteHiP's pruned attention
-reads it (`InfiniteHiPConfig.dense_within_trained`: prefill chunks and decode steps whose context fits the trained
-length attend every key; the method's selection state is kept all along, so the pruned part of a long prompt
-selects as InfiniteHiP would and a cached prefix is exact whoever computed it).
+"""`auto`: what a user who names no method gets. A prompt (and its answer) within half the model's trained length
+is read exactly, as `dense` reads it; past that, InfiniteHiP's pruned attention reads it, within the trained length
+too, where the suite measures it reading needles dense loses (`InfiniteHiPConfig.dense_within_trained` and
+`dense_within_share`: prefill chunks and decode steps whose context fits the share attend every key; the method's
+selection state is kept all along, so the pruned part of a long prompt selects as InfiniteHiP would and a cached
+prefix is exact whoever computed it).
 
 The decision is per prefill chunk and per decode step, by the context that step attends: deterministic in the
 tokens, so a prefix cache and tensor parallelism see one function. Everything else (CUDA-graph decode past the
@@ -25,8 +26,9 @@ class AutoAttention(InfiniteHiPAttention):
     def __init__(self, model_config: ModelConfig, config: Any = None) -> None:
         config = config if config is not None else PRESETS["default"]
         if not config.dense_within_trained:
-            raise ValueError("method 'auto' attends contexts within the trained length exactly "
-                             "(dense_within_trained=True); for pruning from the first chunk use method 'infinitehip'")
+            raise ValueError("method 'auto' attends short contexts exactly (dense_within_trained=True; "
+                             "dense_within_share: the share of the trained length); for pruning from the first "
+                             "chunk use method 'infinitehip'")
         super().__init__(model_config, config)
 
     @classmethod

@@ -62,6 +62,11 @@ class InfiniteHiPConfig:
     # prompt's pruned chunks select as they would, and a reused prefix is the same whoever computed it. `auto`'s
     # setting (attention/methods/auto/); off here: the paper prunes from the first chunk that exceeds its budget.
     dense_within_trained: bool = False
+    # The share of the trained length attended exactly when dense_within_trained: contexts up to
+    # dense_within_share x the trained length. `auto` sets 0.5: Gemma 3 270M (trained to 32K) reads the genre suite
+    # exactly at 16K but loses shallow needles at 32K, where the pruned stages read them (docs/real-text.md, "Which
+    # method `auto` runs"); RULER finds most models' effective length well short of the trained one.
+    dense_within_share: float = 1.0
     # Question-time selection (not in the paper; attention/common/question_selection.py): the prompt's last question_tokens
     # queries vote together over every candidate token (soft vote on raw logits, averaged over question_window
     # tokens); the question_keep_tokens best final-stage chunks are attended by the question's queries and by every
@@ -151,6 +156,9 @@ class InfiniteHiPConfig:
                              f"chunk_sizes[-1] = {last_c}")
         if self.question_window < 1 or self.question_window % 2 == 0:
             raise ValueError(f"question_window must be an odd width >= 1, got {self.question_window}")
+        if not 0.0 < self.dense_within_share <= 1.0:
+            raise ValueError(f"dense_within_share must be in (0, 1] (a share of the trained length), got "
+                             f"{self.dense_within_share}")
         if self.repeat_span != 0 and not 8 <= self.repeat_span <= 4096:
             raise ValueError(f"repeat_span must be 0 (off) or in [8, 4096] tokens, got {self.repeat_span}")
         if self.hierarchy_repeat_span != 0 and not 8 <= self.hierarchy_repeat_span <= 4096:

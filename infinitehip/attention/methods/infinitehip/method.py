@@ -144,8 +144,9 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
                                  keys=None if staged is None else staged.keys)
 
     def within_trained(self, context_len: int) -> bool:
-        """`dense_within_trained`: a context that fits the trained length is attended exactly (dense)."""
-        return self.config.dense_within_trained and context_len <= self.trained_len
+        """`dense_within_trained`: a context within dense_within_share of the trained length is attended exactly."""
+        c = self.config
+        return c.dense_within_trained and context_len <= int(c.dense_within_share * self.trained_len)
 
     def _keeps_every_key(self, layer: int, context_len: int) -> bool:
         """Every query of a chunk ending at context_len attends every earlier key, at its original position."""
