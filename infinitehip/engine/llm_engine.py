@@ -364,8 +364,8 @@ class LLMEngine:
                     state = self.runner.keep_boundary(seq, self.prefix, boundary)
                     if state is not None:
                         self.scheduler.allocator.attach(seq.page_table[boundary // self.prefix.page_size - 1], state)
-        if not plan.prefill and len(samplers) == 1 and self.ahead.may_launch_after(samplers[0]):
-            return self._step_after(self.ahead.pick(samplers[0], logits), on_scheduled)
+        if not plan.prefill and self.ahead.may_launch_after(samplers):
+            return self._step_after(self.ahead.pick(samplers, logits), on_scheduled)
         outputs = []
         finite = torch.isfinite(logits).all(dim=-1).tolist()  # one read for the step (sampling reads the device anyway)
         for row, seq in enumerate(samplers):
@@ -394,19 +394,21 @@ class LLMEngine:
         return outputs, sum(n for _, n in plan.prefill)
 
     def _step_after(self, launched: LaunchedStep, on_scheduled) -> tuple[list[StepOutput], int]:
-        """Launch the step after `launched` where allowed, then read `launched`'s token (engine/decode_ahead.py)."""
-        seq, self.ahead.pending = launched.seq, None
-        if self.ahead.may_launch_after(seq):
-            _, admitted, preempted = self.scheduler.schedule()  # the next token's slot: nothing waits, nothing preempted
+        """Launch the step after `launched` where allowed, then read `launched`'s tokens (engine/decode_ahead.py)."""
+        seqs, self.ahead.pending = launched.seqs, None
+        if self.ahead.may_launch_after(seqs):
+            _, admitted, preempted = self.scheduler.schedule()  # the next tokens' slots: nothing waits or is preempted
             if on_scheduled is not None:
                 on_scheduled(admitted, preempted)
-            logits = self.runner.run_graph_ahead(seq)
+            logits = self.runner.run_graph_ahead(seqs)
             if logits is not None:
-                self.ahead.pending = self.ahead.pick(seq, logits)
-        token = launched.read()
-        seq.output_ids.append(token)
-        finished = self._check_finished(seq, token)  # finishing drops the step launched after this one
-        return [StepOutput(seq, token, finished)], 0
+                self.ahead.pending = self.ahead.pick(seqs, logits)
+        outputs = []
+        for seq, token in zip(seqs, launched.read()):
+            seq.output_ids.append(token)
+            finished = self._check_finished(seq, token)  # finishing drops its row of the step launched after this
+            outputs.append(StepOutput(seq, token, finished))
+        return outputs, 0
 
     def _check_finished(self, seq: Sequence, token: int) -> bool:
         params = seq.params

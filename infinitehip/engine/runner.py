@@ -177,15 +177,24 @@ class ModelRunner:
         return logits
 
     @torch.inference_mode()
-    def run_graph_ahead(self, seq: Sequence) -> torch.Tensor | None:
-        """The next decode step of a lone sequence whose input token the GPU already wrote into the graphs' input
-        buffer (engine/decode_ahead.py) -> its logits [1, vocab], or None (no graph for it: nothing ran)."""
-        s = self._slice(seq, 0, 1, is_prefill=False)
-        key = self.graph_decoder.key(s)
-        if key is None:
+    def run_graph_ahead(self, seqs: list[Sequence]) -> torch.Tensor | None:
+        """The next decode step of `seqs`, whose input tokens the GPU already wrote into the graphs' input buffer in
+        this order (engine/decode_ahead.py) -> logits [N, vocab] in the same order, or None (not one graph of them
+        all: nothing ran)."""
+        alone = [self._slice(seq, 0, 1, is_prefill=False) for seq in seqs]
+        keys = [self.graph_decoder.key(s) for s in alone]
+        if None in keys:
             return None
-        logits = self.graph_decoder.step([s], None, key)
-        self._advance(seq, s, None)
+        if len(seqs) == 1:
+            logits = self.graph_decoder.step(alone, None, keys[0])
+        else:
+            classes = {self.method.graph_batch_class(key[1]) for key in keys}
+            if len(classes) > 1 or self.method.graph_batching(alone, keys[0][1]) is GraphBatching.EACH_GRAPH:
+                return None
+            batch = [self._slice(seq, j, 1, is_prefill=False) for j, seq in enumerate(seqs)]
+            logits = self.graph_decoder.step(batch, None, self.graph_decoder.batch_key(keys), [k[1] for k in keys])
+        for seq, s in zip(seqs, alone):
+            self._advance(seq, s, None)
         return logits
 
     def _prompt_logprobs(self, seq: Sequence, s: SequenceSlice, hidden: torch.Tensor) -> None:

@@ -201,6 +201,13 @@ class Scheduler:
         missing = self._missing_pages(seq, self.cache_tokens(seq.num_cached + 1))
         return missing <= 0 or self.allocator.can_allocate(missing)
 
+    def decodes_fit(self, seqs: list[Sequence]) -> bool:
+        """Whether every one of seqs' next decode tokens has a cache slot or a free page, together."""
+        if self.kv_token_limit is not None and any(seq.num_cached >= self.kv_token_limit for seq in seqs):
+            return False
+        missing = sum(max(0, self._missing_pages(seq, self.cache_tokens(seq.num_cached + 1))) for seq in seqs)
+        return missing <= 0 or self.allocator.can_allocate(missing)
+
     def _missing_pages(self, seq: Sequence, num_tokens: int) -> int:
         return self.allocator.pages_for(num_tokens) - len(seq.page_table)
 

@@ -1,6 +1,7 @@
 """Decode steps launched ahead (engine/decode_ahead.py), on the CPU under the tests' CUDA-graph stand-in: the same
-tokens, text and finish reasons as one step at a time, with the step after a finishing one dropped; launched only
-for a lone greedy sequence (a second request, sampling or logprobs run one step at a time)."""
+tokens, text and finish reasons as one step at a time, with a finishing sequence's row of the step after it
+dropped; launched for a lone greedy sequence and for a batch of greedy sequences decoding in one graph (sampling,
+logprobs or a waiting request run one step at a time)."""
 
 import pytest
 
@@ -12,10 +13,10 @@ from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids
 CONTEXT = 2048
 
 
-def _engine(path, tokenizer, ahead: bool):
+def _engine(path, tokenizer, ahead: bool, **room):
     config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2), "question_tokens": 16})
     engine = engine_for_dir(path, tokenizer, config, method="infinitehip", max_context_tokens=CONTEXT,
-                            prefill_chunk_size=128)
+                            prefill_chunk_size=128, **room)
     closure_graph_decoder(engine, min_bucket=256, ahead=ahead)
     return engine
 
@@ -55,3 +56,53 @@ def test_not_launched_for_sampling_or_a_second_request(tiny_llama_dir, tokenizer
     want, _ = _run(_engine(tiny_llama_dir, tokenizer, ahead=False), requests)
     got, _ = _run(_engine(tiny_llama_dir, tokenizer, ahead=True), requests)
     assert got == want
+
+
+def _run_arriving(engine, requests):
+    """requests: (prompt, params, engine step at which it arrives) -> each one's (tokens, text, finish reason) and
+    the sizes of the batches launched ahead."""
+    seqs, step, sizes = {}, 0, []
+    while engine.has_work or len(seqs) < len(requests):
+        for r, (ids, params, at) in enumerate(requests):
+            if at == step:
+                seqs[r] = engine.add_request(ids, params)
+        engine.step()
+        step += 1
+        if engine.ahead.pending is not None:
+            sizes.append(len(engine.ahead.pending.seqs))
+    return [(seqs[r].output_ids, seqs[r].output_text, seqs[r].finish_reason) for r in range(len(requests))], sizes
+
+
+ROOM = dict(kv_cache_tokens=4 * CONTEXT, max_num_seqs=4)
+
+
+def test_a_batch_launched_ahead_gives_each_sequence_its_answer(tiny_llama_dir, tokenizer):
+    """Three greedy sequences at different refresh phases decode in one graph launched ahead; they finish at
+    different steps (a length limit, a stop token), so rows are dropped from a step in flight and the rest
+    decode on as a smaller batch; a request arriving mid-way runs its prefill one step at a time."""
+    greedy = lambda n, **kw: SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **kw)
+    requests = [(random_ids(600, seed=11), greedy(30), 0), (random_ids(500, seed=12), greedy(30), 1),
+                (random_ids(550, seed=13), greedy(24), 2), (random_ids(300, seed=14), greedy(8), 26)]
+    unstopped, _ = _run_arriving(_engine(tiny_llama_dir, tokenizer, False, **ROOM), requests)
+    # the second stops mid-answer at a token the host checks (a stop token, as EOS would): the step launched after
+    # it holds its row for nothing, between the rows of the two others
+    tokens = unstopped[1][0]
+    at = next(i for i in range(12, len(tokens)) if tokens[i] not in tokens[:i])  # its first occurrence
+    requests[1] = (requests[1][0], greedy(30, stop_token_ids=[tokens[at]]), 1)
+    want, none = _run_arriving(_engine(tiny_llama_dir, tokenizer, False, **ROOM), requests)
+    assert want[1][2] == "stop" and len(want[1][0]) == at + 1
+    engine = _engine(tiny_llama_dir, tokenizer, True, **ROOM)
+    got, sizes = _run_arriving(engine, requests)
+    assert got == want and not none
+    assert sizes.count(3) >= 4 and 2 in sizes  # batches of three went ahead, and of two once one finished
+    assert engine.ahead.pending is None and not engine.scheduler.running
+
+
+def test_a_batch_with_a_sampled_sequence_is_not_launched_ahead(tiny_llama_dir, tokenizer):
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, max_tokens=10, ignore_eos=True, seed=2)
+    requests = [(random_ids(400, seed=15), greedy, 0), (random_ids(300, seed=16), sampled, 0)]
+    want, _ = _run_arriving(_engine(tiny_llama_dir, tokenizer, False, **ROOM), requests)
+    got, sizes = _run_arriving(_engine(tiny_llama_dir, tokenizer, True, **ROOM), requests)
+    assert got == want
+    assert all(n == 1 for n in sizes)  # only the greedy one, once the sampled one has finished
