@@ -54,8 +54,8 @@ class EngineConfig:
     # Decode steps of a single running sequence replay CUDA graphs of the whole model when the attention method
     # supports it (infinitehip); CUDA only, ignored on CPU.
     cuda_graphs: bool = True
-    # With CUDA graphs, a single running sequence's next decode step is launched before the host has read this
-    # step's token (greedy sampling: picked on the GPU), so the host's part of a step overlaps the GPU's
+    # With CUDA graphs, the running sequences' next decode step is launched before the host has read this step's
+    # tokens (all greedy, nothing waiting: picked on the GPU), so the host's part of a step overlaps the GPU's
     # (engine/decode_ahead.py); the same tokens.
     overlap_decode: bool = True
     generator_seed: int = 0  # seeds the shared generator used by requests that carry no seed of their own
