@@ -2,5 +2,7 @@
 # random Llama-3-8B-shaped bf16 weights (say so wherever reported), the bytes-read bound of the same run; then the
 # dense single-sequence step the paged decode op replaced. Rows of docs/results.md. 128K and offloaded KV:
 # plans/batch_decode_long.sh. METHODS and BATCH_SIZES pick a share (a share skips the dense single-sequence step).
-run batch32k python3 -m bench batch-decode --model random8b --contexts 32768 --batch-sizes ${BATCH_SIZES:-1 4 8 16} --methods ${METHODS:-dense infinitehip} --warmup-steps 16 --output $OUT_DIR/batch_decode_32k.json
+# 100 warm-up steps: every refresh pattern's graph captured before the timed steps (the steady state).
+run batch32k python3 -m bench batch-decode --model random8b --contexts 32768 --batch-sizes ${BATCH_SIZES:-1 4 8 16} --methods ${METHODS:-dense infinitehip} --warmup-steps 100 --steps 32 --output $OUT_DIR/batch_decode_32k.json
 [ -n "${METHODS:-}" ] || run dense_decode python3 -m bench decode --contexts 32768 131072 --methods dense --steps 32 --warmup-steps 8 --output $OUT_DIR/decode_dense.json
+run profile32k python3 -m bench batch-decode --model random8b --contexts 32768 --batch-sizes 8 --methods infinitehip --warmup-steps 100 --steps 16 --profile-steps 4 --output $OUT_DIR/batch_decode_32k_profile.json

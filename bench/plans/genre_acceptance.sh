@@ -1,19 +1,21 @@
-# The generalization acceptance's missing cells (results.md, "Haystack genres against the generalization targets"),
-# 30 prompts a cell (bench/plans/genre_cells.sh), in the order a short device session should take them: the cheap
-# 32K columns first (dense's calibration and both selection methods: ~40 s a cell on an H200), then tokenselect at
-# 128K again (its top-k breaks exact ties toward the lower index since 2026-12-04: the filed cells ran the old code),
-# then 128K on the genres without a 30-prompt cell, InfiniPot at 128K on the rest, and last the 512K / 1M columns
-# (~8 minutes a 1M cell). STEPS picks a share by name (default: all, in order). Held-out genres are reported, never
-# used to choose (bench/pick_setting.py refuses their files).
+# The generalization acceptance's cells not yet on file (results.md, "Haystack genres against the generalization
+# targets"), 30 prompts a cell (bench/plans/genre_cells.sh), in the order a short device session should take them:
+# `auto` (the default method) at 32K on every genre first, since it prunes past half the trained length now (~40 s a
+# cell on an H200), tokenselect's 32K column, then 128K on the genres without a 30-prompt cell, InfiniPot at 128K on
+# the rest, and last the 512K / 1M columns (~8 minutes a 1M cell). STEPS picks a share by name (default: those, in
+# order); calibration32k, infinitehip32k and tokenselect128k re-run cells on file. Held-out genres are reported,
+# never used to choose (bench/pick_setting.py refuses their files).
 MODEL_DIR=${MODEL_DIR:-/root}
 CORPORA=${CORPORA:-.corpora}
-STEPS=${STEPS:-calibration32k sparse32k tokenselect128k rest128k infinipot128k long}
+STEPS=${STEPS:-auto32k tokenselect32k rest128k infinipot128k long}
 ALL="code licenses pydoc sotu essays cmudict catalogs shakespeare apispecs tables"
 cells() { METHOD=$1; GENRES=$2; LENGTHS=$3; FLAGS=""; TAG=""; source bench/plans/genre_cells.sh; }
 for step in $STEPS; do
   case $step in
     calibration32k) cells dense "licenses pydoc sotu essays cmudict catalogs shakespeare apispecs" 32000 ;;
-    sparse32k) for m in infinitehip tokenselect; do cells $m "$ALL" 32000; done ;;
+    auto32k) cells auto "$ALL" 32000 ;;
+    infinitehip32k) cells infinitehip "$ALL" 32000 ;;
+    tokenselect32k) cells tokenselect "$ALL" 32000 ;;
     tokenselect128k) cells tokenselect "code licenses pydoc apispecs tables" 131072 ;;
     rest128k) for m in infinitehip tokenselect; do cells $m "sotu essays cmudict catalogs shakespeare" 131072; done ;;
     infinipot128k) cells infinipot "sotu essays cmudict catalogs shakespeare apispecs tables" 131072 ;;
