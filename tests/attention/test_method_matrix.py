@@ -332,7 +332,9 @@ def test_every_graph_decode_method_keys_steps_and_replays_what_eager_decodes(tin
     assert [None if k is None else k[1] for k in keys] == eager_keys  # (capacity bucket, method key)
     if method == "infinitehip":  # beyond the budgets: a graph per refresh pattern
         assert graphs.replays > 0 and len({k for k in keys if k is not None}) > 1
-    if method in ("dense", "auto"):  # one exact graph (auto: within the trained length), replayed from step 2 on
+    # one exact graph (auto: within the trained length; cascade: every step over its whole cache, masked), replayed
+    # from step 2 on
+    if method in ("dense", "auto", "cascade"):
         assert None not in keys and len(set(keys)) == 1 and graphs.replays == len(keys) - 1
 
 

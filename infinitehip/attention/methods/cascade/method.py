@@ -15,7 +15,8 @@ attention call also updates the keys' scores (scores/); sub-caches decide per la
 own tokens (the cache is [pages, page_size, Hkv, d] and a slot's position is the same for every head). Until every
 sub-cache is full (schedule.py: longer than the first push) a sub-cache's slots past its count hold no token of it
 and are not attended. The keys' slots and positions are computed once per step for every layer; nothing in a step
-reads a device value back.
+reads a device value back. Decode steps run in static shapes over every slot, masked to the same keys (decode.py),
+so they replay from CUDA graphs (graph_hooks.py); impl "reference" decodes each token as a one-token chunk.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ import torch
 from infinitehip.attention.base import AttentionMethod, ChunkHooks, ForwardBatch, KVSizing, SequenceSlice
 from infinitehip.attention.capabilities import CacheCompaction
 from infinitehip.attention.methods.cascade.config import PRESETS, CascadeConfig
+from infinitehip.attention.methods.cascade.decode import DecodeKeys, step_keys
+from infinitehip.attention.methods.cascade.graph_hooks import CascadeGraphHooks
 from infinitehip.attention.methods.cascade.schedule import CascadeSchedule
+from infinitehip.attention.methods.cascade.scores.masked import masked_attention_with_scores
 from infinitehip.attention.methods.cascade.scores.op import attention_with_scores
 from infinitehip.attention.methods.cascade.update.op import cascade_update
 from infinitehip.config.impl import resolve_impl
@@ -40,11 +44,13 @@ from infinitehip.profiling import phase
 
 @dataclass
 class CascadeState:
-    """Per sequence: the schedule (shared by layers and heads), the keys' scores [L, Hkv, limit] fp32 by slot
-    (allocated on the first step), and the rotation of the step's keys (computed once per step)."""
+    """Per sequence: the schedule (shared by layers and heads), the keys' scores [L, Hkv, limit] fp32 by slot and
+    the decode steps' device copy of the schedule (decode.py; both allocated on the first step), and the rotation
+    of the step's keys (computed once per step)."""
 
     schedule: CascadeSchedule
     scores: torch.Tensor | None = None
+    decode_keys: DecodeKeys | None = None
     # The step's keys: their sequence slots [K] int64 on the device (None: every slot [0, context_len)) and their
     # positions [K] int64 on the device
     key_slots: torch.Tensor | None = None
@@ -66,7 +72,7 @@ def sized_config(model_config: ModelConfig, config: CascadeConfig | None) -> Cas
     return config
 
 
-class CascadeAttention(AttentionMethod, CacheCompaction):
+class CascadeAttention(AttentionMethod, CascadeGraphHooks, CacheCompaction):
     name = "cascade"
     prefix_reuse_note = "its cache is the cascade of the whole prompt so far, not a reusable prefix"
 
@@ -109,6 +115,7 @@ class CascadeAttention(AttentionMethod, CacheCompaction):
         if state.scores is None:
             shape = (self.model_config.num_layers, self.model_config.num_kv_heads, c.limit_tokens)
             state.scores = torch.zeros(shape, dtype=torch.float32, device=q.device)
+            state.decode_keys = DecodeKeys.allocate(c.limit_tokens, q.device)
         self._keys(state, end, q.device)
         slots = seq.context_slots if state.key_slots is None else seq.context_slots[state.key_slots]
         k, v = seq.cache.read(layer, slots)
@@ -124,6 +131,26 @@ class CascadeAttention(AttentionMethod, CacheCompaction):
         if state.key_slots is not None:
             scores.index_copy_(1, state.key_slots, attended)
         return out
+
+    def decode(self, layer: int, q: torch.Tensor, seqs: list[SequenceSlice], batch: ForwardBatch) -> torch.Tensor:
+        """q [B, H, d] -> [B, H, d]: each query over its sequence's every slot, masked (decode.py); impl
+        "reference": each as a one-token chunk (the prefill path)."""
+        if not self.static_decode():
+            return super().decode(layer, q, seqs, batch)
+        c = self.config
+        keys = step_keys(batch, [s.state.decode_keys for s in seqs])
+        batch.rope.ensure(c.limit_tokens)  # a no-op after the first step (decode_rope_positions reserves it)
+        cos, sin = batch.rope.cos, batch.rope.sin
+        q = rotate_at(q, batch.decode_positions, cos, sin)  # each query at its slot
+        out = []
+        for b, s in enumerate(seqs):
+            k, v = s.cache.read(layer, keys.flat[b])  # [limit, Hkv, d]
+            k = rotate_at(k, keys.positions[b], cos, sin)
+            scores = s.state.scores[layer]  # [Hkv, limit]
+            scores.index_fill_(1, batch.decode_positions[b : b + 1], 0.0)  # the query's own key starts with no score
+            out.append(masked_attention_with_scores(q[b : b + 1], k, v, keys.visible[b], scores, self.sm_scale,
+                                                    c.score_decay, c.head_reduction))
+        return torch.cat(out)
 
     def after_forward(self, seq: SequenceSlice, hooks: ChunkHooks) -> int | None:
         if seq.context_len < self.config.limit_tokens:
@@ -142,4 +169,5 @@ class CascadeAttention(AttentionMethod, CacheCompaction):
         v = cache.v.view(cache.num_layers, -1, *cache.v.shape[-2:])
         cascade_update(k, v, state.scores, seq.context_slots, ops, slots, first,
                        impl=resolve_impl(self.config.impl, cache.device))  # "cpu": the reference
+        state.decode_keys.refresh(schedule)  # after the step: outside any graph
         return schedule.kept
