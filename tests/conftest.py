@@ -5,6 +5,7 @@ slowest modules are collected first (`make test` hands them to its workers in th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -280,6 +281,21 @@ def closure_graph_decoder(engine, min_bucket: int = 512, ahead: bool = False):
                                    recorder=ClosureRecorder, attention=r.router, max_num_seqs=engine.config.max_num_seqs)
     engine.ahead.enabled = ahead and engine.config.overlap_decode
     return r.graph_decoder
+
+
+def decode_graph_keys(engine) -> list:
+    """The method's graph key of each decode step's first sequence from now on (read at layer 0), checking at each
+    that a needle probe makes the step eager (key None)."""
+    keys, decode = [], engine.method.decode
+
+    def keyed(layer, q, seqs, batch):
+        if layer == 0:
+            keys.append(engine.method.graph_key(seqs[0]))
+            assert engine.method.graph_key(dataclasses.replace(seqs[0], probe=object())) is None
+        return decode(layer, q, seqs, batch)
+
+    engine.method.decode = keyed
+    return keys
 
 
 def after_each_decode_step(engine, on_step) -> None:

@@ -19,7 +19,8 @@ from infinitehip.attention.methods.cascade.decode import step_keys
 from infinitehip.attention.methods.cascade.graph_hooks import GRAPH_KEY
 from infinitehip.attention.methods.cascade.schedule import CascadeSchedule
 from infinitehip.engine.graph_decode import ClosureRecorder
-from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids, record_step_logits, run_staggered
+from tests.conftest import (closure_graph_decoder, decode_graph_keys, engine_for_dir, random_ids, record_step_logits,
+                            run_staggered)
 
 # 2 sinks + 5 sub-caches of 6 + a 6-token stride (38 slots): decode pushes every 6 steps; the cache fills after 89
 # pushes, so the sub-caches fill (the held slots change) while the first ones already evict.
@@ -189,15 +190,7 @@ def test_static_decode_attends_the_keys_the_prefill_path_lists(tiny_llama_dir):
 
 def test_graph_key_is_one_key_and_none_for_a_probe_or_the_reference_impl(tiny_llama_dir):
     engine = engine_for_dir(tiny_llama_dir, None, FULL, method="cascade", **ROOMY)
-    keys, decode = [], engine.method.decode
-
-    def keyed(layer, q, seqs, batch):
-        if layer == 0:
-            keys.append(engine.method.graph_key(seqs[0]))
-            assert engine.method.graph_key(dataclasses.replace(seqs[0], probe=object())) is None
-        return decode(layer, q, seqs, batch)
-
-    engine.method.decode = keyed
+    keys = decode_graph_keys(engine)
     engine.add_request(random_ids(90, seed=5), SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
     while engine.has_work:
         engine.step()

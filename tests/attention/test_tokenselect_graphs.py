@@ -15,7 +15,8 @@ from infinitehip.attention.methods.tokenselect import method as method_module
 from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
 from infinitehip.attention.methods.tokenselect.decode_lists import decode_key_list, top_tokens, union_below
 from infinitehip.attention.methods.tokenselect.graph_hooks import GRAPH_KEY
-from tests.conftest import closure_graph_decoder, engine_for_dir, random_ids, record_step_logits, run_staggered
+from tests.conftest import (closure_graph_decoder, decode_graph_keys, engine_for_dir, random_ids, record_step_logits,
+                            run_staggered)
 
 # Sparse (32 of ~700 candidates), with question-time selection joining every step's. Threshold 0: the tiny random
 # model's successive queries are nearly orthogonal, so about half the steps reuse their layer's selection.
@@ -67,16 +68,7 @@ def test_a_batch_at_different_lengths_decodes_from_one_graph_the_eager_tokens_an
 
 def test_graph_key_waits_for_the_rows_and_stays_eager_with_a_probe_or_host_reading_impls(tiny_llama_dir):
     engine = engine_for_dir(tiny_llama_dir, None, CONFIG, method="tokenselect", **ROOMY)
-    keys, decode = [], engine.method.decode
-
-    def keyed(layer, q, seqs, batch):
-        if layer == 0:
-            keys.append(engine.method.graph_key(seqs[0]))
-            probed = dataclasses.replace(seqs[0], probe=object())
-            assert engine.method.graph_key(probed) is None
-        return decode(layer, q, seqs, batch)
-
-    engine.method.decode = keyed
+    keys = decode_graph_keys(engine)
     seq = engine.add_request(random_ids(300, seed=5), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     while engine.has_work:
         engine.step()
