@@ -283,6 +283,15 @@ def closure_graph_decoder(engine, min_bucket: int = 512, ahead: bool = False):
     return r.graph_decoder
 
 
+def engine_with_graphs(path, config, method: str, graphs: bool, device: str = "cpu", min_bucket: int = 256, **room):
+    """-> (engine, its graph decoder or None): real CUDA graphs on cuda, the closure stand-in on the CPU."""
+    engine = engine_for_dir(path, None, config, method=method, device=device, **room,
+                            cuda_graphs=graphs and device == "cuda")
+    decoder = closure_graph_decoder(engine, min_bucket=min_bucket) if graphs and device == "cpu" else \
+        engine.runner.graph_decoder
+    return engine, decoder
+
+
 def decode_graph_keys(engine) -> list:
     """The method's graph key of each decode step's first sequence from now on (read at layer 0), checking at each
     that a needle probe makes the step eager (key None)."""

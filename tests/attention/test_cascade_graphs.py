@@ -19,8 +19,8 @@ from infinitehip.attention.methods.cascade.decode import step_keys
 from infinitehip.attention.methods.cascade.graph_hooks import GRAPH_KEY
 from infinitehip.attention.methods.cascade.schedule import CascadeSchedule
 from infinitehip.engine.graph_decode import ClosureRecorder
-from tests.conftest import (closure_graph_decoder, decode_graph_keys, engine_for_dir, random_ids, record_step_logits,
-                            run_staggered)
+from tests.conftest import (closure_graph_decoder, decode_graph_keys, engine_for_dir, engine_with_graphs, random_ids,
+                            record_step_logits, run_staggered)
 
 # 2 sinks + 5 sub-caches of 6 + a 6-token stride (38 slots): decode pushes every 6 steps; the cache fills after 89
 # pushes, so the sub-caches fill (the held slots change) while the first ones already evict.
@@ -37,10 +37,7 @@ BATCH = [(random_ids(30, seed=31), 30, 0), (random_ids(70, seed=32), 24, 0), (ra
 def _run(path, config: CascadeConfig, requests, graphs: bool, device: str = "cpu"):
     """requests: (prompt, tokens, arrival step) -> (greedy tokens, each step's logits, pushes each sequence's
     decode made, the graph decoder or None)."""
-    engine = engine_for_dir(path, None, config, method="cascade", device=device, **ROOMY,
-                            cuda_graphs=graphs and device == "cuda")
-    decoder = closure_graph_decoder(engine, min_bucket=256) if graphs and device == "cpu" else \
-        engine.runner.graph_decoder
+    engine, decoder = engine_with_graphs(path, config, "cascade", graphs, device, **ROOMY)
     logits = record_step_logits(engine)
     decode_pushes: dict[int, int] = {}
     push = engine.method._push

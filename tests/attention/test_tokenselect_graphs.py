@@ -15,7 +15,7 @@ from infinitehip.attention.methods.tokenselect import method as method_module
 from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
 from infinitehip.attention.methods.tokenselect.decode_lists import decode_key_list, top_tokens, union_below
 from infinitehip.attention.methods.tokenselect.graph_hooks import GRAPH_KEY
-from tests.conftest import (closure_graph_decoder, decode_graph_keys, engine_for_dir, random_ids, record_step_logits,
+from tests.conftest import (decode_graph_keys, engine_for_dir, engine_with_graphs, random_ids, record_step_logits,
                             run_staggered)
 
 # Sparse (32 of ~700 candidates), with question-time selection joining every step's. Threshold 0: the tiny random
@@ -31,10 +31,7 @@ BATCH = [(random_ids(700, seed=31), 12, 0), (random_ids(300, seed=32), 10, 0), (
 def _run(path, requests, graphs: bool, config: TokenSelectConfig = CONFIG, device: str = "cpu"):
     """requests: (prompt, tokens, arrival step) -> (greedy tokens, each step's logits, Selection Cache stats of
     each sequence, the graph decoder or None)."""
-    engine = engine_for_dir(path, None, config, method="tokenselect", device=device, **ROOMY,
-                            cuda_graphs=graphs and device == "cuda")
-    decoder = closure_graph_decoder(engine, min_bucket=256) if graphs and device == "cpu" else \
-        engine.runner.graph_decoder
+    engine, decoder = engine_with_graphs(path, config, "tokenselect", graphs, device, **ROOMY)
     logits = record_step_logits(engine)
     seqs = run_staggered(engine, requests)
     return [s.output_ids for s in seqs], logits, [engine.method.stats(s.method_state) for s in seqs], decoder
