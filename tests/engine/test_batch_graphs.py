@@ -67,18 +67,21 @@ def test_a_batch_decodes_from_one_graph_the_tokens_of_each_sequence_alone(tiny_l
     assert not decoder._graphs and not decoder._pools
 
 
+# Refresh intervals 8/4/2: sequences arriving a step or two apart refresh different stages in the same step
+PHASED = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
+
+
+def _phased(path):
+    return engine_for_dir(path, None, PHASED, method="infinitehip", **ROOMY)
+
+
 def test_sequences_in_different_refresh_phases_decode_in_one_graph(tiny_llama_dir):
     """Infinitehip's method key says which stages a step refreshes; sequences in different phases still decode in one
     graph (each one's refreshes masked by its own pattern), keyed by the union of their patterns, so graphs replay more
     often than they are captured; every sequence's tokens are those it decodes alone."""
-    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
     requests = [(random_ids(700, seed=31), 24, 0), (random_ids(600, seed=32), 24, 1), (random_ids(650, seed=34), 24, 2)]
-
-    def engine():
-        return engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", **ROOMY)
-
-    alone = [_decode(engine(), [(p, n, 0)])[0] for p, n, _ in requests]
-    e = engine()
+    alone = [_decode(_phased(tiny_llama_dir), [(p, n, 0)])[0] for p, n, _ in requests]
+    e = _phased(tiny_llama_dir)
     decoder = closure_graph_decoder(e)
     calls = _record_graph_steps(decoder)
     assert _decode(e, requests) == alone
@@ -94,14 +97,9 @@ def test_a_batch_at_different_phases_captures_one_graph_per_union_of_patterns(ti
     """Three sequences at different refresh phases decode together for several of their longest refresh cycles: a
     composition and bucket captures at most one graph per union of their patterns (with nested intervals: which of
     the stages refreshes at all), not one per tuple of patterns, and each sequence decodes its tokens alone."""
-    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
     requests = [(random_ids(700, seed=41), 30, 0), (random_ids(600, seed=42), 30, 1), (random_ids(650, seed=43), 30, 3)]
-
-    def engine():
-        return engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", **ROOMY)
-
-    alone = [_decode(engine(), [(p, n, 0)])[0] for p, n, _ in requests]
-    e = engine()
+    alone = [_decode(_phased(tiny_llama_dir), [(p, n, 0)])[0] for p, n, _ in requests]
+    e = _phased(tiny_llama_dir)
     decoder = closure_graph_decoder(e)
     steps, step = [], decoder.step
 
@@ -142,14 +140,9 @@ def test_a_batch_replayed_from_real_cuda_graphs_decodes_each_sequences_tokens(ti
 def test_a_composition_keeps_at_most_its_graph_limit_least_recently_replayed_out(tiny_llama_dir):
     """With room for two graphs a composition, the third capture drops the one replayed longest ago; the tokens stay
     those of each sequence alone."""
-    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
     requests = [(random_ids(700, seed=31), 16, 0), (random_ids(600, seed=32), 16, 1)]
-
-    def engine():
-        return engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", **ROOMY)
-
-    alone = [_decode(engine(), [(p, n, 0)])[0] for p, n, _ in requests]
-    e = engine()
+    alone = [_decode(_phased(tiny_llama_dir), [(p, n, 0)])[0] for p, n, _ in requests]
+    e = _phased(tiny_llama_dir)
     decoder = closure_graph_decoder(e)
     decoder.max_graphs_per_composition = 2
     sizes = []
@@ -166,7 +159,6 @@ def test_a_union_keyed_stage_scores_only_the_sequences_refreshing_it(tiny_llama_
     gives. Fails if the mask empties the wrong rows or none."""
     from infinitehip.attention.methods.infinitehip import decode_batch
 
-    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2)})
     requests = [(random_ids(700, seed=51), 12, 0), (random_ids(600, seed=52), 12, 1), (random_ids(650, seed=53), 12, 3)]
     inner, seen = decode_batch.stage_scores, []
 
@@ -182,7 +174,7 @@ def test_a_union_keyed_stage_scores_only_the_sequences_refreshing_it(tiny_llama_
         return out
 
     monkeypatch.setattr(decode_batch, "stage_scores", checked)
-    e = engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", **ROOMY)
+    e = _phased(tiny_llama_dir)
     closure_graph_decoder(e)
     _decode(e, requests)
     assert seen  # some step refreshed a stage for part of the batch only
