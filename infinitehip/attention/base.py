@@ -168,6 +168,14 @@ class AttentionMethod(ABC):
     def release(self, state: Any) -> None:
         """Called when the sequence finishes or is cancelled."""
 
+    def prompt_end_tokens(self, prompt_tokens: int) -> int:
+        """Tokens the chunk that ends a prefill of `prompt_tokens` holds at least (when it has that many left to
+        compute): the queries whose attention is decided only at the prompt's end (a question-time selection: the
+        question's queries) must be in that chunk whatever the chunk boundaries, else the ones a boundary leaves in
+        the chunk before never see it. The scheduler sizes the chunks before it to leave them (engine/scheduler.py),
+        a prefix reuse stops before them (kv/prefix_reuse.py)."""
+        return 1
+
     def select_prompt(self, prompt_ids: list[int], max_tokens: int | None) -> list[int]:
         """The prompt tokens the model reads, given the request's completion budget (None: unset). Identity:
         only a method whose documented purpose is dropping input (`truncate`) overrides it; the engine

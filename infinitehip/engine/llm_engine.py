@@ -112,7 +112,7 @@ class LLMEngine:
         r = self.resolved
         allocator = (PageAllocator if self.prefix is None else PrefixCachingAllocator)(r.num_pages, r.page_size)
         self.scheduler = Scheduler(allocator, r.max_num_seqs, r.prefill_chunk_size, r.kv_token_limit,
-                                   r.kv_scratch_tokens, self.prefix)
+                                   r.kv_scratch_tokens, self.prefix, self.method.prompt_end_tokens)
         self.runner = parts.runner
         self.runner.prefix = self.prefix
         # Sequences whose abort is on its way (request_cancel, any thread): a step of only these stops at its next

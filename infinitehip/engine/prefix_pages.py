@@ -40,7 +40,8 @@ def prefix_policy(enabled: bool, method: AttentionMethod, has_sliding_layers: bo
         logger.info("prefix caching off: %s", why)
         return None
     # Sliding-window layers hold the last window per sequence outside the paged cache: boundaries carry their rings.
-    return PrefixPolicy(reuse, page_size, prefill_chunk_size, rings=has_sliding_layers)
+    return PrefixPolicy(reuse, page_size, prefill_chunk_size, rings=has_sliding_layers,
+                        prompt_end_tokens=method.prompt_end_tokens)
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 Policy (continuous batching): every running sequence that finished its prefill decodes one token per
 step; the rest of the step's token budget (`prefill_chunk_size`) goes to prefill chunks of running
-sequences in arrival order, so a long prefill advances chunk by chunk while other streams keep decoding.
+sequences in arrival order, so a long prefill advances chunk by chunk while other streams keep decoding. The
+last chunk of a prefill holds at least the method's `prompt_end_tokens` (the question's queries, which attend what
+the method selects at the prompt's end): the chunk before it stops short where the grid would leave fewer.
 KV pages are allocated as sequences grow: a waiting sequence is admitted (FIFO) when a running slot is
 free and pages for its prefill plus one decoded token are free. When a decoding sequence needs a page
 and none is free, the most recently admitted running sequence is preempted: its pages are freed and it
@@ -22,12 +24,13 @@ chunk its full prompt pages are named by their hashes, so they stay cached when 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infinitehip.engine.sequence import Sequence, SequenceStatus
 from infinitehip.kv.page_allocator import PageAllocator
 from infinitehip.kv.prefix_cache import page_hashes
-from infinitehip.kv.prefix_reuse import PrefixHit, PrefixPolicy
+from infinitehip.kv.prefix_reuse import PrefixHit, PrefixPolicy, last_token_only
 
 
 @dataclass
@@ -46,9 +49,12 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, allocator: PageAllocator, max_num_seqs: int, prefill_chunk_size: int, kv_token_limit: int | None = None,
-                 kv_scratch_tokens: int = 0, prefix: PrefixPolicy | None = None):
+                 kv_scratch_tokens: int = 0, prefix: PrefixPolicy | None = None,
+                 prompt_end_tokens: Callable[[int], int] = last_token_only):
         if kv_scratch_tokens < 0:
             raise ValueError(f"kv_scratch_tokens must be >= 0, got {kv_scratch_tokens}")
+        # prefill length -> tokens the last chunk of that prefill holds at least (chunk_tokens)
+        self.prompt_end_tokens = prompt_end_tokens
         self.allocator = allocator
         self.prefix = prefix  # None: prefix caching off (allocator is then a plain PageAllocator)
         self.kv_token_limit = kv_token_limit
@@ -232,15 +238,27 @@ class Scheduler:
             if budget == 0:
                 break
             if seq.in_prefill:
-                n = min(seq.prefill_target - seq.num_computed, budget)
+                n = self.chunk_tokens(seq.prefill_target - seq.num_computed, budget, seq.prefill_target)
                 if self.kv_token_limit is not None:
                     room = self.kv_token_limit - seq.num_cached
                     if room <= 0:
                         raise RuntimeError(f"sequence {seq.seq_id} holds {seq.num_cached} cache slots, its method's limit")
                     n = min(n, room)
                 plan.prefill.append((seq, n))
-                budget -= n
+                budget = max(budget - n, 0)
         return plan, admitted, preempted
+
+    def chunk_tokens(self, remaining: int, budget: int, prefill_tokens: int) -> int:
+        """Tokens of a prefill of `prefill_tokens` with `remaining` left that this step computes, within the step's
+        budget; the last `prompt_end_tokens` of a prefill are computed in one chunk (the method decides their
+        attention at the prompt's end: `AttentionMethod.prompt_end_tokens`), so a chunk that would leave fewer for
+        the last one stops short, and a last chunk of at most that many runs whole (past a budget smaller than it)."""
+        end = self.prompt_end_tokens(prefill_tokens)
+        if end < 1:
+            raise ValueError(f"prompt_end_tokens must be >= 1, got {end} for a prefill of {prefill_tokens} tokens")
+        if remaining <= max(budget, end):
+            return remaining
+        return min(budget, remaining - end)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.status = SequenceStatus.FINISHED

@@ -8,7 +8,9 @@ A reused prefix must give exactly what recomputing it would. What that takes dep
   for a given chunking, so a prefix is reused only up to a multiple of prefill_chunk_size, computed by
   chunks on that grid (`chunk_aligned`);
 - the last prompt tokens may carry state the method needs at the end of the prompt (the question's
-  queries): `min_recompute_tokens` of them are always recomputed (at least one: the first output's logits);
+  queries): `min_recompute_tokens` of them are always recomputed (at least one: the first output's logits), and
+  so are the method's `prompt_end_tokens` (the scheduler computes them in one last chunk, so a reuse stops on the
+  grid before them);
 - per-slot state that later queries still change (InfiniteHiP's landmark saliency of the last window of
   keys) cannot be shared: the pages holding the last `private_tail_tokens` keys before the boundary are
   copied into pages of the new sequence, with the method's snapshot of that state taken at the boundary;
@@ -21,6 +23,7 @@ A reused prefix must give exactly what recomputing it would. What that takes dep
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -47,11 +50,21 @@ class PrefixHit:
     snapshot_page: int | None = None
 
 
+def last_token_only(prefill_tokens: int) -> int:
+    """`AttentionMethod.prompt_end_tokens` of a method that decides nothing at a prompt's end: only the last token
+    (whose logits give the first output) must be computed by the prefill itself."""
+    return 1
+
+
 class PrefixPolicy:
     """A method's PrefixReuse resolved against the engine's page size and prefill chunk size."""
 
-    def __init__(self, reuse: PrefixReuse, page_size: int, prefill_chunk_size: int, rings: bool = False):
+    def __init__(self, reuse: PrefixReuse, page_size: int, prefill_chunk_size: int, rings: bool = False,
+                 prompt_end_tokens: Callable[[int], int] = last_token_only):
         self.reuse, self.page_size, self.rings = reuse, page_size, rings
+        # The scheduler keeps a prompt's last prompt_end_tokens(prompt) in its last chunk, moving the chunk boundary
+        # before them off the grid: a reuse ends on the grid before them, so the rest is chunked as without caching.
+        self.prompt_end_tokens = prompt_end_tokens
         self.grid = math.lcm(page_size, prefill_chunk_size) if reuse.chunk_aligned else page_size
 
     @property
@@ -61,7 +74,8 @@ class PrefixPolicy:
 
     def boundary(self, prompt_tokens: int, matched_pages: int) -> int:
         """Longest reusable prefix (tokens, a multiple of the grid) of a prompt whose first matched_pages are cached."""
-        most = min(matched_pages * self.page_size, prompt_tokens - max(1, self.reuse.min_recompute_tokens))
+        recompute = max(1, self.reuse.min_recompute_tokens, self.prompt_end_tokens(prompt_tokens))
+        most = min(matched_pages * self.page_size, prompt_tokens - recompute)
         return max(0, most) // self.grid * self.grid
 
     def tail_pages(self, boundary: int) -> range:

@@ -137,3 +137,21 @@ def test_cuda_graph_decode_equals_eager_on_the_gpu(tiny_llama_dir, method):
     assert runs[True][0] == runs[False][0]
     decoder = runs[True][1]
     assert decoder is not None and decoder.captures >= 1 and decoder.replays >= 20
+
+
+# Both prompts end 8 tokens past the grid, where the two rules part: a hit of 1792 or 1536, of 2304 or 2048.
+@pytest.mark.parametrize("prompt_tokens, end_tokens", [(7 * 256 + 8, 1), (9 * 256 + 8, 32)])
+def test_the_question_is_kept_whole_only_where_auto_selects_at_the_prompt_end(tiny_llama_dir, prompt_tokens,
+                                                                             end_tokens):
+    """Within the exact share nothing is selected at the prompt's end: the last chunk and a prefix hit follow the
+    grid as dense's do; past it the question's 32 queries stay in the last chunk and out of a prefix hit."""
+    engine = engine_for_dir(tiny_llama_dir, max_context_tokens=TRAINED, prefill_chunk_size=256, page_size=16)
+    assert engine.method.name == "auto" and engine.method.prompt_end_tokens(prompt_tokens) == end_tokens
+    doc = random_ids(prompt_tokens - 8, seed=5)
+    generate_greedy(engine, doc, 2)
+    chunks, run = [], engine.runner.run
+    engine.runner.run = lambda plan: (chunks.extend(n for _, n in plan.prefill), run(plan))[1]
+    seq = generate_greedy(engine, doc + random_ids(8, seed=6), 2)
+    grid = 256  # lcm(page 16, chunk 256): InfiniteHiP's prefix reuse is chunk-aligned
+    assert seq.cached_prompt_tokens == (prompt_tokens - end_tokens) // grid * grid
+    assert chunks[-1] >= min(end_tokens, prompt_tokens - seq.cached_prompt_tokens)

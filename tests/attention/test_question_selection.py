@@ -93,7 +93,7 @@ def test_tokenselect_union_below_keeps_sorted_unique_tokens_under_the_window():
     assert got.tolist() == [3, 9, 12, 20]
 
 
-# ---- the question spans a prefill chunk boundary ------------------------------------------------------------
+# ---- the question near a prefill chunk boundary ---------------------------------------------------------------
 @pytest.mark.parametrize("method, config", [
     ("tokenselect", TokenSelectConfig(select_tokens=16, sink_tokens=4, local_tokens=16, query_block_size=16,
                                       question_tokens=24, question_select_tokens=16, question_window=3)),
@@ -102,7 +102,7 @@ def test_tokenselect_union_below_keeps_sorted_unique_tokens_under_the_window():
                                       early_layers=0, question_tokens=24, question_keep_tokens=16, question_window=3,
                                       dense_when_unpruned=False)),
 ])
-def test_question_reads_its_queries_across_a_chunk_boundary(method, config, monkeypatch, tmp_path_factory):
+def test_the_question_is_read_whole_in_the_chunk_that_ends_the_prompt(method, config, monkeypatch, tmp_path_factory):
     import transformers
 
     from tests.conftest import TINY_CONFIGS
@@ -139,11 +139,21 @@ def test_question_reads_its_queries_across_a_chunk_boundary(method, config, monk
 
         monkeypatch.setattr(module, "decode_key_list", key_list)
     engine = engine_for_dir(path, method=method, method_config=config, prefill_chunk_size=100, max_context_tokens=512)
+    chunks, run = [], engine.runner.run
+
+    def spy(plan):
+        chunks.extend(n for _, n in plan.prefill)
+        return run(plan)
+
+    engine.runner.run = spy
     llm = LLM.from_engine(engine)
-    (out,) = llm.generate([list(range(5, 215))], SamplingParams(temperature=0.0, max_tokens=4))  # last chunk: 10
+    (out,) = llm.generate([list(range(5, 215))], SamplingParams(temperature=0.0, max_tokens=4))
     assert len(out.token_ids) == 4
+    # On the grid of 100 the last chunk would hold 10 of the 24 question queries, the others never attending the
+    # question's selection: the chunk before stops short so that the last one holds all of them.
+    assert engine.method.prompt_end_tokens(210) == 24 and chunks == [100, 86, 24]
     layers = engine.model_config.num_layers
-    assert seen == [24] * layers  # once per layer, with all 24 question queries (14 from the previous chunk)
+    assert seen == [24] * layers  # once per layer, with all 24 question queries
     assert len(joined) >= 3 * layers and all(joined)  # every decode step (the first token comes from the prefill)
 
 

@@ -238,3 +238,34 @@ def test_token_ids_spans_prompt_and_output(start, end):
     seq = Sequence([10, 11, 12, 13, 14], SamplingParams(max_tokens=4), 4)
     seq.output_ids += [20, 21]
     assert seq.token_ids(start, end) == ([10, 11, 12, 13, 14] + [20, 21])[start:end]
+
+
+@pytest.mark.parametrize("prompt_len, chunk, decoding, expected", [
+    (257, 256, 0, [225, 32]),  # one token past the grid: the chunk before stops 32 short
+    (256 + 31, 256, 0, [255, 32]),
+    (256 + 32, 256, 0, [256, 32]),  # enough left: the grid as without the rule
+    (512, 256, 0, [256, 256]),
+    (20, 256, 0, [20]),  # a prompt shorter than the rule's tokens: one chunk
+    (40, 16, 6, [8, 32]),  # a step's budget (16 - 6 decoding) under the rule's 32: the last 32 still run whole
+])
+def test_the_chunk_that_ends_a_prefill_holds_the_prompt_end_tokens(prompt_len, chunk, decoding, expected):
+    sched = Scheduler(PageAllocator(256, PAGE), 16, chunk, prompt_end_tokens=lambda n: 32)
+    for _ in range(decoding):  # sequences decoding beside it take one token of every step's budget
+        sched.add(make_seq(2, 64))
+    execute(sched.schedule()[0])
+    seq = make_seq(prompt_len, 4)
+    sched.add(seq)
+    sizes = []
+    while seq.in_prefill:
+        plan = sched.schedule()[0]
+        assert len(plan.decode) == decoding
+        sizes += [n for s, n in plan.prefill if s is seq]
+        execute(plan)
+    assert sizes == expected
+
+
+def test_prompt_end_tokens_are_validated():
+    sched = Scheduler(PageAllocator(64, PAGE), 2, 256, prompt_end_tokens=lambda n: 0)
+    sched.add(make_seq(300, 4))
+    with pytest.raises(ValueError, match="prompt_end_tokens must be >= 1, got 0 for a prefill of 300 tokens"):
+        sched.schedule()

@@ -26,7 +26,9 @@ DOC = random_ids(192, 1)  # three prefill chunks of 64
 Q1, Q2 = DOC + random_ids(20, 2), DOC + random_ids(21, 3)
 Q3 = DOC[:180] + random_ids(30, 5)  # shares 180 tokens: its boundary steps back to the chunk end at 128
 Q4 = Q1[:208] + random_ids(12, 7)  # Q1's last full page ends inside its last chunk: rings kept there (dense)
-Q5 = DOC + random_ids(5, 6)  # a question shorter than infinitehip's 8 question tokens: the boundary keeps the queries
+# A question shorter than infinitehip's 8 question tokens: they are computed in one last chunk (the scheduler's
+# prompt_end_tokens), whose boundary lies inside DOC's last chunk, so a hit stops at the grid point before it (128).
+Q5 = DOC + random_ids(5, 6)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +72,8 @@ def test_a_hit_restores_the_rings_and_equals_caching_off(gemma_dir, method, devi
     assert _ask(on, Q1)[2] == 0
     # Q3: 176 tokens match, the last boundary with rings is 128; Q4: 208, the page boundary inside Q1's last chunk
     # (infinitehip reuses the prefill-chunk grid only: 192)
-    for prompt, cached in ((Q2, 192), (Q3, 128), (Q4, 208 if method == "dense" else 192), (Q5, 192)):
+    for prompt, cached in ((Q2, 192), (Q3, 128), (Q4, 208 if method == "dense" else 192),
+                           (Q5, 192 if method == "dense" else 128)):
         hit = _ask(on, prompt)
         assert hit[2] == cached
         _same(hit, _ask(_engine(gemma_dir, method, device, enable_prefix_caching=False), prompt))

@@ -13,6 +13,7 @@ from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.attention.methods.streaming.config import StreamingConfig
 from infinitehip.attention.methods.tokenselect.config import TokenSelectConfig
 from infinitehip.engine.llm_engine import ContextLengthError
+from infinitehip.integrations.transformers.patch import chunk_for_prompt
 from tests.conftest import engine_for_dir
 
 # Methods at sizes where a 700-token prompt is far past their budgets (and past the model's 256 positions).
@@ -60,6 +61,31 @@ def test_patched_transformers_greedy_equals_engine(tiny_llama, method):
     assert out[0, 700:].tolist() == ours
     assert model.config._attn_implementation != "infinitehip"  # the patch is gone
 
+
+
+@pytest.mark.parametrize("prompt, chunk, expected", [(700, 256, 256), (513, 256, 240), (257, 256, 225), (300, 256, 256), (20, 256, 256)])
+def test_patch_chunks_leave_the_question_whole_in_the_last_chunk(prompt, chunk, expected):
+    size = chunk_for_prompt(prompt, chunk, 32)
+    assert size == expected and (prompt % size == 0 or prompt % size >= min(32, prompt))
+
+
+def test_patched_generate_reads_the_question_in_one_chunk(tiny_llama):
+    """513 tokens in chunks of 256 would end with a 1-token chunk, leaving 31 of the question's 32 queries outside the
+    chunk where the question-time selection is made and attended."""
+    model, _ = tiny_llama
+    ids = torch.randint(0, 512, (513,), generator=torch.Generator().manual_seed(5)).tolist()
+    with torch.no_grad(), infinitehip.patch(model, method="tokenselect", method_config=SMALL["tokenselect"],
+                                                    prefill_chunk_size=256, max_context_tokens=4096) as p:
+        last, prefill = [], p.session.method.prefill
+
+        def spy(layer, q, seq, batch):
+            if seq.ends_prompt:
+                last.append(q.shape[0])
+            return prefill(layer, q, seq, batch)
+
+        p.session.method.prefill = spy
+        out = model.generate(torch.tensor([ids]), max_new_tokens=2, do_sample=False)
+    assert out.shape[1] == 515 and set(last) == {33}  # chunks of 240: 240, 240, 33
 
 
 def test_patch_hands_the_prompt_to_the_repeated_text_settings(tiny_llama, monkeypatch):

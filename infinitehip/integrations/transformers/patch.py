@@ -7,7 +7,8 @@ What the patch changes on the model, all undone on exit (or by `.remove()`):
 - `config._attn_implementation` -> "infinitehip" (transformers' AttentionInterface; `attention.py`);
 - its rotary modules return cos = 1, sin = 0, so the layers hand pre-RoPE q/k to the method;
 - `model.forward` runs every call against a `MethodCache` (`cache.py`) and lets the method compact after it;
-- `model.generate` gets a fresh MethodCache and chunked prefill (`prefill_chunk_size`, as our engine's chunks),
+- `model.generate` gets a fresh MethodCache and chunked prefill (`prefill_chunk_size`, as our engine's chunks; a
+  prompt whose last chunk would split the question's queries gets a slightly smaller chunk: `chunk_for_prompt`),
   and refuses a prompt + max_new_tokens past the method's context limit up front: nothing is truncated.
 """
 
@@ -155,6 +156,17 @@ def _forward(original, session: PatchSession, *args, **kwargs):
     return out
 
 
+def chunk_for_prompt(prompt: int, chunk: int, end_tokens: int) -> int:
+    """transformers cuts a prompt into equal chunks, the remainder last; our engine's scheduler instead leaves the
+    method's `prompt_end_tokens` (the question's queries) whole in the last chunk. The same here: the largest
+    chunk size <= `chunk` whose last chunk holds at least end_tokens tokens (or the whole prompt)."""
+    for size in range(chunk, 0, -1):
+        last = prompt % size
+        if last == 0 or last >= min(end_tokens, prompt):
+            return size
+    return 1
+
+
 def _pop_cache(kwargs: dict):
     """The cache the caller passed under either name (None if none)."""
     found = [kwargs.pop(name) for name in ("cache", "past_key_values") if kwargs.get(name) is not None]
@@ -167,10 +179,11 @@ def _generate(original, model, session: PatchSession, *args, **kwargs):
         raise ValueError("under infinitehip.patch pass no cache to generate (or an infinitehip MethodCache)")
     cache = user_cache if user_cache is not None else session.new_cache()
     kwargs[session.cache_kwarg] = cache
-    kwargs.setdefault("prefill_chunk_size", session.prefill_chunk_size)
     input_ids = kwargs.get("input_ids", args[0] if args else None)
+    chunk = session.prefill_chunk_size
     if input_ids is not None:
         prompt = input_ids.shape[-1]
+        chunk = chunk_for_prompt(prompt, chunk, session.method.prompt_end_tokens(prompt))
         config = kwargs.get("generation_config") or model.generation_config
         new = kwargs.get("max_new_tokens", config.max_new_tokens)
         if new is None:
@@ -178,6 +191,7 @@ def _generate(original, model, session: PatchSession, *args, **kwargs):
             new = max(0, max_length - prompt) if max_length is not None else None
         session.check_length(prompt, new)
         cache.prompt_len = prompt
+    kwargs.setdefault("prefill_chunk_size", chunk)
     try:
         return original(*args, **kwargs)
     finally:

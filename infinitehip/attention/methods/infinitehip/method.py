@@ -105,6 +105,12 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
                                 pending_q=[None] * L, pending_pos=[None] * L, question=[None] * L, recent_q=[None] * L,
                                 question_merged=[None] * L)
 
+    def prompt_end_tokens(self, prompt_tokens: int) -> int:
+        """The question's queries attend the question's chunks only in the chunk that ends the prompt: all of them
+        are there (a prompt ending one token past a chunk boundary left 31 of 32 outside it). A prompt attended
+        exactly to its end (`within_trained`) selects nothing there."""
+        return 1 if self.within_trained(prompt_tokens) else max(1, self.config.question_tokens)
+
     def _impl(self, x: torch.Tensor) -> str:
         """Every op's implementation for x's device (config/impl.py): Triton on CUDA; on CPU the ops' CPU
         formulations ("auto"; sparse attention: the batched-SDPA path) or the eager oracles."""

@@ -130,6 +130,10 @@ class TokenSelectAttention(AttentionMethod, TokenSelectGraphHooks, PrefixCaching
     def new_state(self) -> TokenSelectState:
         return TokenSelectState.empty(self.model_config.num_layers)
 
+    def prompt_end_tokens(self, prompt_tokens: int) -> int:
+        """The question's queries attend its selection only in the chunk that ends the prompt: all of them are there."""
+        return max(1, self.config.question_tokens)
+
     def prefix_reuse(self) -> PrefixReuse:
         """A block's selection uses its mean query (future tokens of the block) and blocks follow the chunks: a
         prefix is exact on the prefill-chunk grid. The question's queries are recomputed (they may start in the
