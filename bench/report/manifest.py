@@ -12,7 +12,8 @@ from bench.report.store import MANIFEST, STORE, ResultsError, read_json
 
 KINDS = ("accuracy", "kv-memory", "layer-decode", "decode", "hip-attn", "ttft", "prefix-ttft", "tensor-parallel", "batch-decode",
          "paged-decode", "method-latency", "server-latency", "resident-decode",
-         "bounded-memory", "genre-matrix")
+         "bounded-memory", "genre-matrix", "prompt-seconds")
+PIVOTS = ("genre-matrix", "prompt-seconds")  # kinds that show the rows of another table (rows_from), none of their own
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
@@ -34,7 +35,7 @@ class Table:
     task: str | None = None  # accuracy: the rows' task unless a row names its own
     total: bool = False  # accuracy: a column summing the row's cells
     plot: Plot | None = None
-    rows_from: str | None = None  # genre-matrix: the table whose rows it pivots (it has none of its own)
+    rows_from: str | None = None  # PIVOTS: the table whose rows it shows (it has none of its own)
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,11 @@ def _table(entry: dict, path: Path) -> Table:
             raise ResultsError(f"{where}: `{key}` must be a non-empty string")
     if entry["kind"] not in KINDS:
         raise ResultsError(f"{where}: kind {entry['kind']!r} is none of {', '.join(KINDS)}")
-    if entry["kind"] in ("accuracy", "genre-matrix") and not entry.get("lengths"):
+    if entry["kind"] in ("accuracy", *PIVOTS) and not entry.get("lengths"):
         raise ResultsError(f"{where}: an accuracy table needs `lengths`, its columns")
-    if (entry["kind"] == "genre-matrix") != bool(entry.get("rows_from")):
-        raise ResultsError(f"{where}: `rows_from` names the table a genre-matrix pivots, and only a genre-matrix")
+    if (entry["kind"] in PIVOTS) != bool(entry.get("rows_from")):
+        raise ResultsError(f"{where}: `rows_from` names the table whose rows a {' or '.join(PIVOTS)} shows, and "
+                           "only those kinds take it")
     if "plot" in entry:
         entry["plot"] = Plot(**_fields(entry["plot"], Plot, where + " plot"))
     entry["lengths"] = tuple(entry.get("lengths", ()))

@@ -205,3 +205,27 @@ def test_genre_matrix_shows_each_defaults_largest_run_against_its_target(tmp_pat
     assert ("below target at 64K" in lines[0]) == (correct < 27)
     with pytest.raises(ResultsError, match="rows_from"):
         load_manifest(_store(tmp_path, matrix.replace('rows_from = "t"\n', "")))
+
+
+def test_prompt_seconds_pools_each_defaults_prompts_once_and_leaves_oracle_rows_out(tmp_path):
+    data = json.loads((STORE / RULER_RUN).read_text())  # sotu, 30 prompts at 64K
+    seconds = [float(i + 1) for i in range(30)]
+    timed = dict(data, samples=[dict(s, seconds=t) for s, t in zip(data["samples"], seconds)])
+    slow = dict(data, samples=[dict(s, seconds=1000.0) for s in data["samples"]])
+    for name, run in (("timed.json", timed), ("slow.json", slow)):
+        (tmp_path / name).write_text(json.dumps(run))
+    row = '[[row]]\ntable = "t"\nlabel = "{}"\nfiles = ["{}"]\ncommand = "c"\ndevice = "NVIDIA H100 80GB HBM3"\n' \
+          'date = "2026-11-27"\n'
+    pivot = ('[[table]]\nid = "p"\nkind = "prompt-seconds"\nrows_from = "t"\ntitle = "P"\ntext = "per prompt"\n'
+             'lengths = [65536]\ntask = "niah_single_word"\n')
+    rows = (row.format("infinitehip (default)", "timed.json") + row.format("infinitehip (default)", "timed.json")
+            + row.format("infinitehip (default), oracle", "slow.json") + row.format("infinitehip `3k`", "slow.json"))
+    manifest = load_manifest(_store(tmp_path, pivot + rows))
+    text = table_markdown(manifest, next(t for t in manifest.tables if t.id == "p"), None)
+    (line,) = [line for line in text.splitlines() if line.startswith("| infinitehip (default), 64K")]
+    # the file filed twice counts once; the oracle's and the preset's prompts are not the default's
+    assert "| 30 | 65,536 | 15.50 | 27.10 | 30.00 |" in line and line.endswith("| 1 row of 't' |")
+    no_seconds = dict(data, samples=[{k: v for k, v in s.items() if k != "seconds"} for s in data["samples"]])
+    (tmp_path / "timed.json").write_text(json.dumps(no_seconds))
+    with pytest.raises(ResultsError, match="lacks `seconds`"):
+        table_markdown(manifest, next(t for t in manifest.tables if t.id == "p"), None)
