@@ -17,6 +17,7 @@ from infinitehip.model.rope import apply_rotary  # noqa: E402
 from tests.rope_helpers import rope_tables  # noqa: E402
 
 tri = importlib.import_module("infinitehip.attention.ops.sparse.triton")
+launch = importlib.import_module("infinitehip.attention.ops.sparse.launch")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # the "cpu" implementation runs on CPU tensors only (the dispatch takes it where the cache lives on the CPU)
@@ -195,7 +196,7 @@ def test_prefill_odd_group_and_head_dim():
 def test_prefill_fp32_head_dim_256_splits_query_tiles():
     """Gemma 3 in float32 (d = 256, GQA 4): the config shrinks BLOCK_Q under the shared-memory budget, so a
     16-query block spans two tiles; the result still matches the oracle."""
-    cfg = tri.prefill_config(128, 4, 16, elem_bytes=4)
+    cfg = launch.prefill_config(128, 4, 16, elem_bytes=4)
     assert cfg["BLOCK_Q"] < 16
     case = PrefillCase(H=4, Hkv=1, d=256, n=20, start=12, qbs=16, page_size=8, dtype=torch.float32, seed=3)
     torch.testing.assert_close(case.run("triton"), case.run("reference"), **TOL[torch.float32])
@@ -207,8 +208,8 @@ def test_prefill_fp32_head_dim_256_splits_query_tiles():
 def test_prefill_config_fits_shared_memory(elem_bytes, half_pad, group_pad):
     """Every config's tiles fit the budget (fp32 at d = 256 once asked for 256 KiB and failed to launch), and the
     measured bf16 configs are what the budget leaves alone."""
-    cfg = tri.prefill_config(half_pad, group_pad, 64, elem_bytes)
-    assert tri.prefill_shared_bytes(cfg, half_pad, group_pad, elem_bytes) <= tri.SHARED_MEMORY_BUDGET
+    cfg = launch.prefill_config(half_pad, group_pad, 64, elem_bytes)
+    assert launch.prefill_shared_bytes(cfg, half_pad, group_pad, elem_bytes) <= launch.SHARED_MEMORY_BUDGET
     if elem_bytes == 2 and half_pad == 64 and group_pad == 4:
         assert cfg == dict(BLOCK_Q=64, BLOCK_N=64, num_warps=8, num_stages=2)
 
@@ -278,10 +279,10 @@ def test_decode_reads_no_unlisted_key():
 
 def test_default_num_splits_and_dispatch():
     cpu = torch.device("cpu")  # assumes 132 SMs
-    assert tri.default_num_splits(1, 8, 4096, cpu) == 32  # capped at >= 128 keys per split
-    assert tri.default_num_splits(32, 8, 2048, cpu) == 5  # ~8 programs per SM
-    assert tri.default_num_splits(64, 8, 4096, cpu) == 8  # <= 512 keys per split
-    assert tri.default_num_splits(1, 8, 100, cpu) == 1
+    assert launch.default_num_splits(1, 8, 4096, cpu) == 32  # capped at >= 128 keys per split
+    assert launch.default_num_splits(32, 8, 2048, cpu) == 5  # ~8 programs per SM
+    assert launch.default_num_splits(64, 8, 4096, cpu) == 8  # <= 512 keys per split
+    assert launch.default_num_splits(1, 8, 100, cpu) == 1
     with pytest.raises(ValueError):
         sparse._impl("flash")
     assert sparse._impl("triton") is tri

@@ -18,7 +18,7 @@ Decode (`_sparse_decode_kernel`), flash-decoding. Grid: (B, Hkv, num_splits). Ea
 GROUP heads of one kv head (padded to BLOCK_H >= 16 rows for tl.dot) and a contiguous share of the
 sequence's listed keys (shares are balanced per sequence from its own key count, rounded to BLOCK_N).
 With one split it writes the output directly; otherwise it writes a normalized partial output and its
-log2-sum-exp, and `combine_splits_kernel` (grid B * H) merges the splits.
+log2-sum-exp, and `split_k.merge_splits` merges the splits.
 
 fp32 inputs use IEEE fp32 dots (no TF32) so they match the fp32 oracle; bf16/fp16 inputs use tensor-core
 dots of the input dtype with fp32 accumulation (q/k are rotated in fp32 and rounded once). Slots are
@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from infinitehip.attention.ops.sparse.launch import decode_config, default_num_splits, prefill_config
+from infinitehip.attention.ops.sparse.split_k import dot_precision, merge_splits, split_partials
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 _LOG2E = 1.4426950408889634
@@ -227,55 +229,6 @@ def _sparse_decode_kernel(
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
 
 
-@triton.jit
-def combine_splits_kernel(
-    PartOut, PartLse, Out, num_heads, num_splits, stride_ob, stride_oh,
-    D: tl.constexpr, D_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
-):
-    row = tl.program_id(0)  # b * num_heads + h
-    b = row // num_heads
-    h = row % num_heads
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, D_PAD)
-    s_ok = offs_s < num_splits
-    base = row.to(tl.int64) * num_splits
-    lse = tl.load(PartLse + base + offs_s, mask=s_ok, other=float("-inf"))
-    part = tl.load(PartOut + (base + offs_s)[:, None] * D + offs_d[None, :],
-                   mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)
-    denom = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * part, 0) / tl.where(denom > 0.0, denom, 1.0)
-    tl.store(Out + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty),
-             mask=offs_d < D)
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
-
-
-def split_partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A split-K launch's partial outputs [B, H, num_splits, d] and log2-sum-exps [B, H, num_splits] (fp32) for
-    `out` [B, H, d]; with one split the kernel writes `out` itself and both are `out` (unused)."""
-    if num_splits == 1:
-        return out, out
-    B, H, d = out.shape
-    return (torch.empty(B, H, num_splits, d, dtype=torch.float32, device=out.device),
-            torch.empty(B, H, num_splits, dtype=torch.float32, device=out.device))
-
-
-def merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
-    """Write into `out` [B, H, d] the merge of a split-K launch's partials (`split_partials`), one program per row."""
-    B, H, d = out.shape
-    num_splits = part_lse.shape[-1]
-    combine_splits_kernel[(B * H,)](
-        part_out, part_lse, out, H, num_splits, out.stride(0), out.stride(1),
-        D=d, D_PAD=triton.next_power_of_2(d), SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
-        num_warps=4 if d >= 128 else 2,
-    )
-
-
 def _prep(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Unit stride on the last dim (the kernels assume it); optionally cast."""
     if dtype is not None and x.dtype != dtype:
@@ -291,46 +244,6 @@ def _check_common(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, c
     assert cos.shape[-1] == d // 2, "cos/sin tables must be [P, head_dim / 2]"
     assert k_flat.dtype == v_flat.dtype == q.dtype, "q and the cache must share a dtype"
     return H // Hkv, d // 2
-
-
-SHARED_MEMORY_BUDGET = 160 * 1024  # bytes of tiles per program: under sm_80's 164 KiB, with room for layout scratch
-
-
-def prefill_shared_bytes(cfg: dict, half_pad: int, group_pad: int, elem_bytes: int) -> int:
-    """The tiles the prefill kernel keeps in shared memory: Q [BLOCK_M, d] plus K and V [BLOCK_N, d] per stage."""
-    d_pad = 2 * half_pad
-    return (cfg["BLOCK_Q"] * group_pad + 2 * cfg["num_stages"] * cfg["BLOCK_N"]) * d_pad * elem_bytes
-
-
-def prefill_config(half_pad: int, group_pad: int, query_block_size: int, elem_bytes: int = 2) -> dict:
-    """Launch config of the prefill kernel: BLOCK_Q queries x GROUP_PAD heads make the M = BLOCK_M rows.
-
-    Measured on an H100 (Llama-3-8B shapes, bf16, d=128, 2048 listed keys per 64-query block): M=256 with
-    BLOCK_N=64 and 8 warps ran best (184 TFLOP/s); M=128 is best with BLOCK_N=32 and 4 warps (144); M=512
-    or M=256 on 4 warps spill. More rows per program also means fewer programs gathering and rotating the
-    same keys. d > 128 halves the target M (the fp32 accumulator is M x d).
-    """
-    block_m_target = 256 if half_pad <= 64 else 128
-    block_q = max(1, min(triton.next_power_of_2(query_block_size), block_m_target // group_pad))
-    block_q = max(block_q, triton.cdiv(16, group_pad))  # tl.dot needs M >= 16
-    block_m = block_q * group_pad
-    num_warps = 8 if block_m * 2 * half_pad >= 256 * 128 else 4
-    block_n = 64 if num_warps == 8 and half_pad <= 64 else 32
-    cfg = dict(BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=num_warps, num_stages=2)
-    # fp32 caches at d = 256 (Gemma 3 in float32) would need 256 KiB: fewer query rows, then one stage
-    while prefill_shared_bytes(cfg, half_pad, group_pad, elem_bytes) > SHARED_MEMORY_BUDGET:
-        if cfg["BLOCK_Q"] * group_pad > 16 and cfg["BLOCK_Q"] > 1:
-            cfg["BLOCK_Q"] //= 2
-        elif cfg["num_stages"] > 1:
-            cfg["num_stages"] -= 1
-        else:
-            break
-    return cfg
-
-
-def decode_config(half_pad: int, block_h: int) -> dict:
-    """Launch config of the decode kernel (BLOCK_H rows = the GQA group padded to >= 16)."""
-    return dict(BLOCK_N=64 if half_pad <= 64 else 32, num_warps=4, num_stages=2)
 
 
 def sparse_attention_prefill(
@@ -386,19 +299,6 @@ def sparse_attention_prefill(
             **cfg,
         )
     return out
-
-
-def default_num_splits(batch: int, num_kv_heads: int, max_keys: int, device: torch.device) -> int:
-    """Splits of the key list in decode: ~8 programs per SM (they are small: one GQA group, 4 warps) and
-    at most ~512 keys per split, but at least 128 keys per split (each split costs a partial write + merge).
-
-    Measured on an H100 (Hkv=8, d=128, bf16, CUDA graphs): B=1/K=4096 -> 32 splits, 26 us (400 us
-    unsplit); B=8/K=3072 -> 17, ~79 us (best seen 73); B=32/K=2048 -> 5, 163 us (best seen 157);
-    B=128/K=2048 -> 4, ~576 us (best seen 562).
-    """
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    want = max(triton.cdiv(8 * sms, max(1, batch * num_kv_heads)), triton.cdiv(max_keys, 512))
-    return max(1, min(want, triton.cdiv(max_keys, 128), 64))
 
 
 def sparse_attention_decode(

@@ -8,7 +8,7 @@ in tiles of BLOCK_N tokens: token -> page table -> flat slot, the key tile loade
 [d/2, BLOCK_N]) so rotate-half RoPE at the token's position is elementwise, S = q1 @ k1' + q2 @ k2' (fp32
 accumulation), optional soft-capping, online softmax in the exp2 domain, acc += P @ V. With one split the program
 writes the output; otherwise a normalized partial and its log2-sum-exp, merged by
-the sparse op's `merge_splits` (ops/sparse/triton.py).
+the sparse op's `merge_splits` (ops/sparse/split_k.py).
 
 Every shape depends on host ints only (B, the page-table width, num_splits); lengths and page tables are read
 from device tensors, so a launch is sync-free. fp32 inputs use IEEE fp32 dots (they match the fp32 oracle);
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infinitehip.attention.ops.sparse.triton import dot_precision, merge_splits, split_partials  # split-K as there
+from infinitehip.attention.ops.sparse.split_k import dot_precision, merge_splits, split_partials
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 fix_interpreter_if_active()
