@@ -16,7 +16,11 @@ from infinitehip.eval.ruler.haystacks import HAYSTACKS, HELD_OUT, TUNING, genre_
 from infinitehip.eval.ruler.tasks import TASKS, make_ruler_sample
 from infinitehip.eval.sample import length_tolerance, prompt_length
 
-NEW_GENRES = ("licenses", "code", "shakespeare", "cmudict", "catalogs", "apispecs", "tables")
+# dictionary: a Debian package (dict-gcide: .ci/run installs it); without it its cases skip, naming it
+HAS_GCIDE = (corpora.DICTD / "gcide.dict.dz").is_file()
+NEEDS_GCIDE = pytest.mark.skipif(not HAS_GCIDE, reason="haystack 'dictionary' needs Debian's dict-gcide")
+NEW_GENRES = ("licenses", "code", "shakespeare", "cmudict", "catalogs", "apispecs", "tables",
+              pytest.param("dictionary", marks=NEEDS_GCIDE))
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +36,11 @@ def test_split_covers_every_genre_once():
     # the rotation: cmudict and catalogs, reported for three settings and their misses read, are tuning now; two
     # genres no run has read took their place
     assert {"cmudict", "catalogs"} <= set(TUNING) and {"apispecs", "tables"} <= set(HELD_OUT)
-    assert all(HAYSTACKS[n].boundary == "line" for n in ("code", "cmudict", "catalogs", "apispecs", "tables"))
+    # apispecs, tables and shakespeare were counted for a diagnosis (the question split at a chunk boundary): a
+    # genre no run has read joined them
+    assert "dictionary" in HELD_OUT
+    assert all(HAYSTACKS[n].boundary == "line"
+               for n in ("code", "cmudict", "catalogs", "apispecs", "tables", "dictionary"))
 
 
 @pytest.mark.parametrize("name", NEW_GENRES)
@@ -46,7 +54,8 @@ def test_genre_texts_are_long_real_and_read_without_import(name):
     markers = {"licenses": "WITHOUT WARRANTY", "code": "# file: sympy/", "shakespeare": "ACT I",
                "cmudict": "\nabandon AH0 B AE1 N D AH0 N\n", "catalogs": "# catalog: de/iso3166-1\n",
                "apispecs": "# document: abusiveexperiencereport.v1\n{\n\"basePath\"",
-               "tables": "\n\n# table: randhie/src/randhie.csv\nplan,site,coins,"}
+               "tables": "\n\n# table: randhie/src/randhie.csv\nplan,site,coins,",
+               "dictionary": "\nAbdication \\Ab`di*ca\"tion\\, n. [L. abdicatio: cf. F.\n"}
     assert markers[name] in text
     if name == "licenses":
         assert "\nkey: " not in text[:5000]  # YAML headers dropped
@@ -58,6 +67,9 @@ def test_genre_texts_are_long_real_and_read_without_import(name):
     if name == "tables":  # a raw src/ copy stands in for its processed twin; every other table once
         assert "# table: randhie/randhie.csv" not in text and text.count("# table: ") >= 30
         assert "# table: co2/co2.csv\ndate,co2\n" in text and "\r" not in text
+    if name == "dictionary":  # from the first headword's entry (it opens with the dictionary's epigraph)
+        assert "00-database" not in text and "GNU General Public License" not in text
+        assert text.startswith("A dictionary containing a natural history") and text.endswith("[1913 Webster]")
 
 
 def test_exported_texts_round_trip_and_refuse_damage(tmp_path, tok):
@@ -143,7 +155,7 @@ def test_two_part_answer_needs_both_needles(tok):
 
 def test_every_task_builds_on_every_new_genre(tok):
     for task, spec in TASKS.items():
-        for haystack in NEW_GENRES:
+        for haystack in [g for g in NEW_GENRES if isinstance(g, str)] + (["dictionary"] if HAS_GCIDE else []):
             s = make_ruler_sample(tok, task, haystack, 1200, 0.9, seed=2, vary_haystack=True)
             content = s.messages[0]["content"]
             assert all(content.count(t) == 1 for t in s.needle_texts + s.distractor_texts), (task, haystack)

