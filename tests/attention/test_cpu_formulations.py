@@ -128,7 +128,7 @@ def test_saliency_window_sums_equal_pair_logits(chunks):
     stores = {impl: KeySaliency(window=48) for impl in ("reference", "cpu")}
     for impl, store in stores.items():
         for a, e in chunks:
-            store.update(0, q[a:e], a, page_table, cache, rope, block=32, impl=impl)
+            store.update(0, q[a:e], a, page_table, cache, rope, impl=impl)
     ref, cpu = stores["reference"], stores["cpu"]
     assert torch.equal(cpu._count[0], ref._count[0])
     torch.testing.assert_close(cpu._sum[0], ref._sum[0], rtol=1e-5, atol=1e-4)

@@ -44,7 +44,7 @@ def test_saliency_accumulated_over_chunks_equals_oracle():
     rope = RotaryEmbedding(config, 512)
     store = KeySaliency(window=40)
     for a, b in [(0, 100), (100, 230), (230, 231), (231, 300)]:  # prefill chunks, then one-token steps
-        store.update(0, q[a:b], a, page_table, cache, rope, block=32)
+        store.update(0, q[a:b], a, page_table, cache, rope)
     slots = token_slots(page_table, torch.arange(300), cache.page_size)
     total, count = store._sum[0][slots], store._count[0][slots]
     torch.testing.assert_close(total / count[:, None], _oracle(q, k, rope, 40), rtol=1e-4, atol=1e-4)

@@ -19,6 +19,7 @@ import torch
 from infinitehip.host_values import host_to_device
 from infinitehip.attention.methods.infinitehip.decode_saliency.op import add_decode_logits, add_decode_logits_batched
 from infinitehip.attention.methods.infinitehip.representatives.op import salient_tokens
+from infinitehip.attention.methods.infinitehip.window_saliency.op import window_counts, window_logit_sums
 from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary, apply_rotary_fused
 from infinitehip.profiling import phase
@@ -43,15 +44,15 @@ class KeySaliency:
 
     @phase("landmark saliency")
     def update(self, layer: int, q: torch.Tensor, start_pos: int, page_table: torch.Tensor, cache: PagedKVCache,
-               rope: RotaryEmbedding, block: int = 512, impl: str = "reference", keys=None) -> None:
+               rope: RotaryEmbedding, impl: str = "reference", keys=None) -> None:
         """Add the logits of queries q [n, H, d] (pre-RoPE, positions start_pos..) to the keys in their window.
 
         A key at t receives query s when 0 <= s - t < window. Keys of the new tokens are reset first, so a
-        slot reused by another sequence starts from zero. impl "reference": one logit per (query, key) pair in
-        blocks of `block` queries (the oracle); "cpu" and "triton": each key's window of queries summed first
-        (`_add_window_sums`, linear in n: the pairwise form's [n, window] logits cost more than the layer's
-        sparse attention on a GPU). keys(lo, end) -> the keys of positions [lo, end) when the caller holds them
-        (an offloaded prefill's staged layer); default: read from the cache."""
+        slot reused by another sequence starts from zero. The sums: window_saliency/ (impl "reference": every
+        (query, key) pair, the oracle; "cpu" and "triton": each key's window of queries summed first, linear in
+        n: the pairwise form's [n, window] logits cost more than the layer's sparse attention on a GPU).
+        keys(lo, end) -> the keys of positions [lo, end) when the caller holds them (an offloaded prefill's staged
+        layer); default: read from the cache."""
         n, H, _ = q.shape
         total, count = self._buffers(layer, cache, H)
         new_slots = token_slots(page_table, torch.arange(start_pos, start_pos + n, device=q.device), cache.page_size)
@@ -65,39 +66,9 @@ class KeySaliency:
         raw = cache.read_k(layer, key_slots) if keys is None else keys(lo, start_pos + n)
         k = rotate(raw.float(), rope.cos[lo : start_pos + n, None], rope.sin[lo : start_pos + n, None])
         q_rot = rotate(q.float(), rope.cos[start_pos : start_pos + n, None], rope.sin[start_pos : start_pos + n, None])
-        add = self._add_pair_logits if impl == "reference" else self._add_window_sums
-        add(total, count, q_rot, k, key_slots, start_pos, lo, block)
-
-    def _add_pair_logits(self, total, count, q_rot, k, key_slots, start_pos: int, lo: int, block: int) -> None:
-        """The oracle: q_rot [n, H, d] and keys k [L, Hkv, d] (rotated, positions lo..) -> logits of every
-        (query, key) pair in reach, summed per key."""
-        n, H, _ = q_rot.shape
-        W = self.window
-        k = k.repeat_interleave(H // k.shape[1], dim=1)  # [L, H, d]
-        for b0 in range(0, n, block):
-            qs = q_rot[b0 : b0 + block]  # [B, H, d]
-            s0 = start_pos + b0
-            k_lo, k_hi = max(lo, s0 - W + 1), s0 + qs.shape[0]  # keys any of these queries can reach
-            ks = k[k_lo - lo : k_hi - lo]
-            dist = (s0 + torch.arange(qs.shape[0], device=q_rot.device))[:, None] - torch.arange(k_lo, k_hi, device=q_rot.device)[None, :]
-            reach = (dist >= 0) & (dist < W)  # [B, Lk]
-            logits = torch.einsum("bhd,khd->hbk", qs, ks).masked_fill(~reach, 0)
-            total.index_add_(0, key_slots[k_lo - lo : k_hi - lo], logits.sum(1).T)
-            count.index_add_(0, key_slots[k_lo - lo : k_hi - lo], reach.sum(0).float())
-
-    def _add_window_sums(self, total, count, q_rot, k, key_slots, start_pos: int, lo: int, block: int) -> None:
-        """Same sums as `_add_pair_logits`, linear in n: the logits a key t receives add up to
-        (sum of the queries s in [t, t + window) of this chunk) . k_t, and those window sums are differences of a
-        float64 prefix sum of the queries (exact to fp32, and no [n, window] logits)."""
-        n, H, d = q_rot.shape
-        L, Hkv, _ = k.shape
-        prefix = _prefix_sums(q_rot.view(n, H * d))  # [n + 1, H * d]: row i = sum of q_rot[:i]
-        t = torch.arange(lo, lo + L, device=q_rot.device) - start_pos  # key positions relative to the chunk
-        first, end = t.clamp(min=0), (t + self.window).clamp(max=n)  # queries [first, end) reach key t
-        window_q = prefix.index_select(0, end).sub_(prefix.index_select(0, first)).float()  # [L, H * d]
-        logits = torch.matmul(window_q.view(L, Hkv, H // Hkv, d), k[..., None])  # [L, Hkv, group, 1]: head h, kv head h // group
-        total.index_add_(0, key_slots, logits.view(L, H))
-        count.index_add_(0, key_slots, (end - first).float())
+        first_key = lo - start_pos  # key i sits at chunk position first_key + i
+        total.index_add_(0, key_slots, window_logit_sums(q_rot, k, first_key, self.window, impl=impl))
+        count.index_add_(0, key_slots, window_counts(n, key_slots.numel(), first_key, self.window, q.device))
 
     def update_decode(self, layer: int, q: torch.Tensor, positions: torch.Tensor, page_table: torch.Tensor,
                       cache: PagedKVCache, rope: RotaryEmbedding, read_keys=None, impl: str = "reference") -> None:
@@ -163,15 +134,3 @@ class KeySaliency:
         u_starts, u_lens = uniq // (chunk_size + 1), uniq % (chunk_size + 1)
         reps = salient_tokens(total, count, page_table, page_size, u_starts, u_lens, chunk_size, impl=impl)
         return reps[inverse].view(*starts.shape, H)
-
-
-def _prefix_sums(x: torch.Tensor, block: int = 64) -> torch.Tensor:
-    """x [n, F] -> float64 [n + 1, F], row i = sum of x[:i]: cumulative sums inside blocks of rows, then the
-    blocks' running totals added (torch's cumsum along a leading dim is several times slower on CPU)."""
-    n, width = x.shape
-    rows = -(-(n + 1) // block) * block
-    sums = torch.zeros(rows, width, dtype=torch.float64, device=x.device)
-    sums[1 : n + 1] = x
-    sums = sums.view(rows // block, block, width).cumsum_(1)
-    sums[1:] += sums[:-1, -1].cumsum(0)[:, None]
-    return sums.view(rows, width)[: n + 1]

@@ -1,0 +1,1 @@
+"""The prefill's landmark saliency sums (saliency.py `KeySaliency.update`): op.py dispatches."""
