@@ -18,8 +18,9 @@ class InfiniteHiPPrefixHooks(PrefixCaching):
         """Prefill selection depends on the chunk (its context length; landmark saliency from the chunk's later
         queries): exact on the prefill-chunk grid only. Landmark saliency of a key changes until `landmark_window`
         later queries saw it: the keys of that window before the boundary are private copies, their sums restored
-        from a snapshot taken at the boundary, with the last question_tokens queries before it (a short question's
-        vote reads them). The rest of the state (stage caches, question selection) is made after the boundary.
+        from a snapshot taken at the boundary, with the last question_tokens queries before it (the vote of a prompt
+        that leaves fewer after the boundary reads them: `auto`'s exact prompts; a pruned prompt's last
+        `prompt_end_tokens` are never reused). The rest of the state (stage caches, question selection) is made after the boundary.
         Without landmark saliency there is no snapshot: the question's queries are recomputed instead."""
         if self.saliency is None:
             return PrefixReuse(chunk_aligned=True, min_recompute_tokens=max(1, self.config.question_tokens))
