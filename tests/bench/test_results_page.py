@@ -64,6 +64,17 @@ def _store(tmp_path: Path, rows: str) -> Path:
     return tmp_path / "manifest.toml"
 
 
+def _pivot_store(tmp_path: Path, kind: str, table_id: str, runs: dict[str, dict], rows: list[tuple[str, str]]) -> Path:
+    """A store of `runs` (file name -> ruler JSON), rows (label, file) of table "t" and a `kind` table showing them."""
+    for name, run in runs.items():
+        (tmp_path / name).write_text(json.dumps(run))
+    pivot = (f'[[table]]\nid = "{table_id}"\nkind = "{kind}"\nrows_from = "t"\ntitle = "P"\ntext = "pivot"\n'
+             'lengths = [65536]\ntask = "niah_single_word"\n')
+    return _store(tmp_path, pivot + "".join(
+        f'[[row]]\ntable = "t"\nlabel = "{label}"\nfiles = ["{name}"]\ncommand = "c"\n'
+        f'device = "NVIDIA H100 80GB HBM3"\ndate = "2026-11-27"\n' for label, name in rows))
+
+
 def test_missing_file_is_an_error_naming_it(tmp_path):
     path = _store(tmp_path, '[[row]]\ntable = "t"\nlabel = "gone"\nfiles = ["ruler/x.json"]\ncommand = "c"\n'
                             'device = "d"\ndate = "2026-11-27"\n')
@@ -188,23 +199,18 @@ def test_genre_matrix_shows_each_defaults_largest_run_against_its_target(tmp_pat
     samples = data["samples"]
     small = dict(data, samples=[dict(s, correct=True) for s in samples[:10]])
     oracle = dict(data, samples=[dict(s, correct=True) for s in samples])
-    for name, run in (("full.json", data), ("small.json", small), ("oracle.json", oracle)):
-        (tmp_path / name).write_text(json.dumps(run))
-    row = '[[row]]\ntable = "t"\nlabel = "{}"\nfiles = ["{}"]\ncommand = "c"\ndevice = "NVIDIA H100 80GB HBM3"\n' \
-          'date = "2026-11-27"\n'
-    matrix = ('[[table]]\nid = "m"\nkind = "genre-matrix"\nrows_from = "t"\ntitle = "M"\ntext = "pivot"\n'
-              'lengths = [65536]\ntask = "niah_single_word"\n')
-    rows = (row.format("infinitehip (default)", "small.json") + row.format("infinitehip (default)", "full.json")
-            + row.format("infinitehip (default), oracle", "oracle.json") + row.format("infinitehip `3k`", "oracle.json"))
-    path = _store(tmp_path, matrix + rows)
+    path = _pivot_store(tmp_path, "genre-matrix", "m", {"full.json": data, "small.json": small, "oracle.json": oracle},
+                        [("infinitehip (default)", "small.json"), ("infinitehip (default)", "full.json"),
+                         ("infinitehip (default), oracle", "oracle.json"), ("infinitehip `3k`", "oracle.json")])
     manifest = load_manifest(path)
     text = table_markdown(manifest, next(t for t in manifest.tables if t.id == "m"), None)
     correct = sum(bool(s["correct"]) for s in samples)
     lines = [line for line in text.splitlines() if line.startswith("| sotu")]
     assert len(lines) == 1 and f"| {correct}/30 |" in lines[0]  # the 30-prompt run, not the oracle's or the preset's
     assert ("below target at 64K" in lines[0]) == (correct < 27)
+    path.write_text(path.read_text().replace('rows_from = "t"\n', ""))
     with pytest.raises(ResultsError, match="rows_from"):
-        load_manifest(_store(tmp_path, matrix.replace('rows_from = "t"\n', "")))
+        load_manifest(path)
 
 
 def test_prompt_seconds_pools_each_defaults_prompts_once_and_leaves_oracle_rows_out(tmp_path):
@@ -212,15 +218,10 @@ def test_prompt_seconds_pools_each_defaults_prompts_once_and_leaves_oracle_rows_
     seconds = [float(i + 1) for i in range(30)]
     timed = dict(data, samples=[dict(s, seconds=t) for s, t in zip(data["samples"], seconds)])
     slow = dict(data, samples=[dict(s, seconds=1000.0) for s in data["samples"]])
-    for name, run in (("timed.json", timed), ("slow.json", slow)):
-        (tmp_path / name).write_text(json.dumps(run))
-    row = '[[row]]\ntable = "t"\nlabel = "{}"\nfiles = ["{}"]\ncommand = "c"\ndevice = "NVIDIA H100 80GB HBM3"\n' \
-          'date = "2026-11-27"\n'
-    pivot = ('[[table]]\nid = "p"\nkind = "prompt-seconds"\nrows_from = "t"\ntitle = "P"\ntext = "per prompt"\n'
-             'lengths = [65536]\ntask = "niah_single_word"\n')
-    rows = (row.format("infinitehip (default)", "timed.json") + row.format("infinitehip (default)", "timed.json")
-            + row.format("infinitehip (default), oracle", "slow.json") + row.format("infinitehip `3k`", "slow.json"))
-    manifest = load_manifest(_store(tmp_path, pivot + rows))
+    manifest = load_manifest(_pivot_store(
+        tmp_path, "prompt-seconds", "p", {"timed.json": timed, "slow.json": slow},
+        [("infinitehip (default)", "timed.json"), ("infinitehip (default)", "timed.json"),
+         ("infinitehip (default), oracle", "slow.json"), ("infinitehip `3k`", "slow.json")]))
     text = table_markdown(manifest, next(t for t in manifest.tables if t.id == "p"), None)
     (line,) = [line for line in text.splitlines() if line.startswith("| infinitehip (default), 64K")]
     # the file filed twice counts once; the oracle's and the preset's prompts are not the default's
