@@ -48,6 +48,7 @@ def test_oracle_equals_a_loop_over_pairs():
     (5, -47, 48, 2, 1, 16),  # window 48: blocks of 16; a chunk shorter than a block
     (200, -95, 96, 8, 8, 16),  # one query head per KV head; blocks of 32
     (600, -511, 512, 4, 2, 16),  # the default window: blocks of 64, seven whole blocks between the two partial ones
+    (90, -63, 64, 4, 1, 160),  # the head dim in four slices of 64, the last one partly masked (Gemma 3's is 256)
 ])
 @pytest.mark.parametrize("impl", ["cpu", "triton"])
 def test_window_sums_equal_the_oracle(n, first_key, window, H, Hkv, d, impl):

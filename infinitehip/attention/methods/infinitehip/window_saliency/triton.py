@@ -12,8 +12,8 @@ the keys (row j holds query first_key + j, zero outside the chunk: Qv, [rows, H,
 
 with X the block's rows, C their inclusive cumulative sum (fp32, BLOCK terms) and BP the float64 prefix sum of the
 blocks' totals ([blocks + 1, H, d]: BLOCK times smaller than cpu.py's). One program per (key block, KV head) loads
-the two blocks of each of its GROUP query heads once and writes the BLOCK keys' sums [BLOCK, H]; the traffic is about
-four passes over the fp32 queries.
+the two blocks of each of its GROUP query heads once (in slices of the head dim, to keep its tiles in registers) and
+writes the BLOCK keys' sums [BLOCK, H]; the traffic is about four passes over the fp32 queries.
 """
 
 from __future__ import annotations
@@ -39,31 +39,35 @@ def block_rows(window: int) -> int:
 def _window_logits_kernel(
     Qv, K, BP, Out, L, stride_qr, stride_qh, stride_kl, stride_kh, stride_br, stride_bh, stride_ol,
     M: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    DC: tl.constexpr,
 ):
     kb = tl.program_id(0)
     g = tl.program_id(1)
     offs_r = tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, D_PAD)
-    d_ok = offs_d < D
     i0 = kb * BLOCK
     key_ok = (i0 + offs_r) < L
-    k = tl.load(K + (i0 + offs_r)[:, None].to(tl.int64) * stride_kl + g * stride_kh + offs_d[None, :],
-                mask=key_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK, D_PAD]
+    rows_b = (i0 + offs_r).to(tl.int64)  # block B of Qv: the keys' own rows
+    rows_e = rows_b + M * BLOCK  # block B + m: a window later
     for j in tl.static_range(GROUP):
         h = g * GROUP + j
-        rows_b = (i0 + offs_r).to(tl.int64)
-        rows_e = rows_b + M * BLOCK
-        x_b = tl.load(Qv + rows_b[:, None] * stride_qr + h * stride_qh + offs_d[None, :], mask=d_ok[None, :], other=0.0)
-        x_e = tl.load(Qv + rows_e[:, None] * stride_qr + h * stride_qh + offs_d[None, :], mask=d_ok[None, :], other=0.0)
-        c_b = tl.cumsum(x_b, 0)
-        c_e = tl.cumsum(x_e, 0)
-        tot_b = tl.sum(x_b, 0)
-        mid_hi = tl.load(BP + (kb + M).to(tl.int64) * stride_br + h * stride_bh + offs_d, mask=d_ok, other=0.0)
-        mid_lo = tl.load(BP + (kb + 1).to(tl.int64) * stride_br + h * stride_bh + offs_d, mask=d_ok, other=0.0)
-        mid = (mid_hi - mid_lo).to(tl.float32)
-        s = (tot_b[None, :] - c_b + x_b) + mid[None, :] + (c_e - x_e)  # [BLOCK, D_PAD]: each key's window sum
-        logit = tl.sum(s * k, 1)
-        tl.store(Out + (i0 + offs_r).to(tl.int64) * stride_ol + h, logit, mask=key_ok)
+        logit = tl.zeros([BLOCK], tl.float32)
+        # the head dim in slices of DC: the window sums are per column, and [BLOCK, DC] tiles keep registers low
+        for c in tl.static_range(0, D_PAD, DC):
+            offs_d = c + tl.arange(0, DC)
+            d_ok = offs_d < D
+            x_b = tl.load(Qv + rows_b[:, None] * stride_qr + h * stride_qh + offs_d[None, :], mask=d_ok[None, :],
+                          other=0.0)
+            x_e = tl.load(Qv + rows_e[:, None] * stride_qr + h * stride_qh + offs_d[None, :], mask=d_ok[None, :],
+                          other=0.0)
+            mid_hi = tl.load(BP + (kb + M).to(tl.int64) * stride_br + h * stride_bh + offs_d, mask=d_ok, other=0.0)
+            mid_lo = tl.load(BP + (kb + 1).to(tl.int64) * stride_br + h * stride_bh + offs_d, mask=d_ok, other=0.0)
+            mid = (mid_hi - mid_lo).to(tl.float32)
+            # [BLOCK, DC]: each key's window sum (suffix of block B + whole blocks + prefix of block B + m)
+            s = (tl.sum(x_b, 0)[None, :] - tl.cumsum(x_b, 0) + x_b) + mid[None, :] + (tl.cumsum(x_e, 0) - x_e)
+            k = tl.load(K + rows_b[:, None] * stride_kl + g * stride_kh + offs_d[None, :],
+                        mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+            logit += tl.sum(s * k, 1)
+        tl.store(Out + rows_b * stride_ol + h, logit, mask=key_ok)
 
 
 def window_logit_sums_triton(q_rot: torch.Tensor, k: torch.Tensor, first_key: int, window: int) -> torch.Tensor:
@@ -87,10 +91,10 @@ def window_logit_sums_triton(q_rot: torch.Tensor, k: torch.Tensor, first_key: in
     bp = torch.zeros(rows // block + 1, H, d, dtype=torch.float64, device=q_rot.device)
     torch.cumsum(totals, 0, out=bp[1:])
     k = k.float().contiguous()
+    d_pad = triton.next_power_of_2(d)
     with torch.cuda.device(q_rot.device) if q_rot.is_cuda else contextlib.nullcontext():
         _window_logits_kernel[(key_blocks, Hkv)](
             qv, k, bp, out, L, qv.stride(0), qv.stride(1), k.stride(0), k.stride(1), bp.stride(0), bp.stride(1),
-            out.stride(0), M=m, GROUP=H // Hkv, BLOCK=block, D=d, D_PAD=triton.next_power_of_2(d),
-            num_warps=4,
+            out.stride(0), M=m, GROUP=H // Hkv, BLOCK=block, D=d, D_PAD=d_pad, DC=min(64, d_pad), num_warps=4,
         )
     return out
