@@ -159,3 +159,24 @@ def test_every_task_builds_on_every_new_genre(tok):
             s = make_ruler_sample(tok, task, haystack, 1200, 0.9, seed=2, vary_haystack=True)
             content = s.messages[0]["content"]
             assert all(content.count(t) == 1 for t in s.needle_texts + s.distractor_texts), (task, haystack)
+
+
+def test_a_damaged_dictionary_database_is_an_error_naming_its_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpora, "DICTD", tmp_path)
+    with pytest.raises(RuntimeError, match="needs Debian's dict-gcide"):
+        corpora.load_dictionary.__wrapped__()
+    body = b"\n\n  epigraph.\nabacus \\Ab\"a*cus\\, n.\n   A counting frame.\n   [1913 Webster]\n\nabaft adv.\n   Behind.\n"
+    with gzip.open(tmp_path / "gcide.dict.dz", "wb") as f:
+        f.write(b"00-database-info\n   about it\n" + body)
+    (tmp_path / "gcide.index").write_text("00-database-info\tA\tc\nabacus\tc\tZ\n")  # offsets 0 and 28
+    assert corpora.load_dictionary.__wrapped__().startswith("epigraph.\nabacus")
+    (tmp_path / "gcide.index").write_text("abacus\tc\n")
+    with pytest.raises(RuntimeError, match=r"gcide\.index: line 1 is not a dictd index line"):
+        corpora.load_dictionary.__wrapped__()
+    (tmp_path / "gcide.index").write_text("abacus\tzzzz\tZ\n")
+    with pytest.raises(RuntimeError, match=r"gcide\.index names no entry inside .*gcide\.dict\.dz"):
+        corpora.load_dictionary.__wrapped__()
+    (tmp_path / "gcide.index").write_text("abacus\tc\tZ\n")
+    (tmp_path / "gcide.dict.dz").write_bytes((tmp_path / "gcide.dict.dz").read_bytes()[:20])  # truncated
+    with pytest.raises(RuntimeError, match=r"cannot read .*gcide\.dict\.dz"):
+        corpora.load_dictionary.__wrapped__()

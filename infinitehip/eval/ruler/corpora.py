@@ -235,14 +235,21 @@ def load_dictionary() -> str:
     if not data_path.is_file() or not index_path.is_file():
         raise RuntimeError(f"haystack 'dictionary' needs Debian's dict-gcide ({data_path}): apt-get install "
                            "dict-gcide, or read an exported copy (bench/device_corpora.py)")
-    first = None
-    for line in index_path.read_text(encoding="utf-8", errors="replace").splitlines():
-        word, offset, _ = line.split("\t")
-        if not word.startswith("00"):
-            first = _dictd_number(offset) if first is None else min(first, _dictd_number(offset))
-    with gzip.open(data_path, "rb") as f:  # dictzip is gzip with a chunk table: read whole
-        data = f.read()
-    text = data[first:].decode("utf-8", errors="replace")
+    offsets = []
+    for number, line in enumerate(index_path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        fields = line.split("\t")
+        if len(fields) != 3 or not fields[1] or any(c not in _DICTD_DIGITS for c in fields[1]):
+            raise RuntimeError(f"{index_path}: line {number} is not a dictd index line (word, offset, length)")
+        if not fields[0].startswith("00"):  # 00-database-*: the database's own description entries
+            offsets.append(_dictd_number(fields[1]))
+    try:
+        with gzip.open(data_path, "rb") as f:  # dictzip is gzip with a chunk table: read whole
+            data = f.read()
+    except (OSError, EOFError) as exc:
+        raise RuntimeError(f"cannot read {data_path}: {exc}") from exc
+    if not offsets or min(offsets) >= len(data):
+        raise RuntimeError(f"{index_path} names no entry inside {data_path}")
+    text = data[min(offsets):].decode("utf-8", errors="replace")
     return text[:text.rfind("\n\n", 0, MAX_CHARS)].strip()
 
 
