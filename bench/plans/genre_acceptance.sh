@@ -2,8 +2,9 @@
 # targets"), 30 prompts a cell (bench/plans/genre_cells.sh), in the order a short device session should take them:
 # first the 128K cells whose prompts mostly end one token past the prefill grid (code, tables, apispecs), re-run since
 # the scheduler keeps the question's queries in the last chunk (docs/real-text.md, "The question split at a chunk
-# boundary"; ~75 s a cell), the held-out `dictionary` (its first cells: 32K, 128K, 1M), then `auto` (the default method) at 32K on every genre first, since it prunes past half the trained length now (~40 s a
-# cell on an H200), tokenselect's 32K column, then 128K on the genres without a 30-prompt cell, InfiniPot at 128K on
+# boundary"; ~75 s a cell), the held-out `dictionary` at 32K and 128K (its first cells; 1M with the others), then
+# `auto` (the default method) at 32K on every genre, since it prunes past half the trained length now (~40 s a cell on
+# an H200), tokenselect's 32K column, then 128K on the genres without a 30-prompt cell, InfiniPot at 128K on
 # the rest, and last the 512K / 1M columns (~8 minutes a 1M cell). STEPS picks a share by name (default: those, in
 # order); calibration32k, infinitehip32k and tokenselect128k re-run cells on file. Held-out genres are reported,
 # never used to choose (bench/pick_setting.py refuses their files).
@@ -15,7 +16,7 @@ cells() { METHOD=$1; GENRES=$2; LENGTHS=$3; FLAGS=""; TAG=""; source bench/plans
 for step in $STEPS; do
   case $step in
     split128k) for m in infinitehip tokenselect; do cells $m "code tables apispecs" 131072; done ;;
-    dictionary) for m in infinitehip tokenselect; do cells $m dictionary "32000 131072 1048576"; done ;;
+    dictionary) for m in infinitehip tokenselect; do cells $m dictionary "32000 131072"; done ;;
     calibration32k) cells dense "licenses pydoc sotu essays cmudict catalogs shakespeare apispecs dictionary" 32000 ;;
     auto32k) cells auto "$ALL" 32000 ;;
     infinitehip32k) cells infinitehip "$ALL" 32000 ;;
