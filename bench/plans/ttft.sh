@@ -7,3 +7,7 @@ run ttft_256k python3 -m bench prefill --contexts 262144 --methods infinitehip d
 run ttft_512k_1m python3 -m bench prefill --contexts 524288 1048576 --methods infinitehip --modes offloaded --kv-dtype fp8_e4m3 --cold-context 32768 --phase-times --output $OUT_DIR/ttft_512k_1m.json
 run prefix_ttft python3 -m bench prefix-ttft --preset default --warmup-tokens 65536 --resident 131072 --offloaded 1048576 --kv-dtype fp8_e4m3 --output $OUT_DIR/prefix_ttft.json
 run hip_attn python3 -m bench hip-attn --contexts 131072 262144 524288 1048576 --output $OUT_DIR/hip_attn.json
+# One layer's last 32K prefill chunk at 128K and 1M with the default preset against dense SDPA-flash (the speed issue's
+# >= 40x), its parts timed apart: the stages, the block-sparse attention and the landmark saliency update (Triton)
+# beside its CPU formulation on the same GPU (the form the GPU ran before the saliency kernel).
+run layer_prefill python3 -m bench attention-latency --contexts 131072 1048576 --presets default --prefill-preset default --fast-preset default --skip-decode --budget-s 1 --output $OUT_DIR/attention_latency_prefill.json

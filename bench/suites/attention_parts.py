@@ -171,6 +171,13 @@ def bench_ours_prefill(ctx: Context, q: torch.Tensor, args, timer: Timer, rope: 
         res["bsa"] = timer(bsa)
         res["bsa_kernel"] = timer(lambda: kernel(*a, **kw))
         res["total"] = timer(lambda: method.prefill(LAYER, q, seq, batch))
+        if method.saliency is not None:  # the chunk's landmark saliency update alone, and in its CPU formulation
+            def update(impl: str):
+                return lambda: method.saliency.update(LAYER, q, seq.start_pos, seq.page_table, seq.cache, rope,
+                                                      impl=impl)
+
+            res["saliency"] = timer(update(method._impl(q)))
+            res["saliency_cpu_formulation"] = timer(update("cpu"))
     res["sum_of_parts_ms"] = sum(s["ms"] for s in res["stages"]) + res["bsa"]["ms"]
     res["prefill_ms"] = res["total"]["ms"]
     return res

@@ -59,6 +59,9 @@ SLOW = [
 def test_suite_smoke(tmp_path, argv):
     data = run_suite(tmp_path, *argv)
     assert data.get("rows") or data.get("results")
+    if argv[0] == "attention-latency":  # the prefill's landmark saliency update timed alone, beside its CPU form
+        prefill = data["results"][0]["ours_prefill"]
+        assert prefill["saliency"]["ms"] > 0 and prefill["saliency_cpu_formulation"]["ms"] > 0
 
 
 @pytest.mark.slow
