@@ -23,6 +23,7 @@ from infinitehip.engine.rank import build_rank
 from infinitehip.engine.decode_ahead import DecodeAhead, LaunchedStep
 from infinitehip.engine.detokenize import IncrementalText, full_text
 from infinitehip.engine.length_advice import LengthAdvice
+from infinitehip.engine.request_limits import ContextLengthError, RequestLimits
 from infinitehip.engine.logprobs import token_logprobs
 from infinitehip.engine.sampler import generation_defaults, sample_token
 from infinitehip.engine.runner import StepCancelled
@@ -39,10 +40,6 @@ logger = logging.getLogger(__name__)
 
 NON_FINITE_LOGITS = ("the model's logits are not finite (NaN or infinity): its weights or KV cache are damaged; the "
                      "request was stopped")  # Sequence.error of a sequence finished with reason "error"
-
-
-class ContextLengthError(ValueError):
-    """A request that does not fit the configured context; nothing is ever truncated silently."""
 
 
 @dataclass
@@ -113,6 +110,8 @@ class LLMEngine:
         allocator = (PageAllocator if self.prefix is None else PrefixCachingAllocator)(r.num_pages, r.page_size)
         self.scheduler = Scheduler(allocator, r.max_num_seqs, r.prefill_chunk_size, r.kv_token_limit,
                                    r.kv_scratch_tokens, self.prefix, self.method.prompt_end_tokens)
+        self.limits = RequestLimits(self.scheduler, self.kv_plan, self.method, self.model_config,
+                                    self.max_context_tokens, self.length_advice)
         self.runner = parts.runner
         self.runner.prefix = self.prefix
         # Sequences whose abort is on its way (request_cancel, any thread): a step of only these stops at its next
@@ -147,67 +146,13 @@ class LLMEngine:
 
     @property
     def max_sequence_tokens(self) -> int:
-        """Most tokens (prompt and completion) one request can hold: the context limit, or fewer where the KV cache
-        (kv_cache_tokens, the offloaded store) holds fewer; a method that compacts its cache is bounded by the
-        context only."""
-        scheduler, allocator = self.scheduler, self.scheduler.allocator
-        limit = self.max_context_tokens
-        if scheduler.kv_token_limit is not None and scheduler.cache_tokens(limit) <= allocator.num_pages * allocator.page_size:
-            return limit
-        room = allocator.num_pages * allocator.page_size
-        if self.kv_plan is not None:
-            room = min(room, self.kv_plan.max_tokens)
-        return max(0, min(limit, room - scheduler.kv_scratch_tokens))
-
-    def check_fits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
-        """Validate the request's length; return its resolved completion budget."""
-        limit = self.max_context_tokens
-        if num_prompt_tokens == 0:
-            raise ValueError("prompt is empty")
-        # OpenAI's wording ("This model's maximum context length is ..."), which clients such as litellm recognise
-        # as a context-window error, with both counts.
-        if num_prompt_tokens >= limit:
-            wanted, at_least = (1, "at least ") if max_tokens is None else (max_tokens, "")  # the completion asked
-            raise ContextLengthError(
-                f"This model's maximum context length is {limit} tokens. However, you requested {at_least}"
-                f"{num_prompt_tokens + wanted} tokens ({num_prompt_tokens} in the prompt, {at_least}{wanted} for the "
-                "completion). "
-                f"Nothing was truncated. {self.length_advice.over_limit(limit)}"
-            )
-        if max_tokens is None:
-            return limit - num_prompt_tokens
-        if num_prompt_tokens + max_tokens > limit:
-            raise ContextLengthError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the "
-                "completion). Nothing was truncated. Reduce the prompt or max_tokens."
-            )
-        return max_tokens
+        """Most tokens (prompt and completion) one request can hold (`RequestLimits.max_sequence_tokens`)."""
+        return self.limits.max_sequence_tokens
 
     def check_request(self, prompt_ids: list[int], max_tokens: int | None) -> tuple[list[int], int]:
-        """Validate a request without touching engine state. Returns the prompt tokens the model will read
-        (all of them, unless the method's documented purpose is dropping input: `truncate`) and the resolved
-        completion budget. ContextLengthError when it exceeds the context, ValueError when the KV cache
-        can never hold it."""
-        if not prompt_ids:
-            raise ValueError("prompt is empty")
-        vocab = self.model_config.vocab_size  # an id past the embedding would fail the whole step, not the request
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        kept = self.method.select_prompt(list(prompt_ids), max_tokens)
-        budget = self.check_fits(len(kept), max_tokens)
-        if max_tokens is None:  # unset: bounded by the KV cache too, not refused for it
-            budget = max(1, min(budget, self.max_sequence_tokens - len(kept)))
-        need = self.scheduler.cache_tokens(len(kept) + budget)
-        if self.kv_plan is not None:
-            self.kv_plan.check(need, f"the request (prompt {len(kept)} + max_tokens {budget})")
-        allocator = self.scheduler.allocator
-        if allocator.pages_for(need) > allocator.num_pages:
-            raise ValueError(
-                f"request needs {need} tokens of KV cache (prompt {len(kept)} + max_tokens {budget}) but the cache "
-                f"holds {allocator.num_pages * allocator.page_size}; lower max_tokens or raise kv-cache-tokens"
-            )
-        return kept, budget
+        """Validate a request without touching engine state -> (the prompt tokens the model reads, the resolved
+        completion budget); `RequestLimits.check_request` says what is refused."""
+        return self.limits.check_request(prompt_ids, max_tokens)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, probe: NeedleProbe | None = None) -> Sequence:
         """Queue a request. `probe` (diagnostics): watch these prompt tokens through the method's selections, or
@@ -242,7 +187,7 @@ class LLMEngine:
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
         """Logits [n, vocab] at every prompt position (chunked prefill outside the scheduler's queue; a method
         that compacts its cache evicts between chunks as in a request). The prompt is read whole, never selected."""
-        self.check_fits(len(prompt_ids), 1)
+        self.limits.check_fits(len(prompt_ids), 1)
         seq = Sequence(list(prompt_ids), SamplingParams(max_tokens=1), max_tokens=1)
         allocator = self.scheduler.allocator
         allocator.grow(seq.page_table, self.scheduler.cache_tokens(seq.max_total_tokens))
@@ -251,7 +196,9 @@ class LLMEngine:
         try:
             chunks = []
             while seq.in_prefill:
-                n = min(self.resolved.prefill_chunk_size, seq.num_prompt_tokens - seq.num_computed)
+                # chunked as the scheduler chunks a request's prefill (the method's prompt-end tokens together)
+                n = self.scheduler.chunk_tokens(seq.num_prompt_tokens - seq.num_computed,
+                                                self.resolved.prefill_chunk_size, seq.num_prompt_tokens)
                 if limit is not None:  # a compacting method evicts after each chunk; a chunk fits the room left
                     n = min(n, limit - seq.num_cached)
                 chunks.append(self.runner.forward_logits(seq, n))
