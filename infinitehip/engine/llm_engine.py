@@ -23,7 +23,7 @@ from infinitehip.engine.rank import build_rank
 from infinitehip.engine.decode_ahead import DecodeAhead, LaunchedStep
 from infinitehip.engine.detokenize import IncrementalText, full_text
 from infinitehip.engine.length_advice import LengthAdvice
-from infinitehip.engine.request_limits import ContextLengthError, RequestLimits
+from infinitehip.engine.request_limits import ContextLengthError, RequestLimits  # noqa: F401 (re-exported)
 from infinitehip.engine.logprobs import token_logprobs
 from infinitehip.engine.sampler import generation_defaults, sample_token
 from infinitehip.engine.runner import StepCancelled

@@ -17,11 +17,12 @@ from starlette.concurrency import run_in_threadpool
 from infinitehip.config.methods import method_spec
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.config.server import ServerConfig
-from infinitehip.engine.llm_engine import ContextLengthError
+from infinitehip.engine.request_limits import ContextLengthError
 from infinitehip.engine.sampler import GENERATION_DEFAULTS
 from infinitehip.engine.structured import json_object_schema
-from infinitehip.server.async_engine import (
-    AsyncEngine, EngineUnavailableError, ErrorEvent, ProgressEvent, QueueFullError, RequestStream, TokenEvent,
+from infinitehip.server.async_engine import AsyncEngine
+from infinitehip.server.request_stream import (
+    EngineUnavailableError, ErrorEvent, ProgressEvent, QueueFullError, RequestStream, TokenEvent,
 )
 from infinitehip.server.errors import APIError, error_body
 from infinitehip.server.logprobs_format import (
