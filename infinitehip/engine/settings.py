@@ -112,3 +112,15 @@ def _offload_config(base: OffloadConfig | Mapping | None, fields: dict[str, Any]
     if not isinstance(base, OffloadConfig):
         raise ValueError(f"offload must be an OffloadConfig (or a mapping of its fields), got {type(base).__name__}")
     return dataclasses.replace(base, **fields)
+
+
+def engine_preset(llm) -> str | None:
+    """Name of the method preset the engine runs: the preset whose settings equal the method's config."""
+    preset = getattr(llm.config, "preset", None)
+    if preset:
+        return preset
+    method_config = getattr(llm.method, "config", None)
+    if method_config is None:
+        return None
+    presets = method_spec(llm.method.name).presets
+    return next((name for name, cfg in presets.items() if cfg == method_config), None)

@@ -14,11 +14,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from infinitehip.config.methods import method_spec
 from infinitehip.config.sampling import SamplingParams
 from infinitehip.config.server import ServerConfig
 from infinitehip.engine.request_limits import ContextLengthError
 from infinitehip.engine.sampler import GENERATION_DEFAULTS
+from infinitehip.engine.settings import engine_preset
 from infinitehip.engine.structured import json_object_schema
 from infinitehip.server.async_engine import AsyncEngine
 from infinitehip.server.request_stream import (
@@ -38,18 +38,6 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (cha
 
 _PARAM_OF_MESSAGE = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop_token_ids",
                      "stop", "logprobs", "prompt_logprobs")
-
-
-def engine_preset(llm) -> str | None:
-    """Name of the method preset the engine runs: the preset whose settings equal the method's config."""
-    preset = getattr(llm.config, "preset", None)
-    if preset:
-        return preset
-    method_config = getattr(llm.method, "config", None)
-    if method_config is None:
-        return None
-    presets = method_spec(llm.method.name).presets
-    return next((name for name, cfg in presets.items() if cfg == method_config), None)
 
 
 def _sse(payload: dict[str, Any]) -> str:
