@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from infinitehip.model.gguf_metadata import dequantize, gemma3_config, meta, rope_scaling
+
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 # Bump when the cache layout or conversion changes, so stale caches are never reused.
 # v2: per-architecture cache dtype (bfloat16 matrices for gemma3), part of the key.
@@ -70,113 +72,19 @@ class _Entry(NamedTuple):
     dtype: torch.dtype = torch.float32  # cached dtype
 
 
-def _meta(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.get_field(key)
-    return default if field is None else field.contents()
-
-
 def _open(path: Path) -> tuple[gguf.GGUFReader, str]:
     reader = gguf.GGUFReader(path)
-    arch = _meta(reader, "general.architecture")
+    arch = meta(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {arch!r} in {path} is not supported; "
                          f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}")
     return reader, arch
 
 
-def _dequantize(tensor: Any) -> np.ndarray:
-    """float32 values of one GGUF tensor in numpy (row-major, Hugging Face) dimension order."""
-    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists the fastest dimension first
-    return gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False).reshape(shape)
-
-
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     # llama.cpp interleaves the two rotary halves of each head's q/k rows (GGML's "normal" rope);
     # Hugging Face's rotate_half wants them as two contiguous halves. This inverts convert_hf_to_gguf's permute.
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _llama3_rope_from_factors(factors: np.ndarray, theta: float, head_dim: int) -> dict | None:
-    """Recover llama3 rope_scaling from the rope_freqs tensor llama.cpp writes instead of metadata.
-
-    llama.cpp stores 1 (high freq), `factor` (low freq) or 1/((1-s)/factor + s) in between, where
-    s = (orig_ctx / wavelen - low) / (high - low) is affine in the frequency. Only the ratios of
-    (orig_ctx, low, high) are determined by the tensor, and only they matter to the rotary math, so we
-    anchor orig_ctx at Llama 3's 8192 and fit low/high from the smoothed band."""
-    factors = factors.astype(np.float64).ravel()
-    factor = float(factors.max())
-    if factor <= 1.0 + 1e-6:
-        return None
-    orig_ctx, low, high = 8192, 1.0, 4.0  # Llama 3.x values, used when the band is too narrow to fit
-    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    mid = (factors > 1.0 + 1e-6) & (factors < factor - 1e-6)
-    if mid.sum() >= 2:
-        smooth = (1.0 / factors[mid] - 1.0 / factor) / (1.0 - 1.0 / factor)
-        slope, intercept = np.polyfit(freqs[mid], smooth, 1)
-        span = orig_ctx / (2 * math.pi * slope)  # = high - low
-        low, high = -intercept * span, (1 - intercept) * span
-    def r(x: float) -> float:  # drop float32 fitting noise: 1.0000003 -> 1.0
-        return float(f"{x:.6g}")
-
-    return {"rope_type": "llama3", "factor": r(factor), "low_freq_factor": r(low), "high_freq_factor": r(high),
-            "original_max_position_embeddings": orig_ctx}
-
-
-def _rope_scaling(reader: gguf.GGUFReader, arch: str, theta: float, head_dim: int) -> dict | None:
-    kind = _meta(reader, f"{arch}.rope.scaling.type")
-    factor = _meta(reader, f"{arch}.rope.scaling.factor")
-    if kind in ("linear", "yarn") and factor is not None:
-        scaling: dict[str, Any] = {"rope_type": kind, "factor": float(factor)}
-        extra = {"original_context_length": ("original_max_position_embeddings", int),
-                 "yarn_beta_fast": ("beta_fast", float), "yarn_beta_slow": ("beta_slow", float),
-                 "yarn_attn_factor": ("attention_factor", float)}
-        for gguf_key, (hf_key, cast) in extra.items():
-            value = _meta(reader, f"{arch}.rope.scaling.{gguf_key}")
-            if value is not None:
-                scaling[hf_key] = cast(value)
-        return scaling
-    tensor = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    if arch == "llama" and tensor is not None:
-        return _llama3_rope_from_factors(_dequantize(tensor), theta, head_dim)
-    return None
-
-
-def _layer_types(reader: gguf.GGUFReader, arch: str, n_layer: int) -> list[str]:
-    """Gemma 3's per-layer attention kind, with llama.cpp's meaning of `attention.sliding_window_pattern`:
-    a bool per layer (true: sliding window) or a period n (every n-th layer global; 0: all sliding).
-    Without it, llama.cpp's gemma3 default: period 6, i.e. layer i is global iff (i + 1) % 6 == 0."""
-    pattern = _meta(reader, f"{arch}.attention.sliding_window_pattern", 6)
-    if isinstance(pattern, list):
-        if len(pattern) != n_layer:
-            raise ValueError(f"sliding_window_pattern has {len(pattern)} entries for {n_layer} layers")
-        sliding = [bool(p) for p in pattern]
-    else:
-        period = int(pattern)
-        sliding = [period == 0 or (i + 1) % period != 0 for i in range(n_layer)]
-    return ["sliding_attention" if s else "full_attention" for s in sliding]
-
-
-def _gemma3_config(reader: gguf.GGUFReader, arch: str, base: dict) -> dict:
-    """Gemma3TextConfig fields on top of the common ones (the same meaning as transformers' GGUF loader,
-    plus what llama.cpp hard-codes for gemma3 instead of storing it)."""
-    n_layer, head_dim = base["num_hidden_layers"], base["head_dim"]
-    window = _meta(reader, f"{arch}.attention.sliding_window")
-    # llama.cpp scales queries by 1/sqrt(head_dim), except for the 27B (62 layers): 1/sqrt(hidden / heads).
-    scalar = base["hidden_size"] // base["num_attention_heads"] if n_layer == 62 else head_dim
-    final_cap = _meta(reader, f"{arch}.final_logit_softcapping")
-    attn_cap = _meta(reader, f"{arch}.attn_logit_softcapping")
-    return {
-        **base,
-        "hidden_activation": "gelu_pytorch_tanh",
-        # rope_theta/rope_scaling are the global layers'; the local layers have their own base, which
-        # gemma3 GGUFs usually omit (llama.cpp then uses 10000) and never scale.
-        "rope_local_base_freq": float(_meta(reader, f"{arch}.rope.freq_base_swa", 10000.0)),
-        "sliding_window": int(window) if window else None,
-        "layer_types": _layer_types(reader, arch, n_layer),
-        "query_pre_attn_scalar": scalar,
-        "final_logit_softcapping": None if final_cap is None else float(final_cap),
-        "attn_logit_softcapping": None if attn_cap is None else float(attn_cap),
-    }
 
 
 def _describe(reader: gguf.GGUFReader, arch: str, dtype: torch.dtype | None = None) -> tuple[dict, list[_Entry]]:
@@ -191,12 +99,12 @@ def _describe(reader: gguf.GGUFReader, arch: str, dtype: torch.dtype | None = No
     def shape(name: str) -> tuple[int, ...]:
         return tuple(int(d) for d in reversed(tensors[name].shape))
 
-    n_head = int(_meta(reader, f"{arch}.attention.head_count"))
-    n_kv = int(_meta(reader, f"{arch}.attention.head_count_kv", n_head))
+    n_head = int(meta(reader, f"{arch}.attention.head_count"))
+    n_kv = int(meta(reader, f"{arch}.attention.head_count_kv", n_head))
     # Never hidden_size / heads: qwen3 differs. key_length is optional, the k_proj rows always tell.
-    head_dim = int(_meta(reader, f"{arch}.attention.key_length", shape("blk.0.attn_k.weight")[0] // n_kv))
-    theta = float(_meta(reader, f"{arch}.rope.freq_base", 10000.0))
-    window = _meta(reader, f"{arch}.attention.sliding_window")
+    head_dim = int(meta(reader, f"{arch}.attention.key_length", shape("blk.0.attn_k.weight")[0] // n_kv))
+    theta = float(meta(reader, f"{arch}.rope.freq_base", 10000.0))
+    window = meta(reader, f"{arch}.attention.sliding_window")
     has_qkv_bias = "blk.0.attn_q.bias" in tensors
     if arch == "gemma3":
         model_type = "gemma3_text"  # the text-only model; "gemma3" is the vision-language wrapper
@@ -205,24 +113,24 @@ def _describe(reader: gguf.GGUFReader, arch: str, dtype: torch.dtype | None = No
     config: dict[str, Any] = {
         "model_type": model_type,
         "architectures": [_MODEL_CLASSES[model_type]],
-        "hidden_size": int(_meta(reader, f"{arch}.embedding_length")),
-        "intermediate_size": int(_meta(reader, f"{arch}.feed_forward_length")),
-        "num_hidden_layers": int(_meta(reader, f"{arch}.block_count")),
+        "hidden_size": int(meta(reader, f"{arch}.embedding_length")),
+        "intermediate_size": int(meta(reader, f"{arch}.feed_forward_length")),
+        "num_hidden_layers": int(meta(reader, f"{arch}.block_count")),
         "num_attention_heads": n_head,
         "num_key_value_heads": n_kv,
         "head_dim": head_dim,
         "hidden_act": "silu",
-        "rms_norm_eps": float(_meta(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rms_norm_eps": float(meta(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": theta,
-        "rope_scaling": _rope_scaling(reader, arch, theta, head_dim),
-        "max_position_embeddings": int(_meta(reader, f"{arch}.context_length", 2048)),
+        "rope_scaling": rope_scaling(reader, arch, theta, head_dim),
+        "max_position_embeddings": int(meta(reader, f"{arch}.context_length", 2048)),
         "vocab_size": shape("token_embd.weight")[0],  # embedding rows, which may exceed the token list
         "tie_word_embeddings": "output.weight" not in tensors,
-        "bos_token_id": _meta(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _meta(reader, "tokenizer.ggml.eos_token_id"),
+        "bos_token_id": meta(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta(reader, "tokenizer.ggml.eos_token_id"),
         "torch_dtype": _dtype_name(dtype),
     }
-    pad = _meta(reader, "tokenizer.ggml.padding_token_id")
+    pad = meta(reader, "tokenizer.ggml.padding_token_id")
     if pad is not None:
         config["pad_token_id"] = pad
     if model_type in ("llama", "qwen3", "gemma3_text"):
@@ -233,7 +141,7 @@ def _describe(reader: gguf.GGUFReader, arch: str, dtype: torch.dtype | None = No
         config["use_sliding_window"] = bool(window)
     if arch == "gemma3":
         del config["hidden_act"]  # Gemma names it hidden_activation
-        config = _gemma3_config(reader, arch, config)
+        config = gemma3_config(reader, arch, config)
 
     block_names = _GEMMA3_BLOCK_NAMES if arch == "gemma3" else _BLOCK_NAMES
     plan = []
@@ -260,7 +168,7 @@ def _describe(reader: gguf.GGUFReader, arch: str, dtype: torch.dtype | None = No
 
 
 def _materialize(entry: _Entry) -> torch.Tensor:
-    values = _dequantize(entry.source)
+    values = dequantize(entry.source)
     if entry.unpermute_heads:
         values = _unpermute(values, entry.unpermute_heads)
     if entry.norm_offset:
@@ -397,8 +305,8 @@ def _check_tokenizer(tokenizer: Any, reader: gguf.GGUFReader, src: Path) -> None
     problem = None
     if len(tokenizer) >= 1000 and len(ids) > len(text) // 2:  # a real vocabulary has these words (tests' tiny ones not)
         problem = f"{text!r} becomes {len(ids)} tokens (one per character?)"
-    add_bos = _meta(reader, "tokenizer.ggml.add_bos_token")
-    bos = _meta(reader, "tokenizer.ggml.bos_token_id")
+    add_bos = meta(reader, "tokenizer.ggml.add_bos_token")
+    bos = meta(reader, "tokenizer.ggml.bos_token_id")
     if problem is None and add_bos and bos is not None and tokenizer(text)["input_ids"][:1] != [bos]:
         problem = f"the GGUF asks for BOS ({bos}) but the tokenizer does not add it"
     if problem is not None:
