@@ -38,6 +38,9 @@ def _run(path, config: CascadeConfig, requests, graphs: bool, device: str = "cpu
     """requests: (prompt, tokens, arrival step) -> (greedy tokens, each step's logits, pushes each sequence's
     decode made, the graph decoder or None)."""
     engine, decoder = engine_with_graphs(path, config, "cascade", graphs, device, **ROOMY)
+    # one step at a time (CUDA graphs on a GPU launch the next step ahead, so a late arrival joins a step later
+    # than in the eager run and the steps' logits no longer line up; tests/engine/test_decode_ahead.py covers that)
+    engine.ahead.enabled = False
     logits = record_step_logits(engine)
     decode_pushes: dict[int, int] = {}
     push = engine.method._push

@@ -140,6 +140,7 @@ def test_salient_tokens_triton_equals_reference(H, chunk_size, page_size, U):
     total[::3], count[::3] = total[1], count[1]  # exact ties inside chunks: the first token wins
     starts = torch.randint(0, T - chunk_size, (U,), generator=g)
     lens = torch.randint(0, chunk_size + 1, (U,), generator=g)  # 0: the start, like argmax of all -inf
+    total, count, page_table, starts, lens = (x.to(DEVICE) for x in (total, count, page_table, starts, lens))
     ref = salient_tokens(total, count, page_table, page_size, starts, lens, chunk_size, impl="reference")
     tri = salient_tokens(total, count, page_table, page_size, starts, lens, chunk_size, impl="triton")
     assert tri.dtype == torch.int64 and torch.equal(tri, ref)
@@ -149,8 +150,8 @@ def test_salient_tokens_triton_equals_reference(H, chunk_size, page_size, U):
 
 # ---- whole stages ----------------------------------------------------------------------------------------
 def _stage_setup(T=700, H=4, Hkv=2, d=32, page_size=16, seed=0):
-    config, cache, page_table, q, _ = random_paged_keys(T, H, Hkv, d, page_size, seed, max_positions=256)
-    rope = RotaryEmbedding(config, 2 * T)
+    config, cache, page_table, q, _ = random_paged_keys(T, H, Hkv, d, page_size, seed, max_positions=256, device=DEVICE)
+    rope = RotaryEmbedding(config, 2 * T, DEVICE)
     store = KeySaliency(window=32)
     for a in range(0, T - 160, 128):  # earlier prefill chunks leave saliency behind
         store.update(0, q[a : a + 128], a, page_table, cache, rope)
@@ -172,7 +173,7 @@ def test_landmark_stages_select_the_same_chunks(style):
                 size = spec.query_block_size if n > 1 else 1
                 blocks = query_blocks(q[start : start + n], start, size)
                 if parent is not None:
-                    rows = torch.arange(blocks.q.shape[0]) * size
+                    rows = torch.arange(blocks.q.shape[0], device=DEVICE) * size
                     parent = parent.for_blocks(rows // parent.query_block_size)
                 parent = run_stage(spec, blocks, parent, cache.flat_k(0), page_table, cache.page_size, 16, 64, rope,
                                    start + n, 128, impl, (store, 0))

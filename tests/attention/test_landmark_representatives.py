@@ -11,19 +11,19 @@ from infinitehip.kv.paged_cache import PagedKVCache, token_slots
 from infinitehip.model.rope import RotaryEmbedding, apply_rotary
 
 
-def _setup(T=300, H=4, Hkv=2, d=16, page_size=16, seed=0, max_positions=128):
-    """A one-layer config and T random keys [T, Hkv, d] in a shuffled paged cache, queries [T, H, d]."""
+def _setup(T=300, H=4, Hkv=2, d=16, page_size=16, seed=0, max_positions=128, device="cpu"):
+    """A one-layer config and T random keys [T, Hkv, d] in a shuffled paged cache on `device`, queries [T, H, d]."""
     g = torch.Generator().manual_seed(seed)
     config = ModelConfig.from_hf_dict({
         "model_type": "llama", "hidden_size": H * d, "num_attention_heads": H, "num_key_value_heads": Hkv,
         "num_hidden_layers": 1, "intermediate_size": 32, "vocab_size": 64, "max_position_embeddings": max_positions,
     })
     pages = -(-T // page_size)
-    cache = PagedKVCache(1, pages + 3, page_size, Hkv, d, torch.float32, "cpu")
-    page_table = torch.randperm(pages + 3, generator=g)[:pages].int()
-    k = torch.randn(T, Hkv, d, generator=g)
-    cache.write(0, token_slots(page_table, torch.arange(T), page_size), k, torch.zeros_like(k))
-    q = torch.randn(T, H, d, generator=g)
+    cache = PagedKVCache(1, pages + 3, page_size, Hkv, d, torch.float32, device)
+    page_table = torch.randperm(pages + 3, generator=g)[:pages].int().to(device)
+    k = torch.randn(T, Hkv, d, generator=g).to(device)
+    cache.write(0, token_slots(page_table, torch.arange(T, device=device), page_size), k, torch.zeros_like(k))
+    q = torch.randn(T, H, d, generator=g).to(device)
     return config, cache, page_table, q, k
 
 

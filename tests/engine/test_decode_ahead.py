@@ -4,6 +4,7 @@ dropped; launched for a lone greedy sequence and for a batch of greedy sequences
 logprobs or a waiting request run one step at a time)."""
 
 import pytest
+import torch
 
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
 from infinitehip.config.sampling import SamplingParams
@@ -106,3 +107,24 @@ def test_a_batch_with_a_sampled_sequence_is_not_launched_ahead(tiny_llama_dir, t
     got, sizes = _run_arriving(_engine(tiny_llama_dir, tokenizer, True, **ROOM), requests)
     assert got == want
     assert all(n == 1 for n in sizes)  # only the greedy one, once the sampled one has finished
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="real CUDA graphs")
+def test_real_cuda_graphs_launched_ahead_decode_the_same_tokens(tiny_llama_dir):
+    """On a GPU: a batch of three greedy sequences (one arriving late, ends apart) replayed from real CUDA graphs
+    with the next step launched ahead decodes the tokens of the same graphs one step at a time."""
+    config = InfiniteHiPConfig(**{**SMALL, "refresh_intervals": (8, 4, 2), "question_tokens": 16})
+    greedy = lambda n: SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)  # noqa: E731
+    requests = [(random_ids(600, seed=21), greedy(30), 0), (random_ids(500, seed=22), greedy(20), 0),
+                (random_ids(300, seed=23), greedy(16), 6)]
+    runs = []
+    for ahead in (False, True):
+        engine = engine_for_dir(tiny_llama_dir, None, config, method="infinitehip", device="cuda", cuda_graphs=True,
+                                max_context_tokens=CONTEXT, prefill_chunk_size=128, **ROOM)
+        assert engine.runner.graph_decoder is not None
+        engine.ahead.enabled = ahead
+        got, sizes = _run_arriving(engine, requests)
+        runs.append(([tokens for tokens, _, _ in got], sizes, engine.runner.graph_decoder.replays))
+    (want, none, _), (got, sizes, replays) = runs
+    assert got == want and not none and replays > 0
+    assert max(sizes) >= 2  # a batch of several went ahead
