@@ -1,16 +1,16 @@
 # The generalization acceptance's cells not yet on file (results.md, "Haystack genres against the generalization
 # targets"), 30 prompts a cell (bench/plans/genre_cells.sh), in the order a short device session should take them:
-# first the 128K cells whose prompts mostly end one token past the prefill grid (code, tables, apispecs), re-run since
-# the scheduler keeps the question's queries in the last chunk (docs/real-text.md, "The question split at a chunk
-# boundary"; ~75 s a cell), the held-out `dictionary` at 32K and 128K (its first cells; 1M with the others), then
-# `auto` (the default method) at 32K on every genre, since it prunes past half the trained length now (~40 s a cell on
-# an H200), tokenselect's 32K column, then 128K on the genres without a 30-prompt cell, InfiniPot at 128K on
-# the rest, and last the 512K / 1M columns (~8 minutes a 1M cell). STEPS picks a share by name (default: those, in
-# order); calibration32k, infinitehip32k and tokenselect128k re-run cells on file. Held-out genres are reported,
-# never used to choose (bench/pick_setting.py refuses their files).
+# `auto` (the default method) at 32K on every genre, since it prunes past half the trained length (~30-40 s a cell),
+# tokenselect's 32K column, then 128K on the genres without a 30-prompt cell, InfiniPot at 128K on the rest, and last
+# the 512K / 1M columns (~8 minutes a 1M cell), whose catalogs, cmudict and shakespeare cells also re-measure the
+# question kept in the last prefill chunk (docs/real-text.md, "The question split at a chunk boundary"). STEPS picks a
+# share by name (default: those, in order); split128k and dictionary are on file (re-run them by name);
+# calibration32k, infinitehip32k and tokenselect128k re-run cells on file. CORPORA must hold every genre a step
+# names (`python -m bench.device_corpora pack .corpora`, carried in the call that starts the plan). Held-out genres
+# are reported, never used to choose (bench/pick_setting.py refuses their files).
 MODEL_DIR=${MODEL_DIR:-/root}
 CORPORA=${CORPORA:-.corpora}
-STEPS=${STEPS:-split128k dictionary auto32k tokenselect32k rest128k infinipot128k long}
+STEPS=${STEPS:-auto32k tokenselect32k rest128k infinipot128k long}
 ALL="code licenses pydoc sotu essays cmudict catalogs shakespeare apispecs tables dictionary"
 cells() { METHOD=$1; GENRES=$2; LENGTHS=$3; FLAGS=""; TAG=""; source bench/plans/genre_cells.sh; }
 for step in $STEPS; do
@@ -18,12 +18,12 @@ for step in $STEPS; do
     split128k) for m in infinitehip tokenselect; do cells $m "code tables apispecs" 131072; done ;;
     dictionary) for m in infinitehip tokenselect; do cells $m dictionary "32000 131072"; done ;;
     calibration32k) cells dense "licenses pydoc sotu essays cmudict catalogs shakespeare apispecs dictionary" 32000 ;;
-    auto32k) cells auto "$ALL" 32000 ;;
+    auto32k) cells auto "licenses pydoc sotu essays cmudict catalogs shakespeare" 32000 ;;
     infinitehip32k) cells infinitehip "$ALL" 32000 ;;
     tokenselect32k) cells tokenselect "$ALL" 32000 ;;
     tokenselect128k) cells tokenselect "code licenses pydoc apispecs tables" 131072 ;;
     rest128k) for m in infinitehip tokenselect; do cells $m "sotu essays cmudict catalogs shakespeare" 131072; done ;;
-    infinipot128k) cells infinipot "sotu essays cmudict catalogs shakespeare apispecs tables dictionary" 131072 ;;
+    infinipot128k) cells infinipot "sotu essays cmudict catalogs shakespeare" 131072 ;;
     long) for m in infinitehip tokenselect; do cells $m "$ALL" "524288 1048576"; done ;;
     *) echo "unknown step $step" >&2 ;;
   esac
