@@ -65,3 +65,38 @@ def test_rows_of_a_batch_into_pool_rows_equal_each_row_alone(impl):
     for g, r in enumerate(rows.tolist()):
         keep_top_chunks(scores[g], starts[g], lens[g], want_s[r], want_l[r], impl="reference")
     assert torch.equal(out_s, want_s) and torch.equal(out_l, want_l)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+@pytest.mark.parametrize("N", [300, 0])
+def test_inactive_rows_and_the_stage_limit_in_the_same_launch(impl, N):
+    """Four sequences into rows (3, 1, 0, 5) of a pool: the two active ones are written as alone, with their limit into
+    the stage's column of a [R, S] limits tensor (a strided view); the inactive ones' rows and limits stay as they were
+    (the batched refresh of a stage that only some of the batch's sequences refresh). N = 0: nothing to rank."""
+    W, S, stage = 32, 3, 1
+    cases = [_case(60 + g, max(N, 1), 0.2, ties=g == 2) for g in range(4)]
+    scores, starts, lens = (torch.stack([c[k] for c in cases])[:, :N] for k in range(3))
+    rows = torch.tensor([3, 1, 0, 5], device=DEVICE)
+    # active and limit as columns of [G, S] tensors (strided views: the batch's refresh mask, a column of limits)
+    active = torch.tensor([[False, True, False], [True, False, False], [False, True, True], [True, False, True]],
+                          device=DEVICE)[:, stage]
+    limit = torch.tensor([[0, 101, 0], [0, 102, 0], [0, 103, 0], [0, 104, 0]], device=DEVICE)[:, stage]
+    out_s = torch.full((6, W), -7, dtype=torch.long, device=DEVICE)
+    out_l = torch.full((6, W), -7, dtype=torch.long, device=DEVICE)
+    limits = torch.full((6, S), -1, dtype=torch.long, device=DEVICE)
+    want_s, want_l, want_limits = out_s.clone(), out_l.clone(), limits.clone()
+    keep_top_chunks_rows(scores, starts, lens, out_s, out_l, rows, impl=impl, active=active, limit=limit,
+                         out_limits=limits[:, stage])
+    for g, r in enumerate(rows.tolist()):
+        if active[g]:
+            keep_top_chunks(scores[g], starts[g], lens[g], want_s[r], want_l[r], impl="reference")
+            want_limits[r, stage] = limit[g]
+    assert torch.equal(out_s, want_s) and torch.equal(out_l, want_l) and torch.equal(limits, want_limits)
+    assert (out_s[1] == -7).all() and (out_s[5] == -7).all()  # the inactive rows untouched
+
+
+def test_limit_needs_its_output():
+    scores, starts, lens = (t[None] for t in _case(1, 10, 0.2, False))
+    out = torch.zeros(1, 4, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match="limit and out_limits"):
+        keep_top_chunks_rows(scores, starts, lens, out, out.clone(), None, limit=torch.zeros(1, dtype=torch.long))

@@ -5,13 +5,14 @@ Each sequence's stage caches are rows of pooled tensors (decode_pool.py): per la
 [R, C_s] and the stage limits [R, S]; a sequence's `StageCache` views its row, so the one-sequence path
 (`decode.refresh_stage`) and the key list read the same memory. A batched refresh scores the stage's candidates of
 its G sequences as G query blocks in one call (`decode.stage_scores`: each sequence's tokens offset into its page
-table, the tables laid end to end), keeps each row's top chunks in one launch (`keep_top_chunks_rows`) and writes the
-limits in one more; the refreshed last stages are joined with their questions' chunks in one call.
+table, the tables laid end to end), keeps each row's top chunks and writes its stage limit in one launch
+(`keep_top_chunks_rows`); the refreshed last stages are joined with their questions' chunks in one call.
 
 A stage that any sequence of the batch refreshes runs for all of them (the graph key holds only that union, so a batch
 at different phases replays a few graphs, not one per tuple of patterns); each sequence's own pattern is a device
 mask [B, S] (`refresh_mask`: the graph's static flags), and a sequence that does not refresh the stage keeps its old
-row (torch.where), so its caches are those it has alone. Which stages run and which rows they read are host-known, so
+row (the top-chunks launch skips it; the question join selects with torch.where), so its caches are those it has
+alone. Which stages run and which rows they read are host-known, so
 index tensors are built once and shapes stay static.
 """
 
@@ -119,16 +120,10 @@ def refresh_batch(specs: list[StageSpec], layer: int, q: torch.Tensor, seqs: lis
                 config.stream_tokens, batch.rope, num_candidates, group, trained_len, impl, saliency, common,
                 reduce=reduce, novel=novel, token_offset=common["offset"], active=flag)
             out_starts, out_lens = _chunks(pool, layer, config, s, device)
-            if mask is None:
-                keep_top_chunks_rows(scores, starts, lens, out_starts, out_lens, rows, impl=impl)
-                limits[:, s].index_copy_(0, rows, limit)
-            else:  # into copies of the rows [G, C_s], then kept where the sequence refreshes
-                old = [pools.take_rows(t, pool, row_ids) for t in (out_starts, out_lens)]
-                new = [t.clone() for t in old]
-                keep_top_chunks_rows(scores, starts, lens, *new, None, impl=impl)
-                for out, was, now in zip((out_starts, out_lens), old, new):
-                    _keep(out, rows, was, now, flag)
-                _keep(limits[:, s], rows, limits[:, s].index_select(0, rows), limit, flag)
+            # into the pool rows with the stage limits, in one launch; a sequence not refreshing s (flag False:
+            # mask given) keeps its rows
+            keep_top_chunks_rows(scores, starts, lens, out_starts, out_lens, rows, impl=impl, active=flag,
+                                 limit=limit, out_limits=limits[:, s])
             for i in mine:
                 seqs[i].state.refreshes[s] += int(patterns[i][s])  # host counters: its own pattern
 

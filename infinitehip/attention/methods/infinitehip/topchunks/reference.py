@@ -24,8 +24,17 @@ def keep_top_chunks_reference(
 
 
 def keep_top_chunks_rows_reference(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor,
-                                   out_starts: torch.Tensor, out_lens: torch.Tensor, rows: torch.Tensor | None) -> None:
-    """Row g of scores / starts / lens [G, N] kept into row rows[g] (None: g) of out_starts / out_lens [R, W]."""
+                                   out_starts: torch.Tensor, out_lens: torch.Tensor, rows: torch.Tensor | None,
+                                   active: torch.Tensor | None = None, limit: torch.Tensor | None = None,
+                                   out_limits: torch.Tensor | None = None) -> None:
+    """Row g of scores / starts / lens [G, N] kept into row rows[g] (None: g) of out_starts / out_lens [R, W], and
+    limit[g] into out_limits[rows[g]] ([R], any stride) where given; a row whose active[g] [G] bool is False is left
+    as it was (a sequence of the batch that does not refresh the stage)."""
     targets = range(scores.shape[0]) if rows is None else rows.tolist()
+    flags = [True] * scores.shape[0] if active is None else active.tolist()
     for g, r in enumerate(targets):
+        if not flags[g]:
+            continue
         keep_top_chunks_reference(scores[g], starts[g], lens[g], out_starts[r], out_lens[r])
+        if limit is not None:
+            out_limits[r] = limit[g]
