@@ -6,8 +6,10 @@
 # question kept in the last prefill chunk (docs/real-text.md, "The question split at a chunk boundary"). STEPS picks a
 # share by name (default: those, in order); split128k and dictionary are on file (re-run them by name);
 # calibration32k, infinitehip32k and tokenselect128k re-run cells on file. CORPORA must hold every genre a step
-# names (`python -m bench.device_corpora pack .corpora`, carried in the call that starts the plan). Held-out genres
-# are reported, never used to choose (bench/pick_setting.py refuses their files).
+# names (`python -m bench.device_corpora pack .corpora`): the plan runs from the tree the starting call carried, so
+# carry .corpora there, or (when it and the model's first part exceed a call) set CORPORA=/root/corpora and copy it
+# there in a later call before the model's last part (every cell waits for the model first). Held-out genres are
+# reported, never used to choose (bench/pick_setting.py refuses their files).
 MODEL_DIR=${MODEL_DIR:-/root}
 CORPORA=${CORPORA:-.corpora}
 STEPS=${STEPS:-auto32k tokenselect32k rest128k infinipot128k long}
