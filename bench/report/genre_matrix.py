@@ -1,7 +1,7 @@
 """The genre table pivoted to the generalization issue's acceptance: one line per (genre, method default), a column
 per prompt length, each cell the default's largest run of that genre and length in the source table's rows, against
-the acceptance's target (auto, the default method, and infinitehip and tokenselect >= 90% at 32K-128K and >= 85% at 512K-1M, infinipot >= 80% at
-128K; dense is the calibration)."""
+the acceptance's target (auto, the default method, and infinitehip and tokenselect >= 90% at 32K-128K and >= 85% at
+512K-1M, infinipot >= 80% at 128K; dense is the calibration)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def genre_matrix(table: Table, rows: list[Row], manifest: Manifest) -> tuple[lis
             files = tuple(sorted({f for r in used for f in r[3].files}))
             summary = Row(table.id, f"{genre} ({split}), {method}", files,
                           f"python -m bench.report (from the rows of table '{table.rows_from}')",
-                          " / ".join(dict.fromkeys(r[3].device for r in used)), dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}",
+                          " / ".join(dict.fromkeys(r[3].device for r in used)),  # each cell's device, once
+                          dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}",
                           "calibration" if method == "dense" else
                           ("below target at " + ", ".join(short)) if short else "meets its target where run")
             lines.append((summary, cells))
