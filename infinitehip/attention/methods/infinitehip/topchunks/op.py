@@ -19,7 +19,7 @@ from infinitehip.config.impl import select_impl
 def keep_top_chunks(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, out_starts: torch.Tensor,
                     out_lens: torch.Tensor, impl: str = "triton") -> None:
     """Writes out_starts / out_lens [W] in place (see reference.py)."""
-    select_impl(impl, keep_top_chunks_reference, f"infinitehip.attention.methods.infinitehip.topchunks.triton", "keep_top_chunks_triton", "top-chunks")(scores, starts, lens, out_starts, out_lens)
+    select_impl(impl, keep_top_chunks_reference, "infinitehip.attention.methods.infinitehip.topchunks.triton", "keep_top_chunks_triton", "top-chunks")(scores, starts, lens, out_starts, out_lens)
 
 
 def keep_top_chunks_rows(scores: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor, out_starts: torch.Tensor,
