@@ -7,8 +7,9 @@
 # share by name (default: those, in order); split128k and dictionary are on file (re-run them by name);
 # calibration32k, infinitehip32k and tokenselect128k re-run cells on file. CORPORA must hold every genre a step
 # names (`python -m bench.device_corpora pack .corpora`): the plan runs from the tree the starting call carried, so
-# carry .corpora there, or (when it and the model's first part exceed a call) set CORPORA=/root/corpora and copy it
-# there in a later call before the model's last part (every cell waits for the model first). Held-out genres are
+# carry .corpora there, or, since every genre (~15 MB) and the model's first part exceed one call, set
+# CORPORA=/root/corpora and copy .corpora there in the call that carries the model's last part, before the join
+# (every cell waits for the joined model). Held-out genres are
 # reported, never used to choose (bench/pick_setting.py refuses their files).
 MODEL_DIR=${MODEL_DIR:-/root}
 CORPORA=${CORPORA:-.corpora}
