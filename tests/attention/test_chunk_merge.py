@@ -65,3 +65,27 @@ def test_an_extra_chunk_already_listed_is_dropped():
         s, n = merge_chunks(starts.to(DEVICE), lens.to(DEVICE), torch.tensor([32, 24]).to(DEVICE),
                             torch.tensor([8, 8]).to(DEVICE), impl=impl)
         assert s.tolist() == [[16, 24, 32, 0, 0]] and n.tolist() == [[8, 8, 8, 0, 0]], impl
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_rows_into_pool_rows_where_active(impl):
+    """Three rows' joins written into rows (4, 0, 2) of a pool [5, C + E] where the refresh flags (a strided column of a
+    [M, S] mask) say: each active row as merge_chunks returns it, the inactive one and the rows nobody names untouched."""
+    g = torch.Generator().manual_seed(7)
+    C, E = 40, 12
+    starts, lens = _chunks(g, 3, C, 512, 8, sort=True)
+    extra_starts, extra_lens = _chunks(g, 3, E, 512, 8, sort=False)
+    args = [t.to(DEVICE) for t in (starts, lens, extra_starts, extra_lens)]
+    rows = torch.tensor([4, 0, 2], device=DEVICE)
+    active = torch.tensor([[True, False], [False, True], [True, True]], device=DEVICE)[:, 0]
+    out = tuple(torch.full((5, C + E), -3, dtype=torch.long, device=DEVICE) for _ in range(2))
+    got = merge_chunks(*args, impl=impl, out=out, rows=rows, active=active)
+    assert got[0] is out[0] and got[1] is out[1]
+    want_s, want_l = merge_chunks(*args, impl="reference")
+    for m, r in enumerate(rows.tolist()):
+        if active[m]:
+            assert torch.equal(out[0][r], want_s[m]) and torch.equal(out[1][r], want_l[m])
+    for r in (0, 1, 3):  # row 0 is the inactive sequence's, 1 and 3 nobody's
+        assert (out[0][r] == -3).all() and (out[1][r] == -3).all()
+    with pytest.raises(ValueError, match="pass out"):
+        merge_chunks(*args, impl=impl, rows=rows)

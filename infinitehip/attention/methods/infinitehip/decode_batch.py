@@ -11,9 +11,8 @@ table, the tables laid end to end), keeps each row's top chunks and writes its s
 A stage that any sequence of the batch refreshes runs for all of them (the graph key holds only that union, so a batch
 at different phases replays a few graphs, not one per tuple of patterns); each sequence's own pattern is a device
 mask [B, S] (`refresh_mask`: the graph's static flags), and a sequence that does not refresh the stage keeps its old
-row (the top-chunks launch skips it; the question join selects with torch.where), so its caches are those it has
-alone. Which stages run and which rows they read are host-known, so
-index tensors are built once and shapes stay static.
+row (the top-chunks launch and the question join skip it), so its caches are those it has alone. Which stages run
+and which rows they read are host-known, so index tensors are built once and shapes stay static.
 """
 
 from __future__ import annotations
@@ -72,11 +71,6 @@ def refresh_mask(batch: ForwardBatch, patterns: list[tuple[bool, ...]], device: 
     """Each sequence's refresh pattern on the device, [B, S] bool: a graph's static flags (written before each replay),
     else (an eager step) made from the host patterns."""
     return batch.decode_flags if batch.decode_flags is not None else device_tensor(patterns, torch.bool, device)
-
-
-def _keep(out: torch.Tensor, rows: torch.Tensor, old: torch.Tensor, new: torch.Tensor, flag: torch.Tensor) -> None:
-    """Rows `rows` [G] of out become new where flag [G] (a refreshing sequence), else stay old (their rows) [G, ...]."""
-    out.index_copy_(0, rows, torch.where(flag.view(-1, *[1] * (new.dim() - 1)), new, old))
 
 
 def refresh_batch(specs: list[StageSpec], layer: int, q: torch.Tensor, seqs: list[SequenceSlice],
@@ -163,14 +157,11 @@ def join_questions(pools: DecodePools, layer: int, seqs: list[SequenceSlice], pa
         rows = pools.rows(pool, row_ids, device)
         starts, lens = (pools.take_rows(t, pool, row_ids) for t in _chunks(pool, layer, config, last, device))  # [G, C]
         questions = [seqs[i].state.question[layer] for i in mine]
-        joined = merge_chunks(starts, lens, torch.stack([qs for qs, _ in questions]),
-                              torch.stack([ql for _, ql in questions]), impl=impl)  # [G, C + E]
-        targets = _joined(pool, layer, joined[0].shape[1], device)
-        for target, values in zip(targets, joined):
-            if mask is None:
-                target.index_copy_(0, rows, values)
-            else:
-                _keep(target, rows, pools.take_rows(target, pool, row_ids), values, pools.take(mask[:, last], mine))
+        q_starts, q_lens = torch.stack([qs for qs, _ in questions]), torch.stack([ql for _, ql in questions])  # [G, E]
+        targets = _joined(pool, layer, starts.shape[1] + q_starts.shape[1], device)  # [R, C + E]
+        # straight into the pool rows; a sequence not refreshing its last stage (mask given) keeps its row
+        merge_chunks(starts, lens, q_starts, q_lens, impl=impl, out=targets, rows=rows,
+                     active=None if mask is None else pools.take(mask[:, last], mine))
         for i in mine:
             row = seqs[i].state.pool_row[1]
             seqs[i].state.question_merged[layer] = (targets[0][row], targets[1][row])

@@ -39,11 +39,21 @@ def _extra_kept_kernel(Starts, Lens, XStarts, XLens, Kept, C, E, stride_s, strid
 
 
 @triton.jit
-def _rank_kernel(Starts, Lens, XStarts, XLens, Kept, OutStarts, OutLens, C, E, NA,
-                 stride_s, stride_l, stride_xs, stride_xl, stride_k, stride_os, stride_ol,
-                 BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, TILE: tl.constexpr):
-    """Program (m, t): tile t of list a (t < NA) or of the extra list, scattered to its output indices."""
+def _rank_kernel(Starts, Lens, XStarts, XLens, Kept, OutStarts, OutLens, OutRows, Active, C, E, NA,
+                 stride_s, stride_l, stride_xs, stride_xl, stride_k, stride_os, stride_ol, stride_active,
+                 BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, TILE: tl.constexpr, HAS_ROWS: tl.constexpr,
+                 HAS_ACTIVE: tl.constexpr):
+    """Program (m, t): tile t of list a (t < NA) or of the extra list, scattered to its output indices of output row
+    rows[m] (else m), unless active[m] is False (that row's stores masked off)."""
     m, t = tl.program_id(0), tl.program_id(1)
+    if HAS_ROWS:
+        out_row = tl.load(OutRows + m).to(tl.int64)
+    else:
+        out_row = m.to(tl.int64)
+    if HAS_ACTIVE:
+        on = tl.load(Active + m * stride_active).to(tl.int32) != 0
+    else:
+        on = m >= 0
     ic = tl.arange(0, BLOCK_C)
     ie = tl.arange(0, BLOCK_E)
     a_s = tl.load(Starts + m * stride_s + ic, mask=ic < C, other=0).to(tl.int32)
@@ -75,19 +85,29 @@ def _rank_kernel(Starts, Lens, XStarts, XLens, Kept, OutStarts, OutLens, C, E, N
             + tl.sum(((b_s[None, :] < s[:, None]) & b_ok[None, :]).to(tl.int32), axis=1))
     rank = tl.where(ok, rank, first_empty + empties_before)
     # tl.store casts the int32 values to the outputs' element type.
-    tl.store(OutStarts + m * stride_os + rank, tl.where(ok, s, 0), mask=valid)
-    tl.store(OutLens + m * stride_ol + rank, tl.where(ok, n, 0), mask=valid)
+    tl.store(OutStarts + out_row * stride_os + rank, tl.where(ok, s, 0), mask=valid & on)
+    tl.store(OutLens + out_row * stride_ol + rank, tl.where(ok, n, 0), mask=valid & on)
 
 
 def merge_chunks_triton(starts: torch.Tensor, lens: torch.Tensor, extra_starts: torch.Tensor,
-                        extra_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                        extra_lens: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                        rows: torch.Tensor | None = None,
+                        active: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """See `reference.merge_chunks_reference`."""
     M, C = starts.shape
     extra_starts = extra_starts.expand(M, -1) if extra_starts.dim() == 1 else extra_starts
     extra_lens = extra_lens.expand(M, -1) if extra_lens.dim() == 1 else extra_lens
     E = extra_starts.shape[1]
-    out_starts = torch.empty(M, C + E, dtype=starts.dtype, device=starts.device)
-    out_lens = torch.empty(M, C + E, dtype=lens.dtype, device=lens.device)
+    if out is None:
+        out_starts = torch.empty(M, C + E, dtype=starts.dtype, device=starts.device)
+        out_lens = torch.empty(M, C + E, dtype=lens.dtype, device=lens.device)
+    else:
+        out_starts, out_lens = out
+        if out_starts.shape[1] != C + E or out_lens.shape != out_starts.shape or \
+                (rows is None and out_starts.shape[0] < M) or any(t.stride(1) != 1 for t in out):
+            raise ValueError(f"out must be rows of {C + E} contiguous chunks, got {tuple(out_starts.shape)}")
+    if active is not None and (active.shape != (M,) or active.dtype != torch.bool):
+        raise ValueError(f"active must be [M] bool, got {tuple(active.shape)} {active.dtype}")
     if M == 0:
         return out_starts, out_lens
     tensors = (starts, lens, extra_starts, extra_lens)
@@ -103,8 +123,10 @@ def merge_chunks_triton(starts: torch.Tensor, lens: torch.Tensor, extra_starts: 
             BLOCK_C=block_c, TILE=TILE, num_warps=warps)
     num_a = triton.cdiv(C, TILE)
     _rank_kernel[(M, num_a + triton.cdiv(E, TILE))](
-        starts, lens, extra_starts, extra_lens, kept, out_starts, out_lens, C, E, num_a,
+        starts, lens, extra_starts, extra_lens, kept, out_starts, out_lens, lens if rows is None else rows,
+        lens if active is None else active, C, E, num_a,
         starts.stride(0), lens.stride(0), extra_starts.stride(0), extra_lens.stride(0), kept.stride(0),
-        out_starts.stride(0), out_lens.stride(0),
-        BLOCK_C=block_c, BLOCK_E=block_e, TILE=TILE, num_warps=warps)
+        out_starts.stride(0), out_lens.stride(0), 0 if active is None else active.stride(0),
+        BLOCK_C=block_c, BLOCK_E=block_e, TILE=TILE, HAS_ROWS=rows is not None, HAS_ACTIVE=active is not None,
+        num_warps=warps)
     return out_starts, out_lens
