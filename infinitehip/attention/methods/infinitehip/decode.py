@@ -141,6 +141,5 @@ def merge_question(question: tuple[torch.Tensor, torch.Tensor], last: StageCache
                    merged: tuple[torch.Tensor, torch.Tensor], impl: str) -> None:
     """The refreshed last stage's chunks joined with the question's (starts, lens [E]) into `merged` (starts, lens
     [C + E]), in place (graphs hold it)."""
-    starts, lens = merge_chunks(last.starts[None], last.lens[None], question[0], question[1], impl=impl)
-    merged[0].copy_(starts[0])
-    merged[1].copy_(lens[0])
+    merge_chunks(last.starts[None], last.lens[None], question[0], question[1], impl=impl,
+                 out=(merged[0][None], merged[1][None]))
