@@ -5,7 +5,8 @@
 # the 512K / 1M columns (~8 minutes a 1M cell), whose catalogs, cmudict and shakespeare cells also re-measure the
 # question kept in the last prefill chunk (docs/real-text.md, "The question split at a chunk boundary"). STEPS picks a
 # share by name (default: those, in order); split128k and dictionary are on file (re-run them by name);
-# calibration32k, infinitehip32k and tokenselect128k re-run cells on file. CORPORA must hold every genre a step
+# calibration32k, infinitehip32k and tokenselect128k re-run cells on file; lines1m takes first the 1M cells of the
+# tuning genres that were below target there before the question chunk fix (catalogs, cmudict; code beside them). CORPORA must hold every genre a step
 # names (`python -m bench.device_corpora pack .corpora`): the plan runs from the tree the starting call carried, so
 # carry .corpora there, or, since every genre (~15 MB) and the model's first part exceed one call, set
 # CORPORA=/root/corpora and copy .corpora there in the call that carries the model's last part, before the join
@@ -28,6 +29,7 @@ for step in $STEPS; do
     rest128k) for m in infinitehip tokenselect; do cells $m "sotu essays cmudict catalogs shakespeare" 131072; done ;;
     infinipot128k) cells infinipot "sotu essays cmudict catalogs shakespeare" 131072 ;;
     long) for m in infinitehip tokenselect; do cells $m "$ALL" "524288 1048576"; done ;;
+    lines1m) for m in infinitehip tokenselect; do cells $m "catalogs cmudict code" 1048576; done ;;
     *) echo "unknown step $step" >&2 ;;
   esac
 done

@@ -279,3 +279,35 @@ def test_1m_sample_builds_within_tolerance(tok):
     assert time.perf_counter() - t0 < 60
     assert abs(s.prompt_tokens - (1 << 20)) <= length_tolerance(1 << 20)
     assert all(s.messages[0]["content"].count(t) == 1 for t in s.needle_texts + s.distractor_texts)
+
+
+class _RecordingLLM(_FakeLLM):
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, probe=False)
+        self.prompts = []
+
+    def chat(self, messages, params):
+        self.prompts.append(messages[0]["content"])
+        return _FakeLLM.chat(self, messages, params)
+
+
+def test_samples_built_ahead_on_a_thread_are_those_built_in_turn(tok, tmp_path, monkeypatch):
+    import infinitehip.eval.ruler.runner as runner
+
+    config = RulerConfig(tasks=("niah_single_word", "niah_multikey"), haystacks=("essays",), lengths=(4096,),
+                         depths=(0.1, 0.5, 0.9), seeds=(0, 1), samples_per_depth=1, plots=False,
+                         output=str(tmp_path / "ahead.json"))
+    copies = []
+    real_copy = runner._tokenizer_copy
+    monkeypatch.setattr(runner, "_tokenizer_copy", lambda t: copies.append(real_copy(t)) or copies[-1])
+    ahead = _RecordingLLM(tok)
+    run_ruler(ahead, config)
+    assert len(copies) == 1 and copies[0] is not None and copies[0] is not tok  # built with its own tokenizer
+
+    monkeypatch.setattr(runner, "_tokenizer_copy", lambda t: None)  # a tokenizer that cannot be copied
+    in_turn = _RecordingLLM(tok)
+    run_ruler(in_turn, RulerConfig(**{**config.__dict__, "output": str(tmp_path / "turn.json")}))
+    assert len(ahead.prompts) == 12 and ahead.prompts == in_turn.prompts
+    a, b = (json.loads((tmp_path / f).read_text())["samples"] for f in ("ahead.json", "turn.json"))
+    assert [(s["task"], s["depth"], s["seed"], s["expected"]) for s in a] == \
+        [(s["task"], s["depth"], s["seed"], s["expected"]) for s in b]

@@ -11,6 +11,7 @@ defaults give 5 x 3 x 2 = 30, each in its own text (``vary_haystack``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import json
@@ -18,6 +19,7 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -206,9 +208,8 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
     payload = {**meta, "ruler_config": _jsonable(dataclasses.asdict(config)),
                "haystacks": {h: HAYSTACKS[h].source for h in config.haystacks},
                "haystack_splits": {h: HAYSTACKS[h].split for h in config.haystacks}, "runs": runs, "samples": results}
-    skipped = 0
+    skipped, pending = 0, []
     for task in config.tasks:
-        params = SamplingParams(temperature=0.0, max_tokens=TASKS[task].answer_tokens)
         for haystack in config.haystacks:
             for length in config.lengths:
                 for depth in config.depths:
@@ -219,12 +220,26 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
                             if _key(task, haystack, length, depth, s, config.oracle, varied,
                                     config.haystack_span) in done:
                                 skipped += 1
-                                continue
-                            result = _run_one(llm, config, task, haystack, length, depth, s, params)
-                            results.append(result)
-                            done.add(_result_key(result))
-                            _write(path, payload)
-                            console.print(_line(result))
+                            else:
+                                pending.append((task, haystack, length, depth, s))
+    # The next sample is built (tokenized to length: seconds at 1M) on a thread while the engine runs this one, with
+    # its own copy of the tokenizer (a fast tokenizer is not safe to call from two threads at once); a tokenizer that
+    # cannot be copied builds each sample in turn.
+    builder = _tokenizer_copy(llm.tokenizer) if len(pending) > 1 else None
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        def build(job):
+            if builder is None:
+                return None
+            return pool.submit(_build_one, builder, config, *job)
+        upcoming = build(pending[0]) if pending else None
+        for i, job in enumerate(pending):
+            built = upcoming.result() if upcoming is not None else _build_one(llm.tokenizer, config, *job)
+            upcoming = build(pending[i + 1]) if i + 1 < len(pending) else None
+            result = _run_one(llm, config, job, built)
+            results.append(result)
+            done.add(_result_key(result))
+            _write(path, payload)
+            console.print(_line(result))
     if skipped:
         console.print(f"resumed: {skipped} samples already in {path}")
     _write(path, payload)
@@ -243,13 +258,28 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
     return results
 
 
-def _run_one(llm: Any, config: RulerConfig, task: str, haystack: str, length: int, depth: float, seed: int,
-             params: SamplingParams) -> dict:
-    sample = make_ruler_sample(llm.tokenizer, task, haystack, length, depth, seed, config.vary_haystack,
+def _tokenizer_copy(tokenizer: Any) -> Any | None:
+    try:
+        return copy.deepcopy(tokenizer)
+    except Exception:  # noqa: BLE001 - any tokenizer object may come; building in turn is always correct
+        return None
+
+
+def _build_one(tokenizer: Any, config: RulerConfig, task: str, haystack: str, length: int, depth: float,
+               seed: int) -> tuple[Any, list | None]:
+    """One sample's prompt, and its needles' token positions when the run traces or probes them."""
+    sample = make_ruler_sample(tokenizer, task, haystack, length, depth, seed, config.vary_haystack,
                                config.haystack_span, config.haystack_dir)
     positions = None
     if config.oracle or config.trace:
-        positions = needle_token_positions(llm.tokenizer, sample.messages, sample.needle_texts)
+        positions = needle_token_positions(tokenizer, sample.messages, sample.needle_texts)
+    return sample, positions
+
+
+def _run_one(llm: Any, config: RulerConfig, job: tuple, built: tuple[Any, list | None]) -> dict:
+    task, haystack, length, depth, seed = job
+    sample, positions = built
+    params = SamplingParams(temperature=0.0, max_tokens=TASKS[task].answer_tokens)
     start = time.perf_counter()
     (out,) = _chat(llm, sample.messages, params, positions, config.oracle)
     seconds = time.perf_counter() - start
