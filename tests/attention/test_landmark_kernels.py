@@ -128,8 +128,9 @@ def test_representative_scores_read_only_representative_keys(group, base_kind):
 
 
 # ---- most salient token per chunk --------------------------------------------------------------------
-@pytest.mark.parametrize("H,chunk_size,page_size,U", [(4, 8, 4, 37), (3, 64, 16, 9), (32, 256, 64, 5), (5, 5, 8, 11), (2, 1, 4, 6)])
-def test_salient_tokens_triton_equals_reference(H, chunk_size, page_size, U):
+@pytest.mark.parametrize("empty_run", [False, True])
+@pytest.mark.parametrize("H,chunk_size,page_size,U", [(4, 8, 4, 37), (3, 64, 16, 9), (32, 256, 64, 5), (5, 5, 8, 11), (2, 1, 4, 6), (4, 8, 4, 200)])
+def test_salient_tokens_triton_equals_reference(H, chunk_size, page_size, U, empty_run):
     g = torch.Generator().manual_seed(chunk_size)
     T = 40 * chunk_size
     n_pages = -(-T // page_size)
@@ -140,6 +141,9 @@ def test_salient_tokens_triton_equals_reference(H, chunk_size, page_size, U):
     total[::3], count[::3] = total[1], count[1]  # exact ties inside chunks: the first token wins
     starts = torch.randint(0, T - chunk_size, (U,), generator=g)
     lens = torch.randint(0, chunk_size + 1, (U,), generator=g)  # 0: the start, like argmax of all -inf
+    if empty_run:  # a run of empty chunks (a batched stage's rows that do not refresh), then short ones
+        lens[: U // 2] = 0
+        lens[U // 2 :] = lens[U // 2 :].clamp(max=max(1, chunk_size // 3))
     total, count, page_table, starts, lens = (x.to(DEVICE) for x in (total, count, page_table, starts, lens))
     ref = salient_tokens(total, count, page_table, page_size, starts, lens, chunk_size, impl="reference")
     tri = salient_tokens(total, count, page_table, page_size, starts, lens, chunk_size, impl="triton")

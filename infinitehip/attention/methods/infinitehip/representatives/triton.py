@@ -10,7 +10,8 @@ Kernel design (`_salient_tokens_kernel`)
   reference's exact division), a running (max, first index) per (chunk, head): tl.max(..., return_indices)
   breaks ties to the left inside a tile and a strictly-greater update keeps the earlier tile, i.e.
   torch.argmax's first maximum. Bitwise the reference's result.
-- Tokens past the chunk's length read nothing; chunks of length 0 return their start (argmax of all -inf).
+- Tokens past the chunk's length read nothing, and the token loop stops at the program's longest chunk; chunks of
+  length 0 return their start (argmax of all -inf).
 - Memory bound: each distinct chunk's saliency is read once (stage 1 at 1M tokens, H = 32: 128 MB,
   ~50 us of HBM time on an H100).
 """
@@ -41,7 +42,10 @@ def _salient_tokens_kernel(
 
     best = tl.full((BLOCK_U, BLOCK_H), float("-inf"), tl.float32)
     arg = tl.zeros((BLOCK_U, BLOCK_H), tl.int64)
-    for t0 in range(0, chunk_size, BLOCK_T):
+    # the block's longest chunk bounds the token loop: a block of empty chunks (rows a batched stage does not
+    # refresh, decode_batch.py; padding) runs no iteration
+    longest = tl.max(tl.where(u_ok, length, 0), axis=0)
+    for t0 in range(0, longest, BLOCK_T):
         offs_t = t0 + tl.arange(0, BLOCK_T)
         inside = offs_t[None, :] < length[:, None]  # [U, T]
         tok = start[:, None] + offs_t[None, :]
