@@ -227,10 +227,7 @@ def run_ruler(llm: Any, config: RulerConfig, console: Console | None = None) -> 
     # cannot be copied builds each sample in turn.
     builder = _tokenizer_copy(llm.tokenizer) if len(pending) > 1 else None
     with ThreadPoolExecutor(max_workers=1) as pool:
-        def build(job):
-            if builder is None:
-                return None
-            return pool.submit(_build_one, builder, config, *job)
+        build = lambda job: None if builder is None else pool.submit(_build_one, builder, config, *job)
         upcoming = build(pending[0]) if pending else None
         for i, job in enumerate(pending):
             built = upcoming.result() if upcoming is not None else _build_one(llm.tokenizer, config, *job)
