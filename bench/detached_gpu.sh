@@ -4,7 +4,8 @@
 # output goes to DIR/NAME.log, and `wait_file PATH` waits for a file another call brings (the joined GGUF); the
 # commands are `python3 -m bench SUITE ...` (bench/README.md).
 #   bench/detached_gpu.sh start PLAN[,PLAN...] DIR   (returns at once; several plans run one after another, so
-#                                           the most needed go first when device time is short)
+#                                           the most needed go first when device time is short; ONLY="NAME..."
+#                                           runs only the `run` lines whose names match those shell patterns)
 #   bench/detached_gpu.sh poll DIR SECS    (waits up to SECS for the plan to end, prints each log's tail and
 #                                           archives DIR to $OUT/results.tgz)
 # The machine is given back 30 s after a call ends, detached runs with it: poll back to back.
@@ -19,7 +20,8 @@ if [ "$cmd" = start ]; then
   tar --exclude=./.gguf --exclude=./.venv -cf - . | tar -xf - -C "$dir/tree"
   cd "$dir/tree"
   setsid bash -c "export PYTHONPATH=/tmp/site:$dir/tree PYTHONUNBUFFERED=1 OUT_DIR=$dir
-    run() { local name=\$1; shift; echo \"\$(date +%T) \$name\" >> $dir/progress; \"\$@\" > $dir/\$name.log 2>&1; }
+    run() { local name=\$1; shift; keep \$name || return 0; echo \"\$(date +%T) \$name\" >> $dir/progress; \"\$@\" > $dir/\$name.log 2>&1; }
+    keep() { [ -z \"\${ONLY:-}\" ] && return 0; local - p; set -f; for p in \$ONLY; do case \$1 in \$p) return 0;; esac; done; return 1; }
     wait_file() { while [ ! -e \"\$1\" ]; do sleep 2; done; }
     for p in ${plan//,/ }; do source \$p; done
     touch $dir/done" < /dev/null > /dev/null 2>&1 &
