@@ -24,7 +24,7 @@ SUITES = {
     "hip-attn": ("hip_attn", "one attention layer: ours vs the authors' hip-attn vs dense"),
     "method-latency": ("method_latency", "one attention layer: any registered method vs dense SDPA-flash"),
     "decode": ("decode", "whole-model decode tokens/s (random 8B-shaped weights) against the bandwidth bound"),
-    "paged-decode": ("paged_decode", "the dense paged decode op alone: launch variants against the K/V bytes bound"),
+    "paged-decode": ("paged_decode", "a decode op alone (dense paged or sparse key lists): launch variants against the K/V bytes bound"),
     "batch-decode": ("batch_decode", "N sequences decoding together: step time, aggregate tok/s, the bytes-read bound"),
     "offload-decode": ("offload_decode", "prefill + decode with the KV offloaded (host store + GPU banks)"),
     "prefill": ("prefill", "whole-model time to first token, resident / offloaded, dense in the same run"),

@@ -1,13 +1,17 @@
-"""The dense paged decode op alone (attention/methods/dense/paged_decode/), one layer, against the bytes it must read.
+"""A decode op alone, one layer, against the bytes it must read: the dense paged decode
+(attention/methods/dense/paged_decode/, `--op paged`) or the sparse decode over key lists (attention/ops/sparse/,
+`--op sparse`, what infinitehip, tokenselect and hip decode through).
 
 B sequences of T cached tokens each (Llama-3-8B's attention shape by default: 32 query / 8 KV heads, d 128, bf16,
-pages of 64 in shuffled order), one query token each. Every launch variant (keys a tile, warps, pipeline stages) and
+pages of 64 in shuffled order), one query token each; the sparse op lists `--keys` of each sequence's tokens (random
+64-token chunks in order, as a pruned decode's last stage lists them) and reads only those. Every launch variant (keys a tile, warps, pipeline stages) and
 rope-table dtype is timed as a CUDA-graph replay with a cold L2 (median); the bound is the K and V bytes of every
 sequence at the device-to-device copy bandwidth measured in the same run; each variant's output is compared with the
 default launch's (max abs difference) and, for the smallest cell, with the eager reference.
 
     python -m bench paged-decode --contexts 32768 131072 --batch-sizes 1 8
     python -m bench paged-decode --launches 64:4:2 32:4:3 --tables fp32 fp16
+    python -m bench paged-decode --op sparse --contexts 32768 --keys 3072 --batch-sizes 1 8
     python -m bench paged-decode --smoke        # CPU, Triton interpreter, a tiny shape
 """
 
@@ -24,15 +28,15 @@ DEFAULT_LAUNCHES = ["default", "32:4:2", "64:4:3", "64:8:2", "64:8:3", "128:8:2"
 
 
 def parse_launch(text: str):
-    from infinitehip.attention.methods.dense.paged_decode.triton import PagedDecodeLaunch
+    from infinitehip.attention.ops.sparse.launch import DecodeLaunch
 
     if text == "default":
-        return PagedDecodeLaunch()
+        return DecodeLaunch()
     try:
         block_n, warps, stages = (int(x) for x in text.split(":"))
     except ValueError:
         raise SystemExit(f"--launches: BLOCK_N:WARPS:STAGES or 'default' expected, got {text!r}") from None
-    return PagedDecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages)
+    return DecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages)
 
 
 def rope_tables(positions: int, d: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,19 +60,57 @@ def build_cell(B: int, T: int, H: int, Hkv: int, d: int, dtype: torch.dtype, dev
     return q, k, v, tables, lengths
 
 
+def listed_keys(B: int, T: int, K: int, device: torch.device, seed: int) -> torch.Tensor:
+    """[B, K] int32: each sequence's K listed tokens, random 64-token chunks of its T in order (K <= T)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    chunks = K // PAGE
+    rows = [torch.randperm(T // PAGE, generator=g)[:chunks].sort().values for _ in range(B)]
+    starts = torch.stack(rows) * PAGE  # [B, chunks]
+    return (starts[:, :, None] + torch.arange(PAGE)).view(B, chunks * PAGE).to(device, torch.int32)
+
+
+def op_cell(B: int, T: int, args, device: torch.device, dtype: torch.dtype):
+    """(the op as fn(cos, sin, launch), its eager reference as ref(cos, sin), K/V bytes it reads, rope positions)."""
+    q, k, v, tables, lengths = build_cell(B, T, args.heads, args.kv_heads, args.head_dim, dtype, device, seed=B + T)
+    if args.op == "paged":
+        from infinitehip.attention.methods.dense.paged_decode.reference import paged_decode_reference
+        from infinitehip.attention.methods.dense.paged_decode.triton import paged_decode_triton
+
+        def fn(cos, sin, launch):
+            return paged_decode_triton(q, k, v, tables, lengths, cos, sin, launch=launch)
+
+        def ref(cos, sin):
+            return paged_decode_reference(q, k, v, tables, lengths, cos, sin)
+
+        return fn, ref, 2 * B * T * args.kv_heads * args.head_dim * k.element_size(), T
+    from infinitehip.attention.ops.sparse import reference as sparse_reference
+    from infinitehip.attention.ops.sparse import triton as sparse_triton
+
+    K = min(args.keys, T) // PAGE * PAGE
+    key_tokens = listed_keys(B, T, K, device, seed=B + T)
+    counts = torch.full((B,), K, dtype=torch.int32, device=device)
+    key_rope = torch.arange(K, dtype=torch.int32, device=device).expand(B, K).contiguous()
+    query_rope = counts.clone()  # the query after its listed keys (streaming-style positions)
+    flat_k, flat_v = (x.view(-1, *x.shape[2:]) for x in (k, v))
+    common = (q, flat_k, flat_v, tables, PAGE, key_tokens, counts, key_rope, query_rope)
+
+    def fn(cos, sin, launch):
+        return sparse_triton.sparse_attention_decode(*common, cos, sin, args.head_dim ** -0.5, launch=launch)
+
+    def ref(cos, sin):
+        return sparse_reference.sparse_attention_decode(*common, cos, sin, args.head_dim ** -0.5)
+
+    return fn, ref, 2 * B * K * args.kv_heads * args.head_dim * k.element_size(), K + 1
+
+
 def run_cell(B: int, T: int, args, device: torch.device, dtype: torch.dtype, bandwidth: float | None,
              timer: Timer) -> list[dict]:
-    from infinitehip.attention.methods.dense.paged_decode.reference import paged_decode_reference
-    from infinitehip.attention.methods.dense.paged_decode.triton import paged_decode_triton
-
-    q, k, v, tables, lengths = build_cell(B, T, args.heads, args.kv_heads, args.head_dim, dtype, device, seed=B + T)
-    cos32, sin32 = rope_tables(T, args.head_dim, 500000.0, device)
-    kv_bytes = 2 * B * T * args.kv_heads * args.head_dim * k.element_size()
-    base = paged_decode_triton(q, k, v, tables, lengths, cos32, sin32).float()
+    op, ref, kv_bytes, positions = op_cell(B, T, args, device, dtype)
+    cos32, sin32 = rope_tables(positions, args.head_dim, 500000.0, device)
+    base = op(cos32, sin32, None).float()
     ref_err = None
     if B * T <= args.reference_tokens:
-        ref = paged_decode_reference(q, k, v, tables, lengths, cos32, sin32).float()
-        ref_err = (base - ref).abs().max().item()
+        ref_err = (base - ref(cos32, sin32).float()).abs().max().item()
     rows = []
     for table in args.tables:
         cos, sin = (cos32, sin32) if table == "fp32" else (cos32.half(), sin32.half())
@@ -76,16 +118,16 @@ def run_cell(B: int, T: int, args, device: torch.device, dtype: torch.dtype, ban
             launch = parse_launch(text)
 
             def fn(cos=cos, sin=sin, launch=launch):
-                return paged_decode_triton(q, k, v, tables, lengths, cos, sin, launch=launch)
+                return op(cos, sin, launch)
 
             try:
                 diff = (fn().float() - base).abs().max().item()
                 ms = time_graph(timer, fn)["ms"] if device.type == "cuda" else timer(fn)["ms"]
             except Exception as exc:  # noqa: BLE001 - a launch that does not compile (registers) is a row, not the end
                 log(f"  B={B} T={T} {table} {text}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-                rows.append(dict(batch=B, context=T, tables=table, launch=text, error=type(exc).__name__))
+                rows.append(dict(op=args.op, batch=B, context=T, tables=table, launch=text, error=type(exc).__name__))
                 continue
-            row = dict(batch=B, context=T, tables=table, launch=text, us=ms * 1e3, kv_bytes=kv_bytes,
+            row = dict(op=args.op, batch=B, context=T, tables=table, launch=text, us=ms * 1e3, kv_bytes=kv_bytes,
                        gb_s=kv_bytes / (ms / 1e3) / 1e9, max_diff_vs_default=diff, reference_max_diff=ref_err)
             if bandwidth:
                 row["bound_us"] = kv_bytes / bandwidth * 1e6
@@ -98,6 +140,10 @@ def run_cell(B: int, T: int, args, device: torch.device, dtype: torch.dtype, ban
 
 
 def add_arguments(parser) -> None:
+    parser.add_argument("--op", choices=("paged", "sparse"), default="paged",
+                        help="paged: the dense paged decode over every cached token; sparse: the decode over key lists")
+    parser.add_argument("--keys", type=parse_int, default=3072,
+                        help="--op sparse: listed keys a sequence (64-token chunks; a 32K default decode lists ~3K)")
     parser.add_argument("--contexts", type=parse_int, nargs="+", default=[32768, 131072], help="cached tokens a sequence")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="sequences, one query token each")
     parser.add_argument("--launches", nargs="+", default=DEFAULT_LAUNCHES,
@@ -116,6 +162,7 @@ def run(args, out) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     if args.smoke:
         args.contexts, args.batch_sizes, args.heads, args.kv_heads, args.head_dim = [200], [1, 2], 4, 2, 16
+        args.keys = 128
         args.launches = ["default", "32:4:2"]
     if device.type == "cpu":
         out.meta["device"] = "cpu"
@@ -127,7 +174,7 @@ def run(args, out) -> dict:
         bandwidth = hbm_bandwidth()
         log(f"device-to-device copy: {bandwidth / 1e9:.0f} GB/s")
     timer = Timer(device, warmup=3, min_reps=10, max_reps=200, budget_s=0.5 if device.type == "cuda" else 0.0)
-    body = dict(bandwidth_bytes_s=bandwidth, rows=[],
+    body = dict(op=args.op, keys=args.keys if args.op == "sparse" else None, bandwidth_bytes_s=bandwidth, rows=[],
                 shape=dict(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, page_size=PAGE))
     for T in args.contexts:
         for B in args.batch_sizes:

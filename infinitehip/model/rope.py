@@ -87,6 +87,11 @@ class RotaryEmbedding:
         self.sin = angles.sin().to(self.device, torch.float32)
         self.cos16, self.sin16 = self.cos.half(), self.sin.half()
 
+    def decode_tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables a decode kernel reads beside each cached key of a `dtype` cache: fp16 for 16-bit caches (half
+        the bytes; their error is below the keys' own rounding), fp32 for fp32."""
+        return (self.cos, self.sin) if dtype == torch.float32 else (self.cos16, self.sin16)
+
     def ensure(self, n: int) -> None:
         if n > self.max_positions:
             self._build(max(n, 2 * self.max_positions))

@@ -84,7 +84,8 @@ def test_kernel_default_splits_and_an_explicit_scale():
 def test_every_launch_and_fp16_tables_equal_the_reference(launch):
     """The launch parameters the op benchmark sweeps (bench/suites/paged_decode.py) give the reference's output; fp16
     rope tables (half the bytes beside each key) stay within the bf16 tolerance."""
-    from infinitehip.attention.methods.dense.paged_decode.triton import PagedDecodeLaunch, paged_decode_triton
+    from infinitehip.attention.methods.dense.paged_decode.triton import paged_decode_triton
+    from infinitehip.attention.ops.sparse.launch import DecodeLaunch
 
     cache, tables, q = _filled_cache(8, 2, 32, torch.bfloat16, LENGTHS, seed=11)
     rope = RotaryEmbedding(_model(8, 2, 32), 256, DEVICE)
@@ -93,10 +94,10 @@ def test_every_launch_and_fp16_tables_equal_the_reference(launch):
     block_n, warps, stages = launch
     for cos, sin in ((rope.cos, rope.sin), (rope.cos.half(), rope.sin.half())):
         got = paged_decode_triton(q, *args[1:5], cos, sin, window=40, num_splits=2,
-                                  launch=PagedDecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages))
+                                  launch=DecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages))
         torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
     with pytest.raises(ValueError, match="block_n"):
-        PagedDecodeLaunch(block_n=48)
+        DecodeLaunch(block_n=48)
 
 
 @pytest.mark.parametrize("cap", [None, 5.0])

@@ -264,6 +264,25 @@ def test_decode_triton_matches_reference_split_and_unsplit(shape, dtype):
         torch.testing.assert_close(sdpa_out.float(), expect, **TOL[dtype])
 
 
+@pytest.mark.parametrize("launch_args", [(16, 2, 1), (32, 8, 3), (128, 4, 4)])
+def test_decode_every_launch_and_fp16_tables_equal_the_reference(launch_args):
+    """The launch parameters the op benchmark sweeps (bench/suites/paged_decode.py --op sparse) give the reference's
+    output over fp32 tables, with fp32 tables and with the fp16 ones a 16-bit cache's decode reads."""
+    case = DecodeCase(4, 2, 64, [300, 0, 77, 190], page_size=16, dtype=torch.bfloat16, seed=6)
+    expect = case.run("reference").float()
+    block_n, warps, stages = launch_args
+    chosen = launch.DecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages)
+    for cos, sin in ((case.cos, case.sin), (case.cos.half(), case.sin.half())):
+        for splits in (1, 3):
+            out = tri.sparse_attention_decode(
+                case.q, case.k, case.v, case.page_tables, case.page_size, case.key_tokens, case.key_counts,
+                case.key_rope_pos, case.query_rope_pos, cos, sin, case.sm_scale, num_splits=splits, launch=chosen)
+            torch.testing.assert_close(out.float(), expect, **TOL[torch.bfloat16],
+                                       msg=lambda m: f"{cos.dtype} tables, {splits} splits: {m}")
+    with pytest.raises(ValueError, match="block_n"):
+        launch.DecodeLaunch(block_n=48)
+
+
 def test_decode_reads_no_unlisted_key():
     case = DecodeCase(4, 2, 64, [300, 77, 190], page_size=16, dtype=torch.float32, seed=5, density=0.3)
     clean = case.run("triton", num_splits=3)

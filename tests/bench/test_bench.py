@@ -34,6 +34,7 @@ def run_suite(tmp_path: Path, *argv: str) -> dict:
 FAST = [
     ("decode", "--smoke"),
     ("batch-decode", "--smoke", "--bandwidth-gbs", "100", "--profile-steps", "1", "--profile-rows", "5"),
+    ("paged-decode", "--smoke", "--op", "sparse"),
     ("paged-decode", "--smoke"),
     ("prefill", "--smoke", "--dense-layerwise"),
     ("prefix-ttft", "--smoke"),

@@ -95,7 +95,6 @@ def resident_decode(layer: int, q: torch.Tensor, batch: ForwardBatch, rows: slic
         positions, page_tables = positions[rows], page_tables[rows]
     rope.ensure(batch.decode_capacity)
     q = rotate_at(q, positions, rope.cos, rope.sin)
-    # 16-bit caches read fp16 tables beside each key (half their bytes; below the keys' own rounding), fp32 keeps fp32
-    cos, sin = (rope.cos, rope.sin) if q.dtype == torch.float32 else (rope.cos16, rope.sin16)
+    cos, sin = rope.decode_tables(q.dtype)
     return paged_decode(q, batch.cache.k[layer], batch.cache.v[layer], page_tables, positions + 1, cos, sin,
                         softcap=softcap)

@@ -154,7 +154,7 @@ class HiPAttention(AttentionMethod, HiPGraphHooks, TensorParallelHeads):
         cache = seqs[0].cache
         return sparse_attention_decode(q, cache.flat_k(layer), cache.flat_v(layer), batch.decode_page_tables,
                                        cache.page_size, key_tokens, key_counts.int(), key_tokens, last.int(),
-                                       batch.rope.cos, batch.rope.sin, self.sm_scale, impl=self._impl(q))
+                                       *batch.rope.decode_tables(q.dtype), self.sm_scale, impl=self._impl(q))
 
     @staticmethod
     def _record_decode(seqs: list[SequenceSlice], layer: int, key_tokens: torch.Tensor | None = None,

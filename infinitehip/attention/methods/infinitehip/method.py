@@ -378,7 +378,7 @@ class InfiniteHiPAttention(AttentionMethod, InfiniteHiPGraphHooks, KVOffload, In
                                                                           layer, batch, key_tokens, key_counts)
         return sparse_attention_decode(
             q, k_flat, v_flat, tables, page_size,
-            key_tokens, key_counts, key_rope, query_rope, batch.rope.cos, batch.rope.sin,
+            key_tokens, key_counts, key_rope, query_rope, *batch.rope.decode_tables(q.dtype),
             self.sm_scale, impl=self._impl(q),
         )
 

@@ -323,7 +323,7 @@ class TokenSelectAttention(AttentionMethod, TokenSelectGraphHooks, PrefixCaching
         batch.rope.ensure(K)
         return sparse_attention_decode(
             q, k_flat, seqs[0].cache.flat_v(layer), page_tables, page_size,
-            key_tokens, key_counts, key_rope, query_rope, batch.rope.cos, batch.rope.sin, self.sm_scale,
+            key_tokens, key_counts, key_rope, query_rope, *batch.rope.decode_tables(q.dtype), self.sm_scale,
             impl=self._impl(q),
         )
 

@@ -1,7 +1,10 @@
 """Launch configurations of the sparse attention kernels (triton.py): tile sizes, warps and stages of the prefill
-kernel within the shared-memory budget, the decode kernel's tiles, and how many splits a decode's key lists get."""
+kernel within the shared-memory budget, the decode kernel's tiles, and how many splits a decode's key lists get.
+`DecodeLaunch` is also the dense paged decode's (attention/methods/dense/paged_decode/)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -42,9 +45,31 @@ def prefill_config(half_pad: int, group_pad: int, query_block_size: int, elem_by
     return cfg
 
 
-def decode_config(half_pad: int, block_h: int) -> dict:
-    """Launch config of the decode kernel (BLOCK_H rows = the GQA group padded to >= 16)."""
-    return dict(BLOCK_N=64 if half_pad <= 64 else 32, num_warps=4, num_stages=2)
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """Launch parameters of a split-K decode kernel (tile of keys, warps, software-pipeline stages); None: the
+    kernel's default for the shape."""
+
+    block_n: int | None = None  # keys a tile
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self):
+        if self.block_n is not None and (self.block_n < 16 or self.block_n & (self.block_n - 1)):
+            raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
+        if self.num_warps not in (None, 1, 2, 4, 8, 16) or not 1 <= (self.num_stages or 1) <= 8:
+            raise ValueError(f"num_warps in 1..16 (a power of two) and num_stages in 1..8 expected, "
+                             f"got {self.num_warps}, {self.num_stages}")
+
+    def over(self, default: "DecodeLaunch") -> "DecodeLaunch":
+        """This launch with its unset fields taken from `default`."""
+        return DecodeLaunch(self.block_n or default.block_n, self.num_warps or default.num_warps,
+                            self.num_stages or default.num_stages)
+
+
+def sparse_decode_launch(batch: int, num_kv_heads: int, half_pad: int) -> DecodeLaunch:
+    """Default launch of the sparse decode kernel (BLOCK_H rows = the GQA group padded to >= 16)."""
+    return DecodeLaunch(block_n=64 if half_pad <= 64 else 32, num_warps=4, num_stages=2)
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_keys: int, device: torch.device) -> int:

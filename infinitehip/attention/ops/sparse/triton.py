@@ -33,7 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-from infinitehip.attention.ops.sparse.launch import decode_config, default_num_splits, prefill_config
+from infinitehip.attention.ops.sparse.launch import (
+    DecodeLaunch, default_num_splits, prefill_config, sparse_decode_launch,
+)
 from infinitehip.attention.ops.sparse.split_k import dot_precision, merge_splits, split_partials
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
@@ -315,8 +317,11 @@ def sparse_attention_decode(
     sin: torch.Tensor,
     sm_scale: float,
     num_splits: int | None = None,
+    launch: DecodeLaunch | None = None,
 ) -> torch.Tensor:
-    """See `reference.sparse_attention_decode`. q [B, H, d] pre-RoPE -> [B, H, d] in q's dtype."""
+    """See `reference.sparse_attention_decode`. q [B, H, d] pre-RoPE -> [B, H, d] in q's dtype. cos/sin: fp32
+    tables, or fp16 (half the bytes each listed key reads beside it; the rotations still in fp32); launch None:
+    `launch.sparse_decode_launch`."""
     B, H, d = q.shape
     group, half = _check_common(q, k_flat, v_flat, cos)
     Hkv = k_flat.shape[1]
@@ -332,13 +337,14 @@ def sparse_attention_decode(
     page_tables, key_counts = _prep(page_tables, i32), _prep(key_counts, i32)
     key_tokens, key_rope_pos = _prep(key_tokens, i32), _prep(key_rope_pos, i32)
     query_rope_pos = _prep(query_rope_pos, i32)
-    cos, sin = _prep(cos, torch.float32), _prep(sin, torch.float32)
+    table_dtype = torch.float16 if cos.dtype == torch.float16 else torch.float32
+    cos, sin = _prep(cos, table_dtype), _prep(sin, table_dtype)
     assert cos.stride(0) == sin.stride(0)
 
     half_pad = max(16, triton.next_power_of_2(half))
     block_h = max(16, triton.next_power_of_2(group))
-    cfg = decode_config(half_pad, block_h)
-    block_n = cfg["BLOCK_N"]
+    launch = (launch or DecodeLaunch()).over(sparse_decode_launch(B, Hkv, half_pad))
+    block_n = launch.block_n
     if num_splits is None:
         num_splits = default_num_splits(B, Hkv, max_keys, q.device)
     num_splits = max(1, min(int(num_splits), triton.cdiv(max_keys, block_n)))
@@ -354,7 +360,7 @@ def sparse_attention_decode(
             out.stride(0), out.stride(1), page_tables.stride(0), key_tokens.stride(0), key_rope_pos.stride(0),
             cos.stride(0),
             GROUP=group, BLOCK_H=block_h, HALF=half, HALF_PAD=half_pad, DOT_PRECISION=dot_precision(q.dtype),
-            SPLIT=split, **cfg,
+            SPLIT=split, BLOCK_N=block_n, num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
         if split:
             merge_splits(part_out, part_lse, out)

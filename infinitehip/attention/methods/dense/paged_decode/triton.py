@@ -18,12 +18,12 @@ bf16/fp16 use tensor-core dots of the input dtype (keys rotated in fp32, rounded
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
+from infinitehip.attention.ops.sparse.launch import DecodeLaunch
 from infinitehip.attention.ops.sparse.split_k import dot_precision, merge_splits, split_partials
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
@@ -114,31 +114,15 @@ def _paged_decode_kernel(
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
 
 
-@dataclasses.dataclass(frozen=True)
-class PagedDecodeLaunch:
-    """Launch parameters of the kernel (tile of keys, warps, software-pipeline stages); None: the defaults below."""
-
-    block_n: int | None = None  # keys a tile; None: `default_launch`'s
-    num_warps: int | None = None
-    num_stages: int | None = None
-
-    def __post_init__(self):
-        if self.block_n is not None and (self.block_n < 16 or self.block_n & (self.block_n - 1)):
-            raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
-        if self.num_warps not in (None, 1, 2, 4, 8, 16) or not 1 <= (self.num_stages or 1) <= 8:
-            raise ValueError(f"num_warps in 1..16 (a power of two) and num_stages in 1..8 expected, "
-                             f"got {self.num_warps}, {self.num_stages}")
-
-
-def default_launch(batch: int, num_kv_heads: int, half_pad: int) -> PagedDecodeLaunch:
+def default_launch(batch: int, num_kv_heads: int, half_pad: int) -> DecodeLaunch:
     """Measured on an H200 (bench/suites/paged_decode.py, Llama-3-8B's layer): where a few (sequence, kv head) pairs
     are split 64 ways, small programs (32 keys, 2 warps, 3 stages) read fastest; with more pairs, 64-key tiles over 4
     warps. Head dims above 128 keep 32-key tiles over 4 warps (the register budget of the wider tiles)."""
     if half_pad > 64:
-        return PagedDecodeLaunch(block_n=32, num_warps=4, num_stages=2)
+        return DecodeLaunch(block_n=32, num_warps=4, num_stages=2)
     if batch * num_kv_heads <= 8:
-        return PagedDecodeLaunch(block_n=32, num_warps=2, num_stages=3)
-    return PagedDecodeLaunch(block_n=64, num_warps=4, num_stages=3)
+        return DecodeLaunch(block_n=32, num_warps=2, num_stages=3)
+    return DecodeLaunch(block_n=64, num_warps=4, num_stages=3)
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: torch.device) -> int:
@@ -152,7 +136,7 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, device: t
 def paged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_tables: torch.Tensor,
                         lengths: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, scale: float | None = None,
                         window: int | None = None, softcap: float | None = None,
-                        num_splits: int | None = None, launch: PagedDecodeLaunch | None = None) -> torch.Tensor:
+                        num_splits: int | None = None, launch: DecodeLaunch | None = None) -> torch.Tensor:
     """See `reference.paged_decode_reference`; num_splits None: `default_num_splits` of the page-table width.
     cos/sin: fp32 tables, or fp16 (half the bytes a key reads beside it; the rotation still in fp32); launch None:
     `default_launch`."""
@@ -174,10 +158,8 @@ def paged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
     group, half = H // Hkv, d // 2
     half_pad = max(16, triton.next_power_of_2(half))
     block_h = max(16, triton.next_power_of_2(group))
-    auto = default_launch(B, Hkv, half_pad)
-    launch = launch or auto
-    block_n, num_warps = launch.block_n or auto.block_n, launch.num_warps or auto.num_warps
-    num_stages = launch.num_stages or auto.num_stages
+    launch = (launch or DecodeLaunch()).over(default_launch(B, Hkv, half_pad))
+    block_n, num_warps, num_stages = launch.block_n, launch.num_warps, launch.num_stages
     max_tokens = page_tables.shape[1] * page_size
     if num_splits is None:
         num_splits = default_num_splits(B, Hkv, max_tokens, q.device)
