@@ -70,14 +70,14 @@ def listed_keys(B: int, T: int, K: int, device: torch.device, seed: int) -> torc
 
 
 def op_cell(B: int, T: int, args, device: torch.device, dtype: torch.dtype):
-    """(the op as fn(cos, sin, launch), its eager reference as ref(cos, sin), K/V bytes it reads, rope positions)."""
+    """(the op as fn(cos, sin, launch, splits=None), its eager reference as ref(cos, sin), K/V bytes it reads, rope positions)."""
     q, k, v, tables, lengths = build_cell(B, T, args.heads, args.kv_heads, args.head_dim, dtype, device, seed=B + T)
     if args.op == "paged":
         from infinitehip.attention.methods.dense.paged_decode.reference import paged_decode_reference
         from infinitehip.attention.methods.dense.paged_decode.triton import paged_decode_triton
 
-        def fn(cos, sin, launch):
-            return paged_decode_triton(q, k, v, tables, lengths, cos, sin, launch=launch)
+        def fn(cos, sin, launch, splits=None):
+            return paged_decode_triton(q, k, v, tables, lengths, cos, sin, launch=launch, num_splits=splits)
 
         def ref(cos, sin):
             return paged_decode_reference(q, k, v, tables, lengths, cos, sin)
@@ -94,8 +94,9 @@ def op_cell(B: int, T: int, args, device: torch.device, dtype: torch.dtype):
     flat_k, flat_v = (x.view(-1, *x.shape[2:]) for x in (k, v))
     common = (q, flat_k, flat_v, tables, PAGE, key_tokens, counts, key_rope, query_rope)
 
-    def fn(cos, sin, launch):
-        return sparse_triton.sparse_attention_decode(*common, cos, sin, args.head_dim ** -0.5, launch=launch)
+    def fn(cos, sin, launch, splits=None):
+        return sparse_triton.sparse_attention_decode(*common, cos, sin, args.head_dim ** -0.5, num_splits=splits,
+                                                     launch=launch)
 
     def ref(cos, sin):
         return sparse_reference.sparse_attention_decode(*common, cos, sin, args.head_dim ** -0.5)
@@ -107,35 +108,40 @@ def run_cell(B: int, T: int, args, device: torch.device, dtype: torch.dtype, ban
              timer: Timer) -> list[dict]:
     op, ref, kv_bytes, positions = op_cell(B, T, args, device, dtype)
     cos32, sin32 = rope_tables(positions, args.head_dim, 500000.0, device)
-    base = op(cos32, sin32, None).float()
+    base = op(cos32, sin32, None).float()  # the op's defaults over fp32 tables
     ref_err = None
     if B * T <= args.reference_tokens:
         ref_err = (base - ref(cos32, sin32).float()).abs().max().item()
+    # every launch at the op's own split count, then (the last table dtype, the default launch) every --splits
+    variants = [(table, text, None) for table in args.tables for text in args.launches]
+    variants += [(args.tables[-1], "default", n) for n in args.splits]
     rows = []
-    for table in args.tables:
+    for table, text, splits in variants:
         cos, sin = (cos32, sin32) if table == "fp32" else (cos32.half(), sin32.half())
-        for text in args.launches:
-            launch = parse_launch(text)
+        launch = parse_launch(text)
 
-            def fn(cos=cos, sin=sin, launch=launch):
-                return op(cos, sin, launch)
+        def fn(cos=cos, sin=sin, launch=launch, splits=splits):
+            return op(cos, sin, launch, splits)
 
-            try:
-                diff = (fn().float() - base).abs().max().item()
-                ms = time_graph(timer, fn)["ms"] if device.type == "cuda" else timer(fn)["ms"]
-            except Exception as exc:  # noqa: BLE001 - a launch that does not compile (registers) is a row, not the end
-                log(f"  B={B} T={T} {table} {text}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-                rows.append(dict(op=args.op, batch=B, context=T, tables=table, launch=text, error=type(exc).__name__))
-                continue
-            row = dict(op=args.op, batch=B, context=T, tables=table, launch=text, us=ms * 1e3, kv_bytes=kv_bytes,
-                       gb_s=kv_bytes / (ms / 1e3) / 1e9, max_diff_vs_default=diff, reference_max_diff=ref_err)
-            if bandwidth:
-                row["bound_us"] = kv_bytes / bandwidth * 1e6
-                row["fraction_of_bound"] = row["bound_us"] / row["us"]
-            log(f"  B={B:>2} T={T:>7} {table} {text:>8}: {row['us']:8.1f} us {row['gb_s']:7.0f} GB/s"
-                + (f" ({row['fraction_of_bound']:.0%} of the copy bandwidth)" if bandwidth else "")
-                + f" diff {diff:.2e}")
-            rows.append(row)
+        name = text if splits is None else f"{text}, {splits} splits"
+        try:
+            diff = (fn().float() - base).abs().max().item()
+            ms = time_graph(timer, fn)["ms"] if device.type == "cuda" else timer(fn)["ms"]
+        except Exception as exc:  # noqa: BLE001 - a launch that does not compile (registers) is a row, not the end
+            log(f"  B={B} T={T} {table} {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+            rows.append(dict(op=args.op, batch=B, context=T, tables=table, launch=text, splits=splits,
+                             error=type(exc).__name__))
+            continue
+        row = dict(op=args.op, batch=B, context=T, tables=table, launch=text, splits=splits, us=ms * 1e3,
+                   kv_bytes=kv_bytes, gb_s=kv_bytes / (ms / 1e3) / 1e9, max_diff_vs_default=diff,
+                   reference_max_diff=ref_err)
+        if bandwidth:
+            row["bound_us"] = kv_bytes / bandwidth * 1e6
+            row["fraction_of_bound"] = row["bound_us"] / row["us"]
+        log(f"  B={B:>2} T={T:>7} {table} {name:>16}: {row['us']:8.1f} us {row['gb_s']:7.0f} GB/s"
+            + (f" ({row['fraction_of_bound']:.0%} of the copy bandwidth)" if bandwidth else "")
+            + f" diff {diff:.2e}")
+        rows.append(row)
     return rows
 
 
@@ -148,6 +154,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="sequences, one query token each")
     parser.add_argument("--launches", nargs="+", default=DEFAULT_LAUNCHES,
                         help="BLOCK_N:WARPS:STAGES launch variants ('default': the op's own)")
+    parser.add_argument("--splits", type=int, nargs="*", default=[],
+                        help="also time the default launch over the last --tables dtype at these split counts")
     parser.add_argument("--tables", nargs="+", default=["fp32", "fp16"], choices=("fp32", "fp16"),
                         help="dtype of the rope cos/sin tables the kernel reads beside each key")
     parser.add_argument("--heads", type=int, default=32)
