@@ -178,15 +178,16 @@ def batch_decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[lis
 
 
 def paged_decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
-    """`bench paged-decode`: one line per (N, context, rope tables, launch) the row's select picks."""
+    """`bench paged-decode` (either op): one line per (N, context, rope tables, launch, splits) the row's select picks."""
     lines = []
     for row in rows:
         for _, r in entries(manifest, row, "rows"):
+            launch = r["launch"] if r.get("splits") is None else f"{r['launch']}, {r['splits']} splits"
             if "us" not in r:  # a launch that did not compile
-                lines.append((row, [str(r["batch"]), f"{r['context']:,}", r["tables"], r["launch"],
+                lines.append((row, [str(r["batch"]), f"{r['context']:,}", r["tables"], launch,
                                     f"not run: {r.get('error', '?')}", "-", "-"]))
                 continue
-            lines.append((row, [str(r["batch"]), f"{r['context']:,}", r["tables"], r["launch"], f"{r['us']:.1f}",
+            lines.append((row, [str(r["batch"]), f"{r['context']:,}", r["tables"], launch, f"{r['us']:.1f}",
                                 f"{r['gb_s']:.0f}", f"{r['fraction_of_bound']:.0%}"]))
     return ["N", "context", "rope tables", "launch (keys:warps:stages)", "us", "K/V GB/s", "of copy bandwidth"], \
         lines, {}
