@@ -14,7 +14,7 @@
 # reported, never used to choose (bench/pick_setting.py refuses their files).
 MODEL_DIR=${MODEL_DIR:-/root}
 CORPORA=${CORPORA:-.corpora}
-STEPS=${STEPS:-auto32k tokenselect32k rest128k infinipot128k long}  # lines1m: infinitehip's cells on file (code: 27 of its 30 prompts)
+STEPS=${STEPS:-auto32k tokenselect32k rest128k infinipot128k long}  # lines1m: both methods' cells on file
 ALL="code licenses pydoc sotu essays cmudict catalogs shakespeare apispecs tables dictionary"
 cells() { METHOD=$1; GENRES=$2; LENGTHS=$3; FLAGS=""; TAG=""; source bench/plans/genre_cells.sh; }
 for step in $STEPS; do
