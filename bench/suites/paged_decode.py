@@ -28,15 +28,20 @@ DEFAULT_LAUNCHES = ["default", "32:4:2", "64:4:3", "64:8:2", "64:8:3", "128:8:2"
 
 
 def parse_launch(text: str):
+    """'default', 'fused' (the default tiles, merged by the last split), or BLOCK_N:WARPS:STAGES[:fused]."""
     from infinitehip.attention.ops.sparse.launch import DecodeLaunch
 
-    if text == "default":
-        return DecodeLaunch()
+    if text in ("default", "fused"):
+        return DecodeLaunch(fused_merge=text == "fused" or None)
+    parts = text.split(":")
+    fused = len(parts) == 4 and parts[3] == "fused"
     try:
-        block_n, warps, stages = (int(x) for x in text.split(":"))
+        if len(parts) != 3 + fused:
+            raise ValueError
+        block_n, warps, stages = (int(x) for x in parts[:3])
     except ValueError:
-        raise SystemExit(f"--launches: BLOCK_N:WARPS:STAGES or 'default' expected, got {text!r}") from None
-    return DecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages)
+        raise SystemExit(f"--launches: BLOCK_N:WARPS:STAGES[:fused], 'default' or 'fused' expected, got {text!r}") from None
+    return DecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages, fused_merge=fused or None)
 
 
 def rope_tables(positions: int, d: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,7 +158,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--contexts", type=parse_int, nargs="+", default=[32768, 131072], help="cached tokens a sequence")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="sequences, one query token each")
     parser.add_argument("--launches", nargs="+", default=DEFAULT_LAUNCHES,
-                        help="BLOCK_N:WARPS:STAGES launch variants ('default': the op's own)")
+                        help="BLOCK_N:WARPS:STAGES[:fused] launch variants ('default': the op's own; 'fused' or a "
+                             "':fused' suffix: the last split merges, no merge kernel)")
     parser.add_argument("--splits", type=int, nargs="*", default=[],
                         help="also time the default launch over the last --tables dtype at these split counts")
     parser.add_argument("--tables", nargs="+", default=["fp32", "fp16"], choices=("fp32", "fp16"),
@@ -171,7 +177,7 @@ def run(args, out) -> dict:
     if args.smoke:
         args.contexts, args.batch_sizes, args.heads, args.kv_heads, args.head_dim = [200], [1, 2], 4, 2, 16
         args.keys = 128
-        args.launches = ["default", "32:4:2"]
+        args.launches = ["default", "32:4:2:fused"]
     if device.type == "cpu":
         out.meta["device"] = "cpu"
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -80,7 +80,7 @@ def test_kernel_default_splits_and_an_explicit_scale():
         torch.testing.assert_close(paged_decode_triton(*args, scale=scale), want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("launch", [(16, 2, 1), (32, 8, 3), (128, 4, 4)])
+@pytest.mark.parametrize("launch", [(16, 2, 1, False), (32, 8, 3, True), (128, 4, 4, True)])
 def test_every_launch_and_fp16_tables_equal_the_reference(launch):
     """The launch parameters the op benchmark sweeps (bench/suites/paged_decode.py) give the reference's output; fp16
     rope tables (half the bytes beside each key) stay within the bf16 tolerance."""
@@ -91,10 +91,11 @@ def test_every_launch_and_fp16_tables_equal_the_reference(launch):
     rope = RotaryEmbedding(_model(8, 2, 32), 256, DEVICE)
     args = (q, cache.k[0], cache.v[0], _padded(tables), torch.tensor(LENGTHS, device=DEVICE), rope.cos, rope.sin)
     want = paged_decode(*args, window=40, impl="reference").float()
-    block_n, warps, stages = launch
+    block_n, warps, stages, fused = launch
     for cos, sin in ((rope.cos, rope.sin), (rope.cos.half(), rope.sin.half())):
         got = paged_decode_triton(q, *args[1:5], cos, sin, window=40, num_splits=2,
-                                  launch=DecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages))
+                                  launch=DecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages,
+                                                      fused_merge=fused))
         torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
     with pytest.raises(ValueError, match="block_n"):
         DecodeLaunch(block_n=48)

@@ -264,14 +264,17 @@ def test_decode_triton_matches_reference_split_and_unsplit(shape, dtype):
         torch.testing.assert_close(sdpa_out.float(), expect, **TOL[dtype])
 
 
-@pytest.mark.parametrize("launch_args", [(16, 2, 1), (32, 8, 3), (128, 4, 4)])
+@pytest.mark.parametrize("launch_args", [(16, 2, 1, False), (32, 8, 3, True), (128, 4, 4, True)])
 def test_decode_every_launch_and_fp16_tables_equal_the_reference(launch_args):
     """The launch parameters the op benchmark sweeps (bench/suites/paged_decode.py --op sparse) give the reference's
-    output over fp32 tables, with fp32 tables and with the fp16 ones a 16-bit cache's decode reads."""
+    output over fp32 tables, with fp32 tables and with the fp16 ones a 16-bit cache's decode reads; a fused merge
+    (the last split merges) too, leaving its counters zeroed for the next launch."""
+    from infinitehip.attention.ops.sparse.split_k import split_counters
+
     case = DecodeCase(4, 2, 64, [300, 0, 77, 190], page_size=16, dtype=torch.bfloat16, seed=6)
     expect = case.run("reference").float()
-    block_n, warps, stages = launch_args
-    chosen = launch.DecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages)
+    block_n, warps, stages, fused = launch_args
+    chosen = launch.DecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages, fused_merge=fused)
     for cos, sin in ((case.cos, case.sin), (case.cos.half(), case.sin.half())):
         for splits in (1, 3):
             out = tri.sparse_attention_decode(
@@ -279,6 +282,7 @@ def test_decode_every_launch_and_fp16_tables_equal_the_reference(launch_args):
                 case.key_rope_pos, case.query_rope_pos, cos, sin, case.sm_scale, num_splits=splits, launch=chosen)
             torch.testing.assert_close(out.float(), expect, **TOL[torch.bfloat16],
                                        msg=lambda m: f"{cos.dtype} tables, {splits} splits: {m}")
+            assert not split_counters(case.q.device, 1).any()
     with pytest.raises(ValueError, match="block_n"):
         launch.DecodeLaunch(block_n=48)
 

@@ -1,6 +1,7 @@
 """Split-K (flash-decoding) partials and their merge, shared by the decode kernels that split a query's keys over
 programs (this package's sparse decode, dense's paged decode): each split writes its normalized partial output and
-its log2-sum-exp, and one program per (sequence, head) row merges them.
+its log2-sum-exp, and one program per (sequence, head) row merges them; or (a fused merge, `merge_if_last_split`)
+the last split program of each (sequence, kv head) to finish merges its rows itself, saving the merge's launch.
 
 `dot_precision` is the dots' precision of these kernels: IEEE fp32 for fp32 inputs (so they match the fp32 oracles),
 tensor cores of the input dtype otherwise.
@@ -18,6 +19,23 @@ fix_interpreter_if_active()
 
 
 @triton.jit
+def _merged_row(PartOut, PartLse, base, num_splits, D: tl.constexpr, D_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """The merge of one (sequence, head) row's split partials (rows base .. base + num_splits - 1) -> [D_PAD] fp32.
+    `.cg` loads (L2): in a fused merge other programs wrote them, never this SM's L1."""
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    s_ok = offs_s < num_splits
+    lse = tl.load(PartLse + base + offs_s, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+    part = tl.load(PartOut + (base + offs_s)[:, None] * D + offs_d[None, :],
+                   mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0, cache_modifier=".cg")
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    denom = tl.sum(w, 0)
+    return tl.sum(w[:, None] * part, 0) / tl.where(denom > 0.0, denom, 1.0)
+
+
+@triton.jit
 def combine_splits_kernel(
     PartOut, PartLse, Out, num_heads, num_splits, stride_ob, stride_oh,
     D: tl.constexpr, D_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
@@ -25,20 +43,47 @@ def combine_splits_kernel(
     row = tl.program_id(0)  # b * num_heads + h
     b = row // num_heads
     h = row % num_heads
-    offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, D_PAD)
-    s_ok = offs_s < num_splits
-    base = row.to(tl.int64) * num_splits
-    lse = tl.load(PartLse + base + offs_s, mask=s_ok, other=float("-inf"))
-    part = tl.load(PartOut + (base + offs_s)[:, None] * D + offs_d[None, :],
-                   mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)
-    denom = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * part, 0) / tl.where(denom > 0.0, denom, 1.0)
+    out = _merged_row(PartOut, PartLse, row.to(tl.int64) * num_splits, num_splits, D, D_PAD, SPLITS_PAD)
     tl.store(Out + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty),
              mask=offs_d < D)
+
+
+@triton.jit
+def merge_if_last_split(
+    PartOut, PartLse, Out, Counters, b, hkv, num_heads, num_splits, stride_ob, stride_oh,
+    GROUP: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    """Called by every split program of a decode kernel's (sequence b, kv head hkv) after it stored its partials (grid
+    (B, Hkv, num_splits)): the last of them to finish merges the GROUP heads' rows into Out and zeroes the pair's
+    counter for the next launch (the merge kernel's work without its launch). Counters: `split_counters`."""
+    tl.debug_barrier()  # every thread's partial stored before the program counts itself done (the release below)
+    pair = b * tl.num_programs(1) + hkv
+    done = tl.atomic_add(Counters + pair, 1, sem="acq_rel")
+    if done == num_splits - 1:
+        tl.debug_barrier()  # the acquire before any thread's loads of the others' partials
+        offs_d = tl.arange(0, D_PAD)
+        for g in tl.static_range(GROUP):
+            h = hkv * GROUP + g
+            out = _merged_row(PartOut, PartLse, (b * num_heads + h).to(tl.int64) * num_splits, num_splits, D, D_PAD,
+                              SPLITS_PAD)
+            tl.store(Out + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty),
+                     mask=offs_d < D)
+        tl.store(Counters + pair, 0)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MAX_SPLIT_PAIRS = 1 << 16  # (sequence, kv head) pairs of one fused-merge launch
+
+
+def split_counters(device: torch.device, pairs: int) -> torch.Tensor:
+    """The fused merge's per-(sequence, kv head) counters on `device`: one zeroed int32 buffer, allocated once and
+    never replaced (CUDA graphs hold its address; every launch leaves it zeroed), so launches on one stream share it."""
+    if pairs > MAX_SPLIT_PAIRS:
+        raise ValueError(f"a fused split merge takes at most {MAX_SPLIT_PAIRS} (sequence, kv head) pairs, got {pairs}")
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(MAX_SPLIT_PAIRS, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -36,7 +36,9 @@ import triton.language as tl
 from infinitehip.attention.ops.sparse.launch import (
     DecodeLaunch, default_num_splits, prefill_config, sparse_decode_launch,
 )
-from infinitehip.attention.ops.sparse.split_k import dot_precision, merge_splits, split_partials
+from infinitehip.attention.ops.sparse.split_k import (
+    dot_precision, merge_if_last_split, merge_splits, split_counters, split_partials,
+)
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 _LOG2E = 1.4426950408889634
@@ -168,12 +170,13 @@ def _sparse_prefill_kernel(
 
 @triton.jit
 def _sparse_decode_kernel(
-    Q, K, V, Out, PartOut, PartLse, PageTables, KeyTokens, KeyCounts, KeyRopePos, QueryRopePos, Cos, Sin,
+    Q, K, V, Out, PartOut, PartLse, Counters, PageTables, KeyTokens, KeyCounts, KeyRopePos, QueryRopePos, Cos, Sin,
     qk_scale, num_heads, num_splits, page_size, max_keys,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ob, stride_oh,
     stride_pt, stride_kt, stride_kr, stride_cos,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     b = tl.program_id(0)
     hkv = tl.program_id(1)
@@ -226,6 +229,9 @@ def _sparse_decode_kernel(
         part_row = (b * num_heads + head).to(tl.int64) * num_splits + split
         tl.store(PartLse + part_row, lse, mask=row_ok)
         tl.store(PartOut + part_row[:, None] * (2 * HALF) + offs_dv[None, :], out, mask=o_mask)
+        if FUSED_MERGE:
+            merge_if_last_split(PartOut, PartLse, Out, Counters, b, hkv, num_heads, num_splits, stride_ob, stride_oh,
+                                GROUP=GROUP, D=2 * HALF, D_PAD=2 * HALF_PAD, SPLITS_PAD=SPLITS_PAD)
     else:
         o_ptrs = Out + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + offs_dv[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
@@ -349,19 +355,22 @@ def sparse_attention_decode(
         num_splits = default_num_splits(B, Hkv, max_keys, q.device)
     num_splits = max(1, min(int(num_splits), triton.cdiv(max_keys, block_n)))
     split = num_splits > 1
+    fused = split and bool(launch.fused_merge)
     part_out, part_lse = split_partials(out, num_splits)
+    counters = split_counters(q.device, B * Hkv) if fused else part_lse
 
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         _sparse_decode_kernel[(B, Hkv, num_splits)](
-            q, k_flat, v_flat, out, part_out, part_lse, page_tables, key_tokens, key_counts, key_rope_pos,
+            q, k_flat, v_flat, out, part_out, part_lse, counters, page_tables, key_tokens, key_counts, key_rope_pos,
             query_rope_pos, cos, sin,
             sm_scale * _LOG2E, H, num_splits, page_size, max_keys,
             q.stride(0), q.stride(1), k_flat.stride(0), k_flat.stride(1), v_flat.stride(0), v_flat.stride(1),
             out.stride(0), out.stride(1), page_tables.stride(0), key_tokens.stride(0), key_rope_pos.stride(0),
             cos.stride(0),
             GROUP=group, BLOCK_H=block_h, HALF=half, HALF_PAD=half_pad, DOT_PRECISION=dot_precision(q.dtype),
-            SPLIT=split, BLOCK_N=block_n, num_warps=launch.num_warps, num_stages=launch.num_stages,
+            SPLIT=split, FUSED_MERGE=fused, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), BLOCK_N=block_n,
+            num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
-        if split:
+        if split and not fused:
             merge_splits(part_out, part_lse, out)
     return out

@@ -24,7 +24,9 @@ import triton
 import triton.language as tl
 
 from infinitehip.attention.ops.sparse.launch import DecodeLaunch
-from infinitehip.attention.ops.sparse.split_k import dot_precision, merge_splits, split_partials
+from infinitehip.attention.ops.sparse.split_k import (
+    dot_precision, merge_if_last_split, merge_splits, split_counters, split_partials,
+)
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
 fix_interpreter_if_active()
@@ -34,11 +36,12 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _paged_decode_kernel(
-    Q, K, V, Out, PartOut, PartLse, PageTables, Lengths, Cos, Sin,
+    Q, K, V, Out, PartOut, PartLse, Counters, PageTables, Lengths, Cos, Sin,
     scale, softcap, window, num_heads, num_splits, page_size,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ob, stride_oh, stride_pt, stride_cos,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     b = tl.program_id(0)
     hkv = tl.program_id(1)
@@ -109,6 +112,9 @@ def _paged_decode_kernel(
         part_row = (b * num_heads + head).to(tl.int64) * num_splits + split
         tl.store(PartLse + part_row, lse, mask=row_ok)
         tl.store(PartOut + part_row[:, None] * (2 * HALF) + offs_dv[None, :], out, mask=o_mask)
+        if FUSED_MERGE:
+            merge_if_last_split(PartOut, PartLse, Out, Counters, b, hkv, num_heads, num_splits, stride_ob, stride_oh,
+                                GROUP=GROUP, D=2 * HALF, D_PAD=2 * HALF_PAD, SPLITS_PAD=SPLITS_PAD)
     else:
         o_ptrs = Out + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + offs_dv[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
@@ -165,19 +171,21 @@ def paged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
         num_splits = default_num_splits(B, Hkv, max_tokens, q.device)
     num_splits = max(1, min(int(num_splits), triton.cdiv(max_tokens, block_n)))
     split = num_splits > 1
+    fused = split and bool(launch.fused_merge)
     part_out, part_lse = split_partials(out, num_splits)
+    counters = split_counters(q.device, B * Hkv) if fused else part_lse
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         _paged_decode_kernel[(B, Hkv, num_splits)](
-            q, k_flat, v_flat, out, part_out, part_lse, page_tables, lengths, cos, sin,
+            q, k_flat, v_flat, out, part_out, part_lse, counters, page_tables, lengths, cos, sin,
             d ** -0.5 if scale is None else scale, 1.0 if softcap is None else softcap,
             0 if window is None else window, H, num_splits, page_size,
             q.stride(0), q.stride(1), k_flat.stride(0), k_flat.stride(1), v_flat.stride(0), v_flat.stride(1),
             out.stride(0), out.stride(1), page_tables.stride(0), cos.stride(0),
             GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, HALF=half, HALF_PAD=half_pad,
             DOT_PRECISION=dot_precision(q.dtype), SPLIT=split,
-            WINDOW=window is not None, SOFTCAP=softcap is not None, num_warps=num_warps,
-            num_stages=num_stages,
+            WINDOW=window is not None, SOFTCAP=softcap is not None, FUSED_MERGE=fused,
+            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=num_warps, num_stages=num_stages,
         )
-        if split:
+        if split and not fused:
             merge_splits(part_out, part_lse, out)
     return out
