@@ -53,7 +53,8 @@ class DecodeLaunch:
     block_n: int | None = None  # keys a tile
     num_warps: int | None = None
     num_stages: int | None = None
-    fused_merge: bool | None = None  # the last split of a (sequence, kv head) merges it (split_k.merge_if_last_split)
+    fused_merge: bool | None = None  # the last split of a (sequence, kv head) merges it (split_k.merge_if_last_split);
+    # None: off
 
     def __post_init__(self):
         if self.block_n is not None and (self.block_n < 16 or self.block_n & (self.block_n - 1)):
@@ -75,8 +76,8 @@ def sparse_decode_launch(batch: int, num_kv_heads: int, half_pad: int) -> Decode
     kv head) pairs of one sequence read fastest in 64-key tiles, the 64 of eight sequences in 32-key tiles (shorter
     tiles: more of them in flight per split); both 4 warps, 2 stages. Head dims above 128 keep 32-key tiles."""
     if half_pad > 64 or batch * num_kv_heads > 8:
-        return DecodeLaunch(block_n=32, num_warps=4, num_stages=2, fused_merge=False)
-    return DecodeLaunch(block_n=64, num_warps=4, num_stages=2, fused_merge=False)
+        return DecodeLaunch(block_n=32, num_warps=4, num_stages=2)
+    return DecodeLaunch(block_n=64, num_warps=4, num_stages=2)
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_keys: int, device: torch.device) -> int:

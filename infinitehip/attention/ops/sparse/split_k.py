@@ -86,6 +86,12 @@ def split_counters(device: torch.device, pairs: int) -> torch.Tensor:
     return _COUNTERS[device]
 
 
+def rope_table_dtype(cos: torch.Tensor) -> torch.dtype:
+    """The dtype a decode kernel reads its RoPE tables in: fp16 where given (16-bit caches,
+    `RotaryEmbedding.decode_tables`), else fp32."""
+    return torch.float16 if cos.dtype == torch.float16 else torch.float32
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
 

@@ -37,7 +37,7 @@ from infinitehip.attention.ops.sparse.launch import (
     DecodeLaunch, default_num_splits, prefill_config, sparse_decode_launch,
 )
 from infinitehip.attention.ops.sparse.split_k import (
-    dot_precision, merge_if_last_split, merge_splits, split_counters, split_partials,
+    dot_precision, merge_if_last_split, merge_splits, rope_table_dtype, split_counters, split_partials,
 )
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
@@ -343,8 +343,7 @@ def sparse_attention_decode(
     page_tables, key_counts = _prep(page_tables, i32), _prep(key_counts, i32)
     key_tokens, key_rope_pos = _prep(key_tokens, i32), _prep(key_rope_pos, i32)
     query_rope_pos = _prep(query_rope_pos, i32)
-    table_dtype = torch.float16 if cos.dtype == torch.float16 else torch.float32
-    cos, sin = _prep(cos, table_dtype), _prep(sin, table_dtype)
+    cos, sin = _prep(cos, rope_table_dtype(cos)), _prep(sin, rope_table_dtype(cos))
     assert cos.stride(0) == sin.stride(0)
 
     half_pad = max(16, triton.next_power_of_2(half))

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from infinitehip.attention.ops.sparse.launch import DecodeLaunch
 from infinitehip.attention.ops.sparse.split_k import (
-    dot_precision, merge_if_last_split, merge_splits, split_counters, split_partials,
+    dot_precision, merge_if_last_split, merge_splits, rope_table_dtype, split_counters, split_partials,
 )
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
@@ -158,8 +158,7 @@ def paged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
     k_flat, v_flat = k_pages.view(num_pages * page_size, Hkv, d), v_pages.view(num_pages * page_size, Hkv, d)
     page_tables = page_tables.to(torch.int32).contiguous()
     lengths = lengths.to(torch.int32).contiguous()
-    table_dtype = torch.float16 if cos.dtype == torch.float16 else torch.float32
-    cos, sin = cos.to(table_dtype).contiguous(), sin.to(table_dtype).contiguous()
+    cos, sin = cos.to(rope_table_dtype(cos)).contiguous(), sin.to(rope_table_dtype(cos)).contiguous()
 
     group, half = H // Hkv, d // 2
     half_pad = max(16, triton.next_power_of_2(half))
