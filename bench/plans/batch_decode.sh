@@ -6,3 +6,6 @@
 run batch32k python3 -m bench batch-decode --model random8b --contexts 32768 --batch-sizes ${BATCH_SIZES:-1 4 8 16} --methods ${METHODS:-dense infinitehip} --warmup-steps 100 --steps 32 --output $OUT_DIR/batch_decode_32k.json
 [ -n "${METHODS:-}" ] || run dense_decode python3 -m bench decode --contexts 32768 131072 --methods dense --steps 32 --warmup-steps 8 --output $OUT_DIR/decode_dense.json
 run profile32k python3 -m bench batch-decode --model random8b --contexts 32768 --batch-sizes 8 --methods infinitehip --warmup-steps 100 --steps 16 --profile-steps 4 --output $OUT_DIR/batch_decode_32k_profile.json
+# Where tokenselect's single-sequence step goes (its N = 1 step is ~3x infinitehip's at 32K: every key scored, then
+# top-k and sorts over the context's width): four profiled steps (random weights; the Selection Cache never hits).
+run profile_tokenselect python3 -m bench batch-decode --model random8b --contexts 32768 --batch-sizes 1 --methods tokenselect --warmup-steps 16 --steps 8 --profile-steps 4 --output $OUT_DIR/batch_decode_tokenselect_profile.json
