@@ -178,7 +178,8 @@ def batch_decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[lis
 
 
 def paged_decode(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
-    """`bench paged-decode` (either op): one line per (N, context, rope tables, launch, splits) the row's select picks."""
+    """`bench paged-decode` (either op): one line per (N, context, rope tables, launch, splits) the row's select
+    picks."""
     lines = []
     for row in rows:
         for _, r in entries(manifest, row, "rows"):

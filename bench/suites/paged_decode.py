@@ -40,7 +40,8 @@ def parse_launch(text: str):
             raise ValueError
         block_n, warps, stages = (int(x) for x in parts[:3])
     except ValueError:
-        raise SystemExit(f"--launches: BLOCK_N:WARPS:STAGES[:fused], 'default' or 'fused' expected, got {text!r}") from None
+        raise SystemExit(f"--launches: BLOCK_N:WARPS:STAGES[:fused], 'default' or 'fused' expected, "
+                         f"got {text!r}") from None
     return DecodeLaunch(block_n=block_n, num_warps=warps, num_stages=stages, fused_merge=fused or None)
 
 
@@ -75,7 +76,8 @@ def listed_keys(B: int, T: int, K: int, device: torch.device, seed: int) -> torc
 
 
 def op_cell(B: int, T: int, args, device: torch.device, dtype: torch.dtype):
-    """(the op as fn(cos, sin, launch, splits=None), its eager reference as ref(cos, sin), K/V bytes it reads, rope positions)."""
+    """(the op as fn(cos, sin, launch, splits=None), its eager reference as ref(cos, sin), the K/V bytes it reads,
+    the rope positions its tables need)."""
     q, k, v, tables, lengths = build_cell(B, T, args.heads, args.kv_heads, args.head_dim, dtype, device, seed=B + T)
     if args.op == "paged":
         from infinitehip.attention.methods.dense.paged_decode.reference import paged_decode_reference
