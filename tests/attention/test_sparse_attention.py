@@ -287,6 +287,34 @@ def test_decode_every_launch_and_fp16_tables_equal_the_reference(launch_args):
         launch.DecodeLaunch(block_n=48)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="replays a real CUDA graph")
+def test_decode_fused_merge_replays_from_a_cuda_graph():
+    """A fused-merge decode captured in a CUDA graph and replayed on new queries (the engine's decode graphs): every
+    replay merges (each leaves the counters zeroed for the next), equal to the reference and to the merge kernel
+    (whose reduction may round apart: its own warps)."""
+    from infinitehip.attention.ops.sparse.split_k import split_counters
+
+    case = DecodeCase(4, 2, 64, [300, 0, 77, 190], page_size=16, dtype=torch.bfloat16, seed=7)
+    fused, plain = launch.DecodeLaunch(fused_merge=True), launch.DecodeLaunch(fused_merge=False)
+
+    def run(chosen):
+        return tri.sparse_attention_decode(
+            case.q, case.k, case.v, case.page_tables, case.page_size, case.key_tokens, case.key_counts,
+            case.key_rope_pos, case.query_rope_pos, case.cos, case.sin, case.sm_scale, num_splits=3, launch=chosen)
+
+    run(fused)  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(fused)
+    gen = torch.Generator().manual_seed(8)
+    for _ in range(3):
+        case.q.copy_(torch.randn(case.q.shape, generator=gen).to(case.q))
+        graph.replay()
+        torch.testing.assert_close(out.float(), case.run("reference").float(), **TOL[torch.bfloat16])
+        torch.testing.assert_close(out.float(), run(plain).float(), rtol=1e-2, atol=1e-2)  # bf16 rounding apart
+        assert not split_counters(case.q.device, 1).any()
+
+
 def test_decode_reads_no_unlisted_key():
     case = DecodeCase(4, 2, 64, [300, 77, 190], page_size=16, dtype=torch.float32, seed=5, density=0.3)
     clean = case.run("triton", num_splits=3)
