@@ -2,7 +2,9 @@
 `LLM.chat` call (tokenized prompt in, the answer's text out: prefill and the answer's decode), so the genre cells
 double as a measurement of what a user of the defaults waits. One line per (method default, prompt length, device):
 the prompts, their median, 90th percentile and longest time; the longest is a file's first prompt where that one
-compiled the kernels (said in the note)."""
+compiled the kernels (said in the note). Where the runs recorded the engine's RequestMetrics, the medians of the two
+parts before the answer: tokenizing the templated prompt, and its prefill to the first token ('-' where no sample
+of the line has them)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,13 @@ from bench.report.genre_matrix import DEFAULT_ROW
 from bench.report.manifest import Manifest, Row, Table
 from bench.report.store import ResultsError
 
-COLUMNS = ["prompts", "prompt tokens (median)", "median s", "p90 s", "longest s"]
+COLUMNS = ["prompts", "prompt tokens (median)", "median s", "p90 s", "longest s", "median tokenizing s",
+           "median to first token s"]
+
+
+def _median_of(samples: list[dict], key: str) -> str:
+    values = [s[key] for s in samples if key in s]
+    return f"{statistics.median(values):.2f}" if values else "-"
 
 
 def _p90(values: list[float]) -> float:
@@ -52,6 +60,8 @@ def prompt_seconds(table: Table, rows: list[Row], manifest: Manifest) -> tuple[l
                       f"python -m bench.report (from the rows of table '{table.rows_from}')", device,
                       dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}",
                       runs + "; the longest is a file's first prompt (kernel compilation)" if longest[2] else runs)
+        samples = [s for _, s, _ in got]
         lines.append((summary, [str(len(seconds)), f"{tokens:,}", f"{statistics.median(seconds):.2f}",
-                                f"{_p90(seconds):.2f}", f"{max(seconds):.2f}"]))
+                                f"{_p90(seconds):.2f}", f"{max(seconds):.2f}", _median_of(samples, "encode_seconds"),
+                                _median_of(samples, "first_token_seconds")]))
     return COLUMNS, lines, {}

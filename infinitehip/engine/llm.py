@@ -32,6 +32,17 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """When a request passed the engine's milestones, wall-clock seconds (time.time()), as vLLM names them
+    (`request_output.metrics`): arrival (after its prompt was templated and tokenized), its first output token (the
+    prefill's end: first_token_time - arrival_time is its time to first token) and its end."""
+
+    arrival_time: float
+    first_token_time: float | None
+    finished_time: float | None
+
+
+@dataclass
 class RequestOutput:
     prompt_token_ids: list[int]  # the prompt as given
     token_ids: list[int]
@@ -43,6 +54,7 @@ class RequestOutput:
     logprobs: list | None = None
     prompt_logprobs: list | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (vLLM's name; 0 with caching off)
+    metrics: RequestMetrics | None = None
 
     @property
     def outputs(self) -> list[CompletionOutput]:
@@ -148,5 +160,5 @@ class LLM:
                               None if s.probe is None else s.probe.summary(),
                               s.output_logprobs if params.logprobs is not None else None,
                               s.prompt_logprobs if params.prompt_logprobs is not None else None,
-                              s.cached_prompt_tokens)
+                              s.cached_prompt_tokens, RequestMetrics(s.arrival_time, s.first_token_time, s.finished_time))
                 for ids, s in zip(prompt_ids, seqs)]

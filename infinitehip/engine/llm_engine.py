@@ -358,7 +358,10 @@ class LLMEngine:
         return outputs, 0
 
     def _check_finished(self, seq: Sequence, token: int) -> bool:
+        """After each output token: its text and whether it ends the request (the first token's time recorded)."""
         params = seq.params
+        if seq.first_token_time is None:
+            seq.first_token_time = time.time()
         if self.tokenizer is not None:  # benchmarks of random-weight models run without one
             seq.detokenizer = seq.detokenizer or IncrementalText()
             seq.output_text = seq.detokenizer.update(self.tokenizer, seq.output_ids)
@@ -379,6 +382,7 @@ class LLMEngine:
         return True
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finished_time = time.time()
         self._cancelled.discard(seq.seq_id)
         self.ahead.drop(seq)  # a step of it still running on the GPU ends before its graphs and pages are freed
         self.scheduler.finish(seq, reason)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,11 @@ class Sequence:
     prefix_hit: Any = None
     registered_pages: int = 0
     prefix_frozen: bool = False
+    # Wall-clock times (time.time(), as vLLM's RequestMetrics): the engine took the request, sampled its first output
+    # token, finished it
+    arrival_time: float = field(default_factory=time.time)
+    first_token_time: float | None = None
+    finished_time: float | None = None
 
     @property
     def num_tokens(self) -> int:

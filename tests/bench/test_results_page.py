@@ -216,7 +216,8 @@ def test_genre_matrix_shows_each_defaults_largest_run_against_its_target(tmp_pat
 def test_prompt_seconds_pools_each_defaults_prompts_once_and_leaves_oracle_rows_out(tmp_path):
     data = json.loads((STORE / RULER_RUN).read_text())  # sotu, 30 prompts at 64K
     seconds = [float(i + 1) for i in range(30)]
-    timed = dict(data, samples=[dict(s, seconds=t) for s, t in zip(data["samples"], seconds)])
+    timed = dict(data, samples=[dict(s, seconds=t, encode_seconds=0.25, first_token_seconds=t / 2)
+                                for s, t in zip(data["samples"], seconds)])
     slow = dict(data, samples=[dict(s, seconds=1000.0) for s in data["samples"]])
     manifest = load_manifest(_pivot_store(
         tmp_path, "prompt-seconds", "p", {"timed.json": timed, "slow.json": slow},
@@ -225,7 +226,8 @@ def test_prompt_seconds_pools_each_defaults_prompts_once_and_leaves_oracle_rows_
     text = table_markdown(manifest, next(t for t in manifest.tables if t.id == "p"), None)
     (line,) = [line for line in text.splitlines() if line.startswith("| infinitehip (default), 64K")]
     # the file filed twice counts once; the oracle's and the preset's prompts are not the default's
-    assert "| 30 | 65,536 | 15.50 | 27.10 | 30.00 |" in line and line.endswith("| 1 row of 't' |")
+    # the engine's RequestMetrics parts, where recorded: tokenizing, then the prefill to the first token
+    assert "| 30 | 65,536 | 15.50 | 27.10 | 30.00 | 0.25 | 7.75 |" in line and line.endswith("| 1 row of 't' |")
     no_seconds = dict(data, samples=[{k: v for k, v in s.items() if k != "seconds"} for s in data["samples"]])
     (tmp_path / "timed.json").write_text(json.dumps(no_seconds))
     with pytest.raises(ResultsError, match="lacks `seconds`"):

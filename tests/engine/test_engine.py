@@ -159,6 +159,35 @@ def test_stop_token_ids_end_generation(tiny_hf_model):
     assert seq.output_ids == free.output_ids[: first + 1] and seq.finish_reason == "stop"
 
 
+def test_request_metrics_time_the_arrival_the_first_token_and_the_end(tiny_hf_model):
+    """`RequestOutput.metrics` (vLLM's names): arrival before the first step, the first token's time within the step
+    that sampled it (a 40-token prompt prefilled in 16-token chunks: three steps before it), the end within the last."""
+    import time
+
+    from infinitehip import LLM
+
+    _, _, path = tiny_hf_model
+    engine = engine_for_dir(path, max_context_tokens=256, prefill_chunk_size=16)
+    steps, inner = [], engine.step
+
+    def timed_step(*args, **kwargs):
+        before = time.time()
+        out = inner(*args, **kwargs)
+        seq = engine.scheduler.running[0] if engine.scheduler.running else None
+        steps.append((before, time.time(), None if seq is None else len(seq.output_ids)))
+        return out
+
+    engine.step = timed_step
+    before = time.time()
+    (out,) = LLM.from_engine(engine).generate(_prompt(40, seed=5), SamplingParams(temperature=0.0, max_tokens=3,
+                                                                                    ignore_eos=True))
+    m = out.metrics
+    assert before <= m.arrival_time <= steps[0][0]
+    first = next(i for i, (_, _, n) in enumerate(steps) if n == 1)
+    assert first == 2 and steps[first][0] <= m.first_token_time <= steps[first][1]
+    assert steps[-1][0] <= m.finished_time <= steps[-1][1] and m.first_token_time < m.finished_time
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [(dict(page_size=0), "page_size"), (dict(device="tpu"), "device"), (dict(dtype="int8"), "dtype"),

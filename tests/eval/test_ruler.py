@@ -263,6 +263,9 @@ def test_cli_end_to_end_dense(tmp_path, capsys):
     data = json.loads(out.read_text())
     (sample,) = data["samples"]
     assert abs(sample["prompt_tokens"] - 1500) <= length_tolerance(1500) and sample["oracle"] is False
+    # the engine's RequestMetrics split the prompt's seconds: tokenizing before it, its prefill to the first token
+    assert 0 <= sample["encode_seconds"] and 0 < sample["first_token_seconds"]
+    assert sample["encode_seconds"] + sample["first_token_seconds"] <= sample["seconds"] + 0.01  # two clocks
     assert data["model"]["source"] and "git_commit" in data
     printed = capsys.readouterr().out
     assert "niah_single_number, method" in printed and "depth 50%" in printed and "1/1" in printed

@@ -277,14 +277,20 @@ def _run_one(llm: Any, config: RulerConfig, job: tuple, built: tuple[Any, list |
     task, haystack, length, depth, seed = job
     sample, positions = built
     params = SamplingParams(temperature=0.0, max_tokens=TASKS[task].answer_tokens)
-    start = time.perf_counter()
+    start, wall_start = time.perf_counter(), time.time()
     (out,) = _chat(llm, sample.messages, params, positions, config.oracle)
     seconds = time.perf_counter() - start
     score = sample.score(out.text)
+    # where the prompt's seconds went (an engine's RequestMetrics): templating and tokenizing before the engine took
+    # it, then its prefill up to the first token
+    metrics = getattr(out, "metrics", None)
+    parts = {} if metrics is None or metrics.first_token_time is None else {
+        "encode_seconds": round(metrics.arrival_time - wall_start, 3),
+        "first_token_seconds": round(metrics.first_token_time - metrics.arrival_time, 3)}
     return {
         "task": task, "haystack": haystack, "split": HAYSTACKS[haystack].split, "length": length, "prompt_tokens": len(out.prompt_token_ids),
         "depth": depth, "seed": seed, "expected": list(sample.expected), "output": out.text,
-        "correct": score == 1.0, "score": score, "seconds": round(seconds, 3),
+        "correct": score == 1.0, "score": score, "seconds": round(seconds, 3), **parts,
         "dropped_tokens": getattr(out, "dropped_prompt_tokens", 0),
         "oracle": config.oracle, "needle_trace": _jsonable(getattr(out, "needle_trace", None)),
         "haystack_start": sample.haystack_start, "haystack_span": sample.haystack_span,
