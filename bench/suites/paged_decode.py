@@ -4,10 +4,11 @@
 
 B sequences of T cached tokens each (Llama-3-8B's attention shape by default: 32 query / 8 KV heads, d 128, bf16,
 pages of 64 in shuffled order), one query token each; the sparse op lists `--keys` of each sequence's tokens (random
-64-token chunks in order, as a pruned decode's last stage lists them) and reads only those. Every launch variant (keys a tile, warps, pipeline stages) and
-rope-table dtype is timed as a CUDA-graph replay with a cold L2 (median); the bound is the K and V bytes of every
-sequence at the device-to-device copy bandwidth measured in the same run; each variant's output is compared with the
-default launch's (max abs difference) and, for the smallest cell, with the eager reference.
+64-token chunks in order, as a pruned decode's last stage lists them) and reads only those. Every launch variant
+(keys a tile, warps, pipeline stages, the fused merge), rope-table dtype and `--splits` count is timed as a
+CUDA-graph replay with a cold L2 (median); the bound is the K and V bytes the op reads at the device-to-device copy
+bandwidth measured in the same run; each variant's output is compared with the default launch's (max abs
+difference) and, for the smallest cell, with the eager reference.
 
     python -m bench paged-decode --contexts 32768 131072 --batch-sizes 1 8
     python -m bench paged-decode --launches 64:4:2 32:4:3 --tables fp32 fp16

@@ -9,6 +9,8 @@ tensor cores of the input dtype otherwise.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -96,18 +98,42 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # tf32 is ignored for 16-bit inputs
 
 
-def split_partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A split-K launch's partial outputs [B, H, num_splits, d] and log2-sum-exps [B, H, num_splits] (fp32) for
-    `out` [B, H, d]; with one split the kernel writes `out` itself and both are `out` (unused)."""
-    if num_splits == 1:
-        return out, out
+@dataclass
+class SplitLaunch:
+    """The buffers and switches of one split-K decode launch over `out` [B, H, d] (grid (B, Hkv, num_splits)):
+    partial outputs [B, H, num_splits, d] and log2-sum-exps [B, H, num_splits] (fp32; with one split the kernel writes
+    `out` itself and both are `out`, unused), the fused merge's counters (else the lse buffer, unused), and the
+    kernels' SPLIT / FUSED_MERGE / SPLITS_PAD constexprs."""
+
+    part_out: torch.Tensor
+    part_lse: torch.Tensor
+    counters: torch.Tensor
+    split: bool
+    fused: bool
+    splits_pad: int
+
+    def finish(self, out: torch.Tensor) -> None:
+        """After the kernel: the merge kernel where the splits did not merge themselves."""
+        if self.split and not self.fused:
+            merge_splits(self.part_out, self.part_lse, out)
+
+
+def split_launch(out: torch.Tensor, num_kv_heads: int, num_splits: int, fused_merge: bool | None) -> SplitLaunch:
+    """`SplitLaunch` of a decode over `out` [B, H, d] split num_splits ways (fused_merge: `DecodeLaunch`'s)."""
     B, H, d = out.shape
-    return (torch.empty(B, H, num_splits, d, dtype=torch.float32, device=out.device),
-            torch.empty(B, H, num_splits, dtype=torch.float32, device=out.device))
+    split = num_splits > 1
+    fused = split and bool(fused_merge)
+    if split:
+        part_out = torch.empty(B, H, num_splits, d, dtype=torch.float32, device=out.device)
+        part_lse = torch.empty(B, H, num_splits, dtype=torch.float32, device=out.device)
+    else:
+        part_out = part_lse = out
+    counters = split_counters(out.device, B * num_kv_heads) if fused else part_lse
+    return SplitLaunch(part_out, part_lse, counters, split, fused, max(2, triton.next_power_of_2(num_splits)))
 
 
 def merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
-    """Write into `out` [B, H, d] the merge of a split-K launch's partials (`split_partials`), one program per row."""
+    """Write into `out` [B, H, d] the merge of a split-K launch's partials (`SplitLaunch`), one program per row."""
     B, H, d = out.shape
     num_splits = part_lse.shape[-1]
     combine_splits_kernel[(B * H,)](

@@ -18,7 +18,7 @@ Decode (`_sparse_decode_kernel`), flash-decoding. Grid: (B, Hkv, num_splits). Ea
 GROUP heads of one kv head (padded to BLOCK_H >= 16 rows for tl.dot) and a contiguous share of the
 sequence's listed keys (shares are balanced per sequence from its own key count, rounded to BLOCK_N).
 With one split it writes the output directly; otherwise it writes a normalized partial output and its
-log2-sum-exp, and `split_k.merge_splits` merges the splits.
+log2-sum-exp, and `split_k.merge_splits` merges the splits (or, a fused merge, the last split does).
 
 fp32 inputs use IEEE fp32 dots (no TF32) so they match the fp32 oracle; bf16/fp16 inputs use tensor-core
 dots of the input dtype with fp32 accumulation (q/k are rotated in fp32 and rounded once). Slots are
@@ -37,7 +37,7 @@ from infinitehip.attention.ops.sparse.launch import (
     DecodeLaunch, default_num_splits, prefill_config, sparse_decode_launch,
 )
 from infinitehip.attention.ops.sparse.split_k import (
-    dot_precision, merge_if_last_split, merge_splits, rope_table_dtype, split_counters, split_partials,
+    dot_precision, merge_if_last_split, rope_table_dtype, split_launch,
 )
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
@@ -353,23 +353,19 @@ def sparse_attention_decode(
     if num_splits is None:
         num_splits = default_num_splits(B, Hkv, max_keys, q.device)
     num_splits = max(1, min(int(num_splits), triton.cdiv(max_keys, block_n)))
-    split = num_splits > 1
-    fused = split and bool(launch.fused_merge)
-    part_out, part_lse = split_partials(out, num_splits)
-    counters = split_counters(q.device, B * Hkv) if fused else part_lse
+    splits = split_launch(out, Hkv, num_splits, launch.fused_merge)
 
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         _sparse_decode_kernel[(B, Hkv, num_splits)](
-            q, k_flat, v_flat, out, part_out, part_lse, counters, page_tables, key_tokens, key_counts, key_rope_pos,
-            query_rope_pos, cos, sin,
+            q, k_flat, v_flat, out, splits.part_out, splits.part_lse, splits.counters, page_tables, key_tokens,
+            key_counts, key_rope_pos, query_rope_pos, cos, sin,
             sm_scale * _LOG2E, H, num_splits, page_size, max_keys,
             q.stride(0), q.stride(1), k_flat.stride(0), k_flat.stride(1), v_flat.stride(0), v_flat.stride(1),
             out.stride(0), out.stride(1), page_tables.stride(0), key_tokens.stride(0), key_rope_pos.stride(0),
             cos.stride(0),
             GROUP=group, BLOCK_H=block_h, HALF=half, HALF_PAD=half_pad, DOT_PRECISION=dot_precision(q.dtype),
-            SPLIT=split, FUSED_MERGE=fused, SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), BLOCK_N=block_n,
+            SPLIT=splits.split, FUSED_MERGE=splits.fused, SPLITS_PAD=splits.splits_pad, BLOCK_N=block_n,
             num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
-        if split and not fused:
-            merge_splits(part_out, part_lse, out)
+        splits.finish(out)
     return out

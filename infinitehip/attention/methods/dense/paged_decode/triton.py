@@ -25,7 +25,7 @@ import triton.language as tl
 
 from infinitehip.attention.ops.sparse.launch import DecodeLaunch
 from infinitehip.attention.ops.sparse.split_k import (
-    dot_precision, merge_if_last_split, merge_splits, rope_table_dtype, split_counters, split_partials,
+    dot_precision, merge_if_last_split, rope_table_dtype, split_launch,
 )
 from infinitehip.triton_interpreter import fix_interpreter_if_active
 
@@ -169,22 +169,19 @@ def paged_decode_triton(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
     if num_splits is None:
         num_splits = default_num_splits(B, Hkv, max_tokens, q.device)
     num_splits = max(1, min(int(num_splits), triton.cdiv(max_tokens, block_n)))
-    split = num_splits > 1
-    fused = split and bool(launch.fused_merge)
-    part_out, part_lse = split_partials(out, num_splits)
-    counters = split_counters(q.device, B * Hkv) if fused else part_lse
+    splits = split_launch(out, Hkv, num_splits, launch.fused_merge)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         _paged_decode_kernel[(B, Hkv, num_splits)](
-            q, k_flat, v_flat, out, part_out, part_lse, counters, page_tables, lengths, cos, sin,
+            q, k_flat, v_flat, out, splits.part_out, splits.part_lse, splits.counters, page_tables, lengths, cos,
+            sin,
             d ** -0.5 if scale is None else scale, 1.0 if softcap is None else softcap,
             0 if window is None else window, H, num_splits, page_size,
             q.stride(0), q.stride(1), k_flat.stride(0), k_flat.stride(1), v_flat.stride(0), v_flat.stride(1),
             out.stride(0), out.stride(1), page_tables.stride(0), cos.stride(0),
             GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, HALF=half, HALF_PAD=half_pad,
-            DOT_PRECISION=dot_precision(q.dtype), SPLIT=split,
-            WINDOW=window is not None, SOFTCAP=softcap is not None, FUSED_MERGE=fused,
-            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), num_warps=num_warps, num_stages=num_stages,
+            DOT_PRECISION=dot_precision(q.dtype), SPLIT=splits.split,
+            WINDOW=window is not None, SOFTCAP=softcap is not None, FUSED_MERGE=splits.fused,
+            SPLITS_PAD=splits.splits_pad, num_warps=num_warps, num_stages=num_stages,
         )
-        if split and not fused:
-            merge_splits(part_out, part_lse, out)
+        splits.finish(out)
     return out
