@@ -11,10 +11,14 @@ from bench.report.manifest import load_manifest
 from bench.report.store import MANIFEST, ResultsError, canonical_name, model_tag, read_json, recorded_runs, suite_name
 
 DROP = {"--output", "--model-cache-dir", "--plots"}  # flags that say where files went, not what ran
+# The genres' texts as the docs have a user pack them (`python -m bench.device_corpora pack .corpora`): a run's own
+# folder is a path on the machine that ran it.
+HAYSTACK_DIR = ".corpora"
 
 
 def _without_paths(argv: list[str], model: str | None) -> list[str]:
-    """A run's argv without the flags that name this machine's files; --model by `model` or its file's name."""
+    """A run's argv without the flags that name this machine's files; --model by `model` or its file's name, and
+    --haystack-dir by the documented pack folder."""
     out, skip = [], False
     for i, arg in enumerate(argv):
         if skip:
@@ -23,7 +27,8 @@ def _without_paths(argv: list[str], model: str | None) -> list[str]:
         if arg in DROP:
             skip = True
             continue
-        out.append((model or Path(arg).name) if i and argv[i - 1] == "--model" else arg)
+        flag = argv[i - 1] if i else ""
+        out.append((model or Path(arg).name) if flag == "--model" else HAYSTACK_DIR if flag == "--haystack-dir" else arg)
     return out
 
 

@@ -115,7 +115,9 @@ def test_a_date_outside_the_row_is_caught(tmp_path):
 @pytest.mark.parametrize("with_meta", [True, False], ids=["bench-ruler", "eval-ruler"])
 def test_add_files_a_run_under_its_canonical_name(tmp_path, with_meta):
     data = json.loads((STORE / RULER_RUN).read_text())
-    if not with_meta:  # `infinitehip eval ruler --output` writes no meta block: the command is rebuilt
+    if with_meta:  # the genres' folder as the device named it: the page shows the documented one
+        data["meta"]["argv"] += ["--haystack-dir", "/root/p/tree/.corpora"]
+    else:  # `infinitehip eval ruler --output` writes no meta block: the command is rebuilt
         del data["meta"]
     run = tmp_path / "incoming" / "out.json"
     run.parent.mkdir()
@@ -129,6 +131,7 @@ def test_add_files_a_run_under_its_canonical_name(tmp_path, with_meta):
     argv = shlex.split(row.command)
     assert argv[:3] == ["infinitehip", "eval", "ruler"] and argv[argv.index("--model") + 1] == "gemma3-270m"
     assert "--output" not in argv and argv[argv.index("--lengths") + 1] == "65536"
+    assert "/root" not in row.command and (not with_meta or argv[argv.index("--haystack-dir") + 1] == ".corpora")
     right = sum(s["correct"] for s in data["samples"])
     assert f"| infinitehip | {right}/{len(data['samples'])} |" in render(manifest)
     check_records(manifest)
