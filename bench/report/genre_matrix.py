@@ -26,19 +26,27 @@ def target(method: str, length: int) -> float | None:
     return None
 
 
-def genre_matrix(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
-    best: dict[tuple[str, str, int], tuple[int, str, int, Row]] = {}  # -> (prompts, date, correct, row)
+def largest_runs(table: Table, rows: list[Row], manifest: Manifest) -> dict[tuple[str, str, int], tuple]:
+    """(genre, method, length) -> (prompts, date, correct, row, samples): of the rows running a method's default
+    (oracle rows left out), the one with the most prompts of that genre and length, the latest among equals."""
+    best: dict[tuple[str, str, int], tuple] = {}
     for row in rows:
         m = DEFAULT_ROW.match(row.label)
         if m is None or "oracle" in row.label or m["method"] not in METHODS:
             continue
-        cells: dict[tuple[str, int], list[bool]] = defaultdict(list)
+        cells: dict[tuple[str, int], list[dict]] = defaultdict(list)
         for s in row_samples(manifest, row, row.task or table.task):
-            cells[s["haystack"], s["length"]].append(bool(s["correct"]))
+            cells[s["haystack"], s["length"]].append(s)
         for (genre, length), got in cells.items():
-            key, run = (genre, m["method"], length), (len(got), row.date_range()[1], sum(got), row)
+            key = (genre, m["method"], length)
+            run = (len(got), row.date_range()[1], sum(bool(s["correct"]) for s in got), row, got)
             if length in table.lengths and (key not in best or run[:2] > best[key][:2]):
                 best[key] = run
+    return best
+
+
+def genre_matrix(table: Table, rows: list[Row], manifest: Manifest) -> tuple[list[str], Lines, Curves]:
+    best = largest_runs(table, rows, manifest)
     lines = []
     genres = sorted({g for g, _, _ in best}, key=lambda g: (HAYSTACKS[g].split != "tuning", g) if g in HAYSTACKS else (2, g))
     for genre in genres:
@@ -52,7 +60,7 @@ def genre_matrix(table: Table, rows: list[Row], manifest: Manifest) -> tuple[lis
                 if run is None:
                     cells.append("–")
                     continue
-                prompts, _, correct, _ = run
+                prompts, _, correct, _, _ = run
                 cells.append(f"{correct}/{prompts}")
                 goal = target(method, n)
                 if goal is not None and correct < goal * prompts:

@@ -12,8 +12,8 @@ from bench.report.store import MANIFEST, STORE, ResultsError, read_json
 
 KINDS = ("accuracy", "kv-memory", "layer-decode", "decode", "hip-attn", "ttft", "prefix-ttft", "tensor-parallel", "batch-decode",
          "paged-decode", "method-latency", "server-latency", "resident-decode",
-         "bounded-memory", "genre-matrix", "prompt-seconds")
-PIVOTS = ("genre-matrix", "prompt-seconds")  # kinds that show the rows of another table (rows_from), none of their own
+         "bounded-memory", "genre-matrix", "prompt-seconds", "needle-misses")
+PIVOTS = ("genre-matrix", "prompt-seconds", "needle-misses")  # kinds that show the rows of another table (rows_from), none of their own
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.report import accuracy, genre_matrix, prompt_seconds, speed
+from bench.report import accuracy, genre_matrix, needle_misses, prompt_seconds, speed
 from bench.report.manifest import Manifest, Table
 from bench.report.plots import line_plot
 from bench.report.store import ROOT
@@ -18,8 +18,9 @@ RENDERERS = {"accuracy": accuracy.accuracy, "kv-memory": accuracy.kv_memory, "la
              "batch-decode": speed.batch_decode, "paged-decode": speed.paged_decode,
              "method-latency": speed.method_latency, "server-latency": speed.server_latency,
              "resident-decode": speed.resident_decode, "bounded-memory": speed.bounded_memory,
-             "genre-matrix": genre_matrix.genre_matrix, "prompt-seconds": prompt_seconds.prompt_seconds}
-NUMERIC = {"accuracy": ":-:", "kv-memory": "---:", "genre-matrix": ":-:"}
+             "genre-matrix": genre_matrix.genre_matrix, "prompt-seconds": prompt_seconds.prompt_seconds,
+             "needle-misses": needle_misses.needle_misses}
+NUMERIC = {"accuracy": ":-:", "kv-memory": "---:", "genre-matrix": ":-:", "needle-misses": ":-:"}
 
 
 def _escape(text: str) -> str:

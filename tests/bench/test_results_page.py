@@ -235,3 +235,23 @@ def test_prompt_seconds_pools_each_defaults_prompts_once_and_leaves_oracle_rows_
     (tmp_path / "timed.json").write_text(json.dumps(no_seconds))
     with pytest.raises(ResultsError, match="lacks `seconds`"):
         table_markdown(manifest, next(t for t in manifest.tables if t.id == "p"), None)
+
+
+def test_needle_misses_pools_each_needle_over_the_cells_the_matrix_shows(tmp_path):
+    data = json.loads((STORE / RULER_RUN).read_text())  # sotu, 30 prompts at 64K, one per needle (seed)
+    samples = [dict(s, correct=True) for s in data["samples"]]
+    missed = dict(data, samples=[dict(s, correct=i != 1) for i, s in enumerate(samples)])  # loses needle 1 only
+    dense = dict(data, samples=[dict(s, correct=i not in (1, 2)) for i, s in enumerate(samples)])
+    stale = dict(data, samples=[dict(s, correct=False) for s in samples[:10]])  # a smaller, older run: not shown
+    path = _pivot_store(tmp_path, "needle-misses", "n",
+                        {"missed.json": missed, "dense.json": dense, "stale.json": stale, "oracle.json": missed},
+                        [("tokenselect (default)", "missed.json"), ("tokenselect (default)", "stale.json"),
+                         ("dense (calibration)", "dense.json"), ("infinitehip (default), oracle", "oracle.json")])
+    manifest = load_manifest(path)
+    text = table_markdown(manifest, next(t for t in manifest.tables if t.id == "n"), None)
+    lines = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    needle = samples[1]
+    # columns: dense, auto, infinitehip, tokenselect, infinipot; dense's own misses (needle 2) make no line
+    assert lines[0].startswith(f"| {needle['expected'][0]} (seed {needle['seed']}, depth {needle['depth']:.0%}) "
+                               "| 0/1 | – | – | 0/1 | – |") and "sotu 64K (tokenselect)" in lines[0]
+    assert lines[1].startswith("| every other needle (29) | 28/29 | – | – | 29/29 | – |") and len(lines) == 2
