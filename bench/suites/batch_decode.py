@@ -12,7 +12,8 @@ the device-to-device copy bandwidth measured in the same run on CUDA, none on CP
     python -m bench batch-decode --contexts 131072 --batch-sizes 1 8 --methods dense --modes resident offloaded
     python -m bench batch-decode --smoke                     # CPU, tiny random model, dense and infinitehip
 
---modes offloaded keeps the KV in host memory behind GPU banks (methods that refuse offloading are skipped, said so).
+--modes offloaded keeps the KV in host memory behind GPU banks (methods that refuse offloading are skipped, said so);
+offloaded-one-graph also decodes a batch from one graph of all its sequences (`OffloadConfig.batch_decode_graph`).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ import torch
 from bench.common import models
 from bench.common.cli import add_smoke_flag
 from bench.common.gpu_profile import print_report, profile_region
+from bench.common.instrument import use_fast_prefill
 from bench.common.meta import record_engine
 from bench.common.timing import sync
 from bench.suites.decode import hbm_bandwidth
 from infinitehip import EngineConfig, SamplingParams
 from infinitehip.cli.options import parse_int
-from infinitehip.config.offload import OffloadConfig
+from infinitehip.config.offload import KV_DTYPES, OffloadConfig
 from infinitehip.engine.llm_engine import LLMEngine
 from infinitehip.model.loading import LoadedModel
 
@@ -48,16 +50,22 @@ def method_config(method: str, preset: str | None, cpu: bool):
     return None if spec.config_cls is None else spec.config(preset)
 
 
-def offload_for(method: str, config, context: int, num_heads: int, num_seqs: int) -> OffloadConfig:
-    """Offloading on; for infinitehip the banks hold the worst case of one resolve call for num_seqs sequences."""
+OFFLOADED = {"offloaded": False, "offloaded-one-graph": True}  # mode -> OffloadConfig.batch_decode_graph
+
+
+def offload_for(method: str, config, context: int, num_heads: int, num_seqs: int,
+                one_graph: bool = False, kv_dtype: str = "auto") -> OffloadConfig:
+    """Offloading on; for infinitehip the banks hold the worst case of one resolve call for num_seqs sequences
+    (one_graph: a batch replays one graph of all, `OffloadConfig.batch_decode_graph`; kv_dtype: the host store's)."""
     if method not in ("infinitehip", "auto"):
-        return OffloadConfig(offload_enabled=True)
+        return OffloadConfig(offload_enabled=True, batch_decode_graph=one_graph, kv_dtype=kv_dtype)
     from infinitehip.attention.methods.infinitehip.offload_access import check_offload
 
     need = check_offload(config, OffloadConfig(mask_bank_tokens=1 << 40, attention_bank_tokens=1 << 40), context,
                          num_heads, num_seqs)
     return OffloadConfig(offload_enabled=True, mask_bank_tokens=need.mask_stage_tokens,
-                         attention_bank_tokens=max(need.attention_tokens, 65536))
+                         attention_bank_tokens=max(need.attention_tokens, 65536), batch_decode_graph=one_graph,
+                         kv_dtype=kv_dtype)
 
 
 def kv_bytes_per_token(loaded: LoadedModel, dtype: torch.dtype) -> int:
@@ -76,8 +84,8 @@ def run_cell(loaded: LoadedModel, spec: str, mode: str, context: int, num_seqs: 
     extra = prefill_steps + args.warmup_steps + args.steps + args.profile_steps + 8
     page = 64
     per_seq = -(-(context + extra) // page) * page + page
-    offload = offload_for(method, config, context + extra, loaded.config.num_heads, num_seqs) \
-        if mode == "offloaded" else None
+    offload = offload_for(method, config, context + extra, loaded.config.num_heads, num_seqs, OFFLOADED[mode],
+                          args.kv_dtype) if mode in OFFLOADED else None
     engine = LLMEngine(
         EngineConfig(method=method, device=str(device), dtype=str(dtype).removeprefix("torch."),
                      max_context_tokens=context + extra, kv_cache_tokens=num_seqs * per_seq, page_size=page,
@@ -148,8 +156,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16], help="sequences decoding together")
     parser.add_argument("--methods", nargs="+", default=["dense", "infinitehip"],
                         help="NAME[:PRESET]: dense, auto, infinitehip[:3k-fast], tokenselect, streaming, ...")
-    parser.add_argument("--modes", nargs="+", default=["resident"], choices=("resident", "offloaded"),
-                        help="offloaded: KV in host memory behind GPU banks, for the methods that support it")
+    parser.add_argument("--modes", nargs="+", default=["resident"], choices=("resident", *OFFLOADED),
+                        help="offloaded: KV in host memory behind GPU banks, for the methods that support it (a batch "
+                             "replays each sequence's graph in turn); offloaded-one-graph: one graph of the batch "
+                             "(OffloadConfig.batch_decode_graph)")
+    parser.add_argument("--kv-dtype", default="auto", choices=("auto", *KV_DTYPES),
+                        help="offloaded modes: the host store's dtype (auto: the model's)")
+    parser.add_argument("--fast-prefill", action="store_true",
+                        help="random weights only: infinitehip's prefill attention replaced by zeros (K/V, saliency "
+                             "and question-time selection as in a real prefill; decode runs the real method), for "
+                             "contexts whose real prefill would take most of a device session")
     parser.add_argument("--steps", type=int, default=32, help="timed decode steps (the median is reported)")
     parser.add_argument("--warmup-steps", type=int, default=8, help="decode steps before timing (graph captures)")
     parser.add_argument("--chunk", type=parse_int, default=16384, help="prefill chunk")
@@ -162,14 +178,18 @@ def add_arguments(parser) -> None:
                         help="after the timed steps, profile this many more (kernel and host-op tables, printed): "
                              "where a batch's step goes")
     parser.add_argument("--profile-rows", type=int, default=30, help="rows of each profile table")
-    add_smoke_flag(parser, "tiny random model, 200 tokens, N = 1 and 2, dense and infinitehip, resident and offloaded")
+    add_smoke_flag(parser, "tiny random model, 200 tokens, N = 1 and 2, dense and infinitehip, every KV mode")
 
 
 def run(args, out) -> dict:
     if args.smoke:
         args.model, args.contexts, args.batch_sizes, args.chunk = "tiny", [200], [1, 2], 128
         args.steps, args.warmup_steps = 3, 1
-        args.methods, args.modes = ["dense", "infinitehip:tiny"], ["resident", "offloaded"]
+        args.methods, args.modes = ["dense", "infinitehip:tiny"], ["resident", *OFFLOADED]
+    if args.fast_prefill and not models.is_random(args.model):
+        raise ValueError("--fast-prefill is for random weights only (a real model's answer needs the real prefill)")
+    if args.fast_prefill:
+        use_fast_prefill()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     if device.type == "cpu":
@@ -181,7 +201,8 @@ def run(args, out) -> dict:
     else:
         bandwidth = hbm_bandwidth() if device.type == "cuda" else None
     args.kv_bytes_per_token = kv_bytes_per_token(loaded, dtype)
-    body = dict(model=loaded.source, weight_bytes=weight_bytes, bandwidth_bytes_s=bandwidth,
+    body = dict(model=loaded.source, fast_prefill=bool(args.fast_prefill), kv_dtype=args.kv_dtype,
+                weight_bytes=weight_bytes, bandwidth_bytes_s=bandwidth,
                 kv_bytes_per_token=args.kv_bytes_per_token, rows=[], skipped=[])
     for context in args.contexts:
         for spec in args.methods:

@@ -91,6 +91,10 @@ class GraphDecode(ABC):
     def advance_host_counters(self, state: Any, key: Hashable) -> None:
         """Advance the host bookkeeping as a decode step with this graph key does (after a replay)."""
 
+    def after_batch_replay(self, seqs: list[SequenceSlice], method_keys: list) -> None:
+        """After a graph of several sequences replayed (each one's counters advanced): the host bookkeeping such a
+        step changes beyond each sequence's own (shared state its Python would have reset)."""
+
 
 class KVOffload(ABC):
     """Runs with the KV in host memory behind GPU banks (`kv/offload/paged.py`: flat rows are not resident)."""

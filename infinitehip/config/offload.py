@@ -43,6 +43,10 @@ class OffloadConfig:
     # context's K/V from the store) instead of resolving the keys it needs through the banks; costs a buffer of
     # the longest prompt's K/V of one layer in the model's dtype on the GPU.
     stage_prefill: bool = True
+    # Several sequences decoding at once replay one CUDA graph (the weights read once a step; each sequence's key
+    # list resolved through the attention bank at every step, without the bank rows a sequence decoding alone keeps
+    # between refreshes) instead of each one's graph in turn
+    batch_decode_graph: bool = False
     offload_impl: str = "auto"  # host->bank row copy: "auto" (triton on CUDA, reference elsewhere), "triton", "reference"
 
     # For the CLI (cli/options.py): the fields `--help` lists, the kernel choice kept for studies, allowed values.
@@ -51,7 +55,7 @@ class OffloadConfig:
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"kv_dtype": ("auto", *KV_DTYPES), "offload_impl": IMPLS}
 
     def __post_init__(self) -> None:
-        for name in ("offload_enabled", "spill_store_to_gpu", "stage_prefill"):
+        for name in ("offload_enabled", "spill_store_to_gpu", "stage_prefill", "batch_decode_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("mask_bank_tokens", "attention_bank_tokens"):

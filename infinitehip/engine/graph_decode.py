@@ -196,6 +196,8 @@ class GraphDecoder:
             self._set_counters(seqs, now)
             for s, own in zip(seqs, own_keys):  # each sequence's own step
                 self.method.advance_host_counters(s.state, own)
+            if n > 1:
+                self.method.after_batch_replay(seqs, own_keys)
             self.replays += 1
             self.batch_replays += n > 1
             return logits

@@ -6,6 +6,7 @@ that cannot run offloaded are refused (before anything is allocated) with errors
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -55,8 +56,10 @@ def _count_decode_groups(monkeypatch):
     return groups
 
 
-def _generate(path, config, offload, prompts, steps, method="infinitehip", graphs=False, on_engine=None, **kw):
-    """Greedy decode; -> (outputs, logits per step, bank stats after each step, engine)."""
+def _generate(path, config, offload, prompts, steps, method="infinitehip", graphs=False, on_engine=None,
+              arrivals=None, **kw):
+    """Greedy decode (arrivals: the engine step at which each prompt arrives, default all at once); -> (outputs,
+    logits per step, bank stats after each step, engine)."""
     engine = engine_for_dir(path, None, config, offload, method=method, max_context_tokens=CONTEXT,
                             prefill_chunk_size=kw.pop("prefill_chunk_size", 128), max_num_seqs=len(prompts), **kw)
     if on_engine is not None:
@@ -64,11 +67,17 @@ def _generate(path, config, offload, prompts, steps, method="infinitehip", graph
     if graphs:
         closure_graph_decoder(engine)
     logits, stats = record_step_logits(engine), []
-    seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)) for p in prompts]
-    while engine.has_work:
-        engine.step()
-        stats.append(engine.kv_stats())
-    return [s.output_ids for s in seqs], logits, stats, engine
+    arrivals, seqs, step = arrivals or [0] * len(prompts), {}, 0
+    steps = steps if isinstance(steps, list) else [steps] * len(prompts)  # tokens to decode, per prompt
+    while len(seqs) < len(prompts) or engine.has_work:
+        for i, p in enumerate(prompts):
+            if arrivals[i] == step:
+                seqs[i] = engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=steps[i], ignore_eos=True))
+        if engine.has_work:
+            engine.step()
+            stats.append(engine.kv_stats())
+        step += 1
+    return [seqs[i].output_ids for i in range(len(prompts))], logits, stats, engine
 
 
 def _assert_same(a, b):
@@ -216,6 +225,59 @@ def test_offloaded_batched_decode_equals_resident(tiny_llama_dir):
     ours = _generate(tiny_llama_dir, config, _smallest_banks(config, HEADS, seqs=2, mask_bank=FEW_GROUPS), prompts, 6)
     _assert_same(ours, resident)
     assert not any(ours[2][-1]["attention"].overflows)
+
+
+@pytest.mark.parametrize("one_graph", [False, True])
+def test_an_offloaded_batch_decodes_from_one_graph_only_when_asked(tiny_llama_dir, one_graph):
+    """OffloadConfig.batch_decode_graph: two offloaded sequences in different refresh phases replay one graph of both
+    (else each one's graph in turn, with the bank rows a sequence alone keeps) and decode the resident tokens and
+    logits either way (each refreshing by its own phase: a graph keyed by the union of their patterns would not)."""
+    config = InfiniteHiPConfig(**SMALL)
+    # the first decodes alone, beside the second in different refresh phases, then alone again
+    prompts, steps = [random_ids(700, seed=23), random_ids(520, seed=24)], [30, 10]
+    room = dict(kv_cache_tokens=2 * CONTEXT, arrivals=[0, 7])
+    resident = _generate(tiny_llama_dir, config, None, prompts, steps, **room)
+    offload = dataclasses.replace(_smallest_banks(config, HEADS, seqs=2, mask_bank=FEW_GROUPS),
+                                  batch_decode_graph=one_graph)
+    ours = _generate(tiny_llama_dir, config, offload, prompts, steps, graphs=True, **room)
+    _assert_same(ours, resident)
+    decoder = ours[3].runner.graph_decoder
+    assert decoder.replays > 0 and (decoder.batch_replays > 0) == one_graph
+    assert not any(ours[2][-1]["attention"].overflows)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+def test_an_offloaded_batch_from_one_real_cuda_graph_decodes_the_resident_tokens(tiny_llama_dir):
+    """Real CUDA graphs (a replay runs no Python: the banks' holders are what `after_batch_replay` leaves): the first
+    sequence decodes alone (keeping its bank rows), then beside the second in one graph, then alone again, where it
+    must resolve its list anew; the greedy tokens of the resident engine."""
+    config = InfiniteHiPConfig(**SMALL)
+    prompts, steps = [random_ids(700, seed=23), random_ids(520, seed=24)], [40, 12]
+    room = dict(kv_cache_tokens=2 * CONTEXT, arrivals=[0, 7], device="cuda")
+    resident = _generate(tiny_llama_dir, config, None, prompts, steps, cuda_graphs=False, **room)
+    offload = dataclasses.replace(_smallest_banks(config, HEADS, seqs=2, mask_bank=FEW_GROUPS), batch_decode_graph=True)
+    ours = _generate(tiny_llama_dir, config, offload, prompts, steps, cuda_graphs=True, **room)
+    assert ours[0] == resident[0]
+    decoder = ours[3].runner.graph_decoder
+    assert decoder.batch_replays > 0 and decoder.replays > decoder.batch_replays + 10
+
+
+def test_an_offloaded_batch_replay_leaves_no_bank_held(tiny_llama_dir):
+    """A replay runs no Python, so the resolves of an offloaded batch's graph (every key list; the representatives
+    where any sequence refreshed) reset no holder: `after_batch_replay` does, or a sequence decoding alone next
+    would read the rows it kept before the batch moved them."""
+    engine = engine_for_dir(tiny_llama_dir, None, InfiniteHiPConfig(**SMALL),
+                            _smallest_banks(InfiniteHiPConfig(**SMALL), HEADS, seqs=2), method="infinitehip",
+                            max_context_tokens=CONTEXT, max_num_seqs=2)
+    kv, seqs = engine.cache.kv, [SimpleNamespace(cache=engine.cache)] * 2
+    quiet, refreshing = ((False, False, False), 0, True, True, True), ((False, False, True), 0, False, False, True)
+    for keys, masks_released in (([quiet, quiet], False), ([quiet, refreshing], True)):
+        kv.hold_attention("alone")
+        for layer in range(len(kv.mask_holders)):
+            kv.hold_mask(layer, "alone")
+        engine.method.after_batch_replay(seqs, keys)
+        assert not kv.holds_attention("alone")
+        assert all(kv.holds_mask(layer, "alone") != masks_released for layer in range(len(kv.mask_holders)))
 
 
 def test_offloaded_question_time_selection_equals_resident(tiny_llama_dir, monkeypatch):

@@ -97,6 +97,13 @@ class OffloadedKV:
     def holds_attention(self, token: object) -> bool:
         return token is not None and self.attention_holder is token
 
+    def release_holders(self, masks: bool) -> None:
+        """No reader holds the attention bank (and, masks: any layer's mask bank) any more: what the resolves of a
+        step replayed without Python did (a graph of several sequences, which keeps no rows)."""
+        self.attention_holder = None
+        if masks:
+            self.mask_holders = [None] * len(self.mask_holders)
+
     def hold_mask(self, layer: int, token: object) -> None:
         """`token` keeps the mask-bank indices of `layer` it resolved until that layer's next `resolve_mask`."""
         self.mask_holders[layer] = token

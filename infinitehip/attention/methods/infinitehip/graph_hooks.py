@@ -42,7 +42,7 @@ class InfiniteHiPGraphHooks(GraphDecode):
         pattern = self.refresh_pattern(state, 0)  # + whether the step has the kept attention-bank rows (decode_rows.py)
         kept = isinstance(state.decode_rows, DecodeRows) and state.decode_rows.kept_step(state.decode_steps)
         masks = isinstance(state.mask_rows, MaskRows) and state.mask_rows.reusable(pattern, state.decode_steps[0])
-        return pattern, self.group(seq.context_len), kept, masks
+        return pattern, self.group(seq.context_len), kept, masks, is_offloaded(seq.cache)
 
     def graph_batch_class(self, method_key: tuple) -> tuple:
         """Exact steps together; pruned steps of one context group together whatever stages each refreshes: a
@@ -53,7 +53,11 @@ class InfiniteHiPGraphHooks(GraphDecode):
         """Pruned steps whose refreshes batch (decode_batch.py): the union of their patterns (a stage any of them
         refreshes runs for all, each keeping its old cache unless its own flag says; nested intervals give few
         unions); else the tuple of their keys (each one's refreshes as its pattern says)."""
-        if method_keys[0] == EXACT_STEP or not self.refreshes_batch():
+        if method_keys[0] == EXACT_STEP:
+            return tuple(method_keys)
+        if method_keys[0][4]:  # offloaded: each sequence refreshes by its own pattern, and a batch keeps no bank rows
+            return "offloaded", tuple(k[:2] for k in method_keys)
+        if not self.refreshes_batch():
             return tuple(method_keys)
         union = tuple(any(k[0][s] for k in method_keys) for s in range(self.config.num_stages))
         return "union", union, method_keys[0][1]
@@ -72,8 +76,20 @@ class InfiniteHiPGraphHooks(GraphDecode):
 
     def graph_batching(self, seqs: list[SequenceSlice], method_key: tuple) -> GraphBatching:
         """A resident cache: one graph. Offloaded, a step alone keeps attention- and mask-bank rows
-        (decode_rows.py / mask_rows.py) that a batch does not read: each sequence's graph in turn."""
-        return GraphBatching.EACH_GRAPH if is_offloaded(seqs[0].cache) else GraphBatching.ONE_GRAPH
+        (decode_rows.py / mask_rows.py) that a batch does not read: each sequence's graph in turn, unless the
+        offload config's `batch_decode_graph` trades them for reading the weights once (one graph, every list
+        resolved)."""
+        cache = seqs[0].cache
+        if is_offloaded(cache) and not cache.kv.config.batch_decode_graph:
+            return GraphBatching.EACH_GRAPH
+        return GraphBatching.ONE_GRAPH
+
+    def after_batch_replay(self, seqs: list[SequenceSlice], method_keys: list) -> None:
+        """An offloaded batch's replay resolved every sequence's key list (attention bank) and, where any of them
+        refreshed a stage, its representatives (mask bank) with no row kept: no one holds those banks any more
+        (each sequence's `advance_host_counters` set its own holder, as a step alone would)."""
+        if method_keys[0] != EXACT_STEP and method_keys[0][4]:
+            seqs[0].cache.kv.release_holders(masks=any(any(k[0]) for k in method_keys))
 
     def host_counters(self, state: InfiniteHiPState) -> tuple:
         return list(state.decode_steps), list(state.refreshes)
