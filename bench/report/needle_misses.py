@@ -3,9 +3,9 @@ value and depth are the seed's, the same in every genre), so pooling a needle's 
 tells a needle the model reads badly from a prompt a method loses. One line per needle that some sparse default
 missed, most missed first: each method's default (dense: its calibration within the trained length) as read /
 prompts over the cells the genre matrix shows (each default's largest run of a genre and length), and where the
-sparse defaults missed it; then one line pooling every other
-needle. A needle dense also misses within the trained length is the model's reading limit, not a lost selection;
-one that only the sparse defaults miss is for the needle trace and oracle to place in a stage."""
+sparse defaults missed it; then one line pooling every other needle. A needle dense also misses within the trained
+length is the model's reading limit, not a lost selection; one that only the sparse defaults miss is for the needle
+trace and oracle to place in a stage."""
 
 from __future__ import annotations
 

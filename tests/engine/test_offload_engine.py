@@ -13,6 +13,7 @@ import torch
 
 from infinitehip import SamplingParams
 from infinitehip.attention.methods.infinitehip.config import InfiniteHiPConfig
+from infinitehip.attention.methods.infinitehip.graph_hooks import PrunedStepKey
 from infinitehip.attention.methods.infinitehip.offload_access import check_offload
 from infinitehip.config.offload import OffloadConfig
 from infinitehip.kv.offload import planner
@@ -270,7 +271,8 @@ def test_an_offloaded_batch_replay_leaves_no_bank_held(tiny_llama_dir):
                             _smallest_banks(InfiniteHiPConfig(**SMALL), HEADS, seqs=2), method="infinitehip",
                             max_context_tokens=CONTEXT, max_num_seqs=2)
     kv, seqs = engine.cache.kv, [SimpleNamespace(cache=engine.cache)] * 2
-    quiet, refreshing = ((False, False, False), 0, True, True, True), ((False, False, True), 0, False, False, True)
+    quiet = PrunedStepKey((False, False, False), 0, kept=True, masks=True, offloaded=True)
+    refreshing = PrunedStepKey((False, False, True), 0, kept=False, masks=False, offloaded=True)
     for keys, masks_released in (([quiet, quiet], False), ([quiet, refreshing], True)):
         kv.hold_attention("alone")
         for layer in range(len(kv.mask_holders)):

@@ -5,6 +5,8 @@ the union of its sequences' patterns; each one's own pattern is a row of the gra
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from infinitehip.attention.base import SequenceSlice
 from infinitehip.attention.capabilities import GraphBatching, GraphDecode
 from infinitehip.attention.methods.infinitehip.decode import stage1_candidates
@@ -15,6 +17,16 @@ from infinitehip.attention.methods.infinitehip.state import InfiniteHiPState
 from infinitehip.kv.paged_cache import is_offloaded
 
 EXACT_STEP = ("exact",)  # graph key of a decode step attended exactly (dense_within_trained)
+
+
+class PrunedStepKey(NamedTuple):
+    """Graph key of a pruned decode step (a tuple: keys compare and hash as before)."""
+
+    pattern: tuple[bool, ...]  # the stages this step refreshes
+    group: int  # the context group (`group`): shapes of the candidates
+    kept: bool  # alone and offloaded: the step appends to its kept attention-bank rows (decode_rows.py)
+    masks: bool  # alone and offloaded: the last stage reuses its kept mask-bank rows (mask_rows.py)
+    offloaded: bool  # the cache is offloaded: a batch refreshes each sequence by its own pattern
 
 
 class InfiniteHiPGraphHooks(GraphDecode):
@@ -42,29 +54,30 @@ class InfiniteHiPGraphHooks(GraphDecode):
         pattern = self.refresh_pattern(state, 0)  # + whether the step has the kept attention-bank rows (decode_rows.py)
         kept = isinstance(state.decode_rows, DecodeRows) and state.decode_rows.kept_step(state.decode_steps)
         masks = isinstance(state.mask_rows, MaskRows) and state.mask_rows.reusable(pattern, state.decode_steps[0])
-        return pattern, self.group(seq.context_len), kept, masks, is_offloaded(seq.cache)
+        return PrunedStepKey(pattern, self.group(seq.context_len), kept, masks, is_offloaded(seq.cache))
 
     def graph_batch_class(self, method_key: tuple) -> tuple:
         """Exact steps together; pruned steps of one context group together whatever stages each refreshes: a
         batch's graph runs every sequence's own refreshes (one replay reads the weights once)."""
-        return method_key if method_key == EXACT_STEP else ("pruned", method_key[1])
+        return method_key if method_key == EXACT_STEP else ("pruned", method_key.group)
 
     def graph_batch_key(self, method_keys: list) -> tuple:
         """Pruned steps whose refreshes batch (decode_batch.py): the union of their patterns (a stage any of them
         refreshes runs for all, each keeping its old cache unless its own flag says; nested intervals give few
-        unions); else the tuple of their keys (each one's refreshes as its pattern says)."""
+        unions); else the tuple of their keys (each one's refreshes as its pattern says). Offloaded, a batch's
+        refreshes run per sequence and it keeps no bank rows: their patterns and groups."""
         if method_keys[0] == EXACT_STEP:
             return tuple(method_keys)
-        if method_keys[0][4]:  # offloaded: each sequence refreshes by its own pattern, and a batch keeps no bank rows
-            return "offloaded", tuple(k[:2] for k in method_keys)
+        if method_keys[0].offloaded:
+            return "offloaded", tuple((k.pattern, k.group) for k in method_keys)
         if not self.refreshes_batch():
             return tuple(method_keys)
-        union = tuple(any(k[0][s] for k in method_keys) for s in range(self.config.num_stages))
-        return "union", union, method_keys[0][1]
+        union = tuple(any(k.pattern[s] for k in method_keys) for s in range(self.config.num_stages))
+        return "union", union, method_keys[0].group
 
     def graph_row_flags(self, method_key: tuple) -> tuple[bool, ...]:
         """A pruned step's refresh pattern (what `decode_batch.refresh_mask` reads), [S]."""
-        return () if method_key == EXACT_STEP else tuple(method_key[0])
+        return () if method_key == EXACT_STEP else tuple(method_key.pattern)
 
     def refreshes_batch(self) -> bool:
         """Whether a resident batch's refreshes run together at every layer (`decode_batch.batchable`), so its graph
@@ -88,8 +101,8 @@ class InfiniteHiPGraphHooks(GraphDecode):
         """An offloaded batch's replay resolved every sequence's key list (attention bank) and, where any of them
         refreshed a stage, its representatives (mask bank) with no row kept: no one holds those banks any more
         (each sequence's `advance_host_counters` set its own holder, as a step alone would)."""
-        if method_keys[0] != EXACT_STEP and method_keys[0][4]:
-            seqs[0].cache.kv.release_holders(masks=any(any(k[0]) for k in method_keys))
+        if method_keys[0] != EXACT_STEP and method_keys[0].offloaded:
+            seqs[0].cache.kv.release_holders(masks=any(any(k.pattern) for k in method_keys))
 
     def host_counters(self, state: InfiniteHiPState) -> tuple:
         return list(state.decode_steps), list(state.refreshes)
@@ -100,7 +113,7 @@ class InfiniteHiPGraphHooks(GraphDecode):
     def advance_host_counters(self, state: InfiniteHiPState, key: tuple) -> None:
         if key == EXACT_STEP:  # an exact step advances no pruning counter (decode runs the paged op alone)
             return
-        pattern = key[0]
+        pattern = key.pattern
         for kept in filter(None, (state.decode_rows, state.mask_rows)):  # a replay ran no Python: their host state
             kept.after_replay(pattern)
         for layer in range(self.model_config.num_layers):
