@@ -17,6 +17,7 @@ from infinitehip.attention.capabilities import kv_token_limit
 from infinitehip.attention.common.needle_probe import NeedleProbe
 from infinitehip.config.engine import EngineConfig
 from infinitehip.config.sampling import SamplingParams
+from infinitehip.engine.long_text import encode_long
 from infinitehip.engine.prompt_format import chat_prompt_ids
 from infinitehip.engine import prefix_pages
 from infinitehip.engine.rank import build_rank
@@ -137,7 +138,7 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            return encode_long(self.tokenizer, prompt, True)
         return list(prompt)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from infinitehip.engine.long_text import encode_long
+
 
 def has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
@@ -26,4 +28,4 @@ def chat_text(tokenizer: Any, messages: list[dict]) -> tuple[str, bool]:
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
     text, special = chat_text(tokenizer, messages)
-    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+    return encode_long(tokenizer, text, special)
