@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from infinitehip.engine.llm_engine import LLMEngine
+from infinitehip.engine.long_text import encode_long
 from infinitehip.server.errors import APIError
 from infinitehip.server.protocol import ChatMessage, check_unicode
 
@@ -48,7 +49,7 @@ def tokenizer_router(engine: LLMEngine, check_model, message_dict) -> APIRouter:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "send exactly one of prompt or messages", param="prompt")
         if body.prompt is not None:
-            ids = tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"]
+            ids = encode_long(tokenizer, body.prompt, body.add_special_tokens)  # the ids a completion would use
         else:
             try:
                 ids = engine.encode_chat([message_dict(i, m) for i, m in enumerate(body.messages)])
