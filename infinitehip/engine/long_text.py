@@ -23,10 +23,10 @@ import weakref
 from typing import Any
 
 MIN_CHARS = 1 << 20  # shorter texts: one call (a batch's threads do not pay for themselves)
-PIECE_CHARS = 1 << 17  # the length a piece aims at (cut at the first safe newline after it)
+PIECE_CHARS = 1 << 17  # the length a piece aims at (cut at the first safe place after it)
 _NEWLINES = ("\n", "Ċ")  # a newline as a vocabulary spells it: literal (SentencePiece-style), byte-level BPE
 _SPACES = (" ", "▁", "Ġ")  # a space likewise
-_FOLLOWERS = string.ascii_letters + string.digits
+_WORD_CHARS = string.ascii_letters + string.digits  # the X beside a cut: after its newline, or before its space
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> (cut pattern | None, specials)
 
 
@@ -46,8 +46,8 @@ def cut_plan(tokenizer: Any) -> tuple[re.Pattern | None, tuple[list[int], list[i
         vocab = tokenizer.get_vocab()
         after_newline = _spanned(vocab, _NEWLINES, after=True)  # X of tokens holding newline + X
         before_space = _spanned(vocab, _SPACES, after=False)  # X of tokens holding X + space
-        newline = [x for x in _FOLLOWERS if x not in after_newline and _probe(tokenizer, "a\n", x + "b")]
-        space = [x for x in _FOLLOWERS if x not in before_space
+        newline = [x for x in _WORD_CHARS if x not in after_newline and _probe(tokenizer, "a\n", x + "b")]
+        space = [x for x in _WORD_CHARS if x not in before_space
                  and all(_probe(tokenizer, "a" + x, right) for right in (" b", "  b", " \nb"))]
         parts = []
         if newline:  # after "\n" (itself after a non-space), before X
