@@ -64,15 +64,13 @@ def cut_plan(tokenizer: Any) -> tuple[re.Pattern | None, tuple[list[int], list[i
 
 
 def _spanned(vocab, marks: tuple[str, ...], after: bool) -> set[str]:
-    """The characters next to (after: following; else preceding) any spelling of a mark inside a vocabulary token."""
-    out = set()
-    for t in vocab:
-        for m in marks:
-            for i in _find_all(t, m):
-                j = i + len(m) if after else i - 1
-                if 0 <= j < len(t):
-                    out.add(t[j])
-    return out
+    """The word characters next to (after: following; else preceding) any spelling of a mark inside a vocabulary
+    token: one regex over the tokens joined by NUL (no word character, so no pair spans two tokens)."""
+    joined = "\x00".join(vocab)
+    mark = "|".join(map(re.escape, marks))
+    word = "[" + re.escape(_WORD_CHARS) + "]"
+    pattern = f"(?:{mark})({word})" if after else f"({word})(?:{mark})"
+    return set(re.findall(pattern, joined))
 
 
 def _specials(tokenizer: Any, x: str) -> tuple[list[int], list[int]] | None:
