@@ -119,13 +119,12 @@ def encode_long(tokenizer: Any, text: str, add_special_tokens: bool, min_chars: 
                 piece_chars: int = PIECE_CHARS) -> list[int]:
     """`tokenizer(text, add_special_tokens=...)["input_ids"]`, from pieces encoded as one batch when the text is
     long and the tokenizer allows exact cuts (module doc)."""
-    if len(text) < min_chars:
-        return list(_encode(tokenizer, text, add_special_tokens))
-    pattern, specials = cut_plan(tokenizer)
-    if pattern is None or (add_special_tokens and specials is None):
-        return list(_encode(tokenizer, text, add_special_tokens))
-    bounds = cuts(text, pattern, piece_chars)
-    if len(bounds) <= 2:
+    bounds, specials = [], None
+    if len(text) >= min_chars:
+        pattern, specials = cut_plan(tokenizer)
+        if pattern is not None and (specials is not None or not add_special_tokens):
+            bounds = cuts(text, pattern, piece_chars)
+    if len(bounds) <= 2:  # short, no exact cut, or none found: one call
         return list(_encode(tokenizer, text, add_special_tokens))
     pieces = _encode(tokenizer, [text[a:b] for a, b in zip(bounds, bounds[1:])], False)
     ids = [i for piece in pieces for i in piece]
